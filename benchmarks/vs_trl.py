@@ -1,0 +1,107 @@
+"""regroup's plain GRPO step vs TRL GRPOTrainer's step on the identical config, alternated in one run.
+
+Config: the tiny model and tokenizer, 4 prompts x 8 generations x 32 new tokens per step, beta 0,
+token-mean loss (TRL loss_type="dapo"), one process, 2 threads, lr 1e-4, T = 1.0. TRL runs its own
+full `train()` loop; a TrainerCallback times each of its steps (on_step_begin → on_step_end) and, right
+after each one, runs and times one regroup step — so both share the machine's state at each moment.
+
+    python benchmarks/vs_trl.py [--steps 15 --warmup-steps 3]
+
+Prints per-side medians and `ratio regroup/trl = X` (lower is faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import benchmark_model_dir, median  # noqa: E402
+
+PROMPTS, GENERATIONS, NEW_TOKENS = 4, 8, 32
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=15)
+    parser.add_argument("--warmup-steps", type=int, default=3)
+    parser.add_argument("--backend", default="hf", help="regroup rollout backend: hf | hf_generate")
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from regroup.config import load_config
+    from regroup.models.load import load_tokenizer
+    from regroup.tasks import get_task
+    from regroup.trainer import Trainer
+
+    tmp = Path(tempfile.mkdtemp(prefix="regroup-bench-"))
+    model_dir, model_desc = benchmark_model_dir(tmp / "model")
+    task = get_task("arithmetic")
+    problems = task.generate(2000, seed=1234)
+    by_question = {p.question: p for p in problems}
+
+    regroup_cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "grpo.yaml", [
+        f"model.path={model_dir}", f"run_dir={tmp / 'regroup'}", f"grpo.prompts_per_step={PROMPTS}",
+        f"grpo.num_generations={GENERATIONS}", f"rollout.max_new_tokens={NEW_TOKENS}", f"rollout.backend={args.backend}",
+        "grpo.micro_batch_size=32", "grpo.beta=0.0", "grpo.loss_agg=token_mean", "optim.lr=1e-4",
+        f"train.steps={args.steps + args.warmup_steps + 5}", "train.checkpoint_every=0", "train.progress=false",
+        "diagnostics.diversity_every=0", "data.num_train=2000",
+    ])
+    ours = Trainer(regroup_cfg, tmp / "regroup", log=lambda m: None)
+
+    def reward(completions, prompts=None, **kw):
+        out = []
+        for prompt, completion in zip(prompts, completions):
+            question = prompt[-1]["content"] if isinstance(prompt, list) else prompt
+            out.append(task.grade(completion if isinstance(completion, str) else completion[-1]["content"], by_question[question]))
+        return out
+
+    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": p.question}]} for p in problems])
+    trl_args = GRPOConfig(
+        output_dir=str(tmp / "trl"), per_device_train_batch_size=PROMPTS * GENERATIONS, num_generations=GENERATIONS,
+        gradient_accumulation_steps=1, max_completion_length=NEW_TOKENS, temperature=1.0, top_p=1.0, beta=0.0,
+        loss_type="dapo", learning_rate=1e-4, max_steps=args.steps + args.warmup_steps, bf16=False, use_cpu=True,
+        report_to=[], logging_steps=10_000, save_strategy="no", seed=0, dataloader_num_workers=0,
+    )
+    trl = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model_dir), reward_funcs=reward,
+                      args=trl_args, train_dataset=dataset, processing_class=load_tokenizer(model_dir))
+
+    times = {"trl": [], "regroup": []}
+    tokens = {"trl": [], "regroup": []}
+
+    class Alternate(TrainerCallback):
+        def on_step_begin(self, a, state, control, **kw):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, a, state, control, **kw):
+            times["trl"].append(time.perf_counter() - self.t0)
+            t0 = time.perf_counter()
+            m = ours.train_step(ours.step)
+            ours.step += 1
+            times["regroup"].append(time.perf_counter() - t0)
+            tokens["regroup"].append(m["length/mean"])
+
+    trl.add_callback(Alternate())
+    trl.train()
+
+    skip = args.warmup_steps
+    t_trl, t_ours = median(times["trl"][skip:]), median(times["regroup"][skip:])
+    print(f"model: {model_desc}; {PROMPTS} prompts x {GENERATIONS} x {NEW_TOKENS} new tokens, beta 0, 2 threads")
+    print(f"steps measured: {len(times['trl']) - skip} each (after {skip} warm-up steps)")
+    print(f"trl      median step {t_trl:.3f} s")
+    print(f"regroup  median step {t_ours:.3f} s   (rollout backend {args.backend}, "
+          f"mean response length {sum(tokens['regroup']) / len(tokens['regroup']):.1f})")
+    print(f"ratio regroup/trl = {t_ours / t_trl:.3f}")
+
+
+if __name__ == "__main__":
+    main()

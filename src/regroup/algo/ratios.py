@@ -1,0 +1,49 @@
+"""Token-level importance ratios π_θ/π_old, PPO clipping, and the sampler-mismatch correction.
+
+Which prompt the log-probs are conditioned on (TA-GRPO's anchored-on-q0 ratio, SPEC §3.4, versus each
+response on its own prompt) is decided by the caller that computes `logps` / `old_logps`; the ratio
+math here is the same for both.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def _check_same_shape(a: Tensor, b: Tensor, name_a: str, name_b: str) -> None:
+    if a.shape != b.shape:
+        raise ValueError(f"{name_a} shape {tuple(a.shape)} does not match {name_b} shape {tuple(b.shape)}")
+
+
+def log_ratio(logps: Tensor, old_logps: Tensor) -> Tensor:
+    """Per-token log importance ratio `log π_θ − log π_old`  -> [B, T]."""
+    _check_same_shape(logps, old_logps, "logps", "old_logps")
+    return logps - old_logps  # [B, T]
+
+
+def importance_ratio(logps: Tensor, old_logps: Tensor) -> Tensor:
+    """Per-token importance ratio `π_θ / π_old = exp(logps − old_logps)`  -> [B, T] (SPEC notation)."""
+    return torch.exp(log_ratio(logps, old_logps))  # [B, T]
+
+
+def clip_ratio(ratio: Tensor, eps_low: float, eps_high: float) -> Tensor:
+    """PPO clipping `clip(ratio, 1 − eps_low, 1 + eps_high)` (SPEC §1; eps_high > eps_low is DAPO clip-higher)."""
+    if eps_low < 0 or eps_high < 0:
+        raise ValueError(f"clip epsilons must be >= 0, got eps_low={eps_low}, eps_high={eps_high}")
+    return torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
+
+
+@torch.no_grad()
+def truncated_is_weight(old_logps: Tensor, behaviour_logps: Tensor, cap: float) -> Tensor:
+    """Truncated importance weight `min(π_old / π_behaviour, cap)` per token, detached  -> [B, T].
+
+    Corrects for the sampler (e.g. vLLM, or a stale rollout worker) not being exactly `π_old`, as TRL's
+    `vllm_importance_sampling_mode="token_truncate"` and verl's TIS do. A NaN behaviour log-prob (a token
+    the sampler could not score) gets weight 1, i.e. no correction, as in TRL.
+    """
+    _check_same_shape(old_logps, behaviour_logps, "old_logps", "behaviour_logps")
+    if not cap > 0:
+        raise ValueError(f"truncated IS cap must be > 0, got {cap}")
+    diff = torch.nan_to_num(old_logps - behaviour_logps, nan=0.0)  # [B, T]
+    return torch.exp(diff).clamp(max=cap)  # [B, T]

@@ -1,0 +1,150 @@
+"""Atomic checkpoints and exact resume.
+
+A checkpoint is a folder `RUN_DIR/checkpoints/step-000123/` holding the model in HF format
+(`save_pretrained`, loadable without regroup), the tokenizer, `trainer_state.pt` (optimizer,
+scheduler, every RNG state, data position, step, stage states) and `manifest.json` with the sha256 of
+every file. It is written under a temporary name, fsynced and renamed, so a crash never leaves a half
+checkpoint under a final name; on load the manifest is verified and a corrupt latest checkpoint
+(truncated file, wrong hash) is reported and the previous one used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+
+MANIFEST = "manifest.json"
+STATE = "trainer_state.pt"
+
+
+class CheckpointError(RuntimeError):
+    pass
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fsync_tree(folder: Path) -> None:
+    for path in folder.rglob("*"):
+        if path.is_file():
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def rng_state() -> dict:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def checkpoint_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def save_checkpoint(run_dir, step: int, model, tokenizer, trainer_state: dict, keep: int = 2) -> Path:
+    """Write checkpoint `step` atomically and keep only the newest `keep`."""
+    root = checkpoint_dir(run_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step-{step:06d}"
+    tmp = root / f".tmp-step-{step:06d}-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    model.save_pretrained(tmp, safe_serialization=True)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(tmp)
+    torch.save(trainer_state, tmp / STATE)
+    files = {p.relative_to(tmp).as_posix(): _sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
+    (tmp / MANIFEST).write_text(json.dumps({"step": step, "files": files}, indent=1))
+    _fsync_tree(tmp)
+    if final.exists():  # a re-save of the same step (after resume): replace it
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    for old in list_checkpoints(run_dir)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def list_checkpoints(run_dir) -> list[Path]:
+    """Final-named checkpoint folders, oldest first (temporary ones are ignored)."""
+    root = checkpoint_dir(run_dir)
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step-"))
+
+
+def verify_checkpoint(path: Path) -> None:
+    """Raise CheckpointError unless every file listed in the manifest is there with its hash."""
+    manifest = path / MANIFEST
+    if not manifest.is_file():
+        raise CheckpointError(f"{path}: no {MANIFEST} (incomplete checkpoint)")
+    try:
+        files = json.loads(manifest.read_text())["files"]
+    except (json.JSONDecodeError, KeyError) as e:
+        raise CheckpointError(f"{path}: unreadable {MANIFEST}: {e}") from None
+    for name, digest in files.items():
+        f = path / name
+        if not f.is_file():
+            raise CheckpointError(f"{path}: missing file {name}")
+        if _sha256(f) != digest:
+            raise CheckpointError(f"{path}: file {name} does not match its sha256 (truncated or corrupted)")
+
+
+def latest_valid_checkpoint(run_dir, warn=print) -> Path | None:
+    """The newest checkpoint that verifies; corrupt newer ones are reported through `warn` and skipped."""
+    for path in reversed(list_checkpoints(run_dir)):
+        try:
+            verify_checkpoint(path)
+            return path
+        except CheckpointError as e:
+            warn(f"checkpoint skipped: {e}; falling back to the previous one")
+    return None
+
+
+def load_trainer_state(path: Path) -> dict:
+    return torch.load(path / STATE, map_location="cpu", weights_only=False)
+
+
+def load_model_weights(model, path: Path) -> None:
+    """Load the saved weights into an existing (possibly LoRA-wrapped) model, exactly."""
+    from safetensors.torch import load_file
+
+    state = {}
+    for f in sorted(path.glob("*.safetensors")):
+        state.update(load_file(f))
+    if hasattr(model, "peft_config"):
+        from peft import set_peft_model_state_dict
+
+        set_peft_model_state_dict(model, state)
+        return
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    # Tied embeddings are saved once; anything else missing is an error.
+    missing = [k for k in missing if not (k == "lm_head.weight" and getattr(model.config, "tie_word_embeddings", False))]
+    if missing or unexpected:
+        raise CheckpointError(f"{path}: weights do not match the model (missing {missing[:3]}, unexpected {unexpected[:3]})")

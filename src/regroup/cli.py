@@ -1,0 +1,226 @@
+"""`regroup` command line: warmup, train, eval, rephrase, demo, report, config.
+
+Only this module (and the report) writes to the terminal; everything else returns values or logs metrics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _tqdm(total: int, desc: str, enabled: bool = True):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, disable=not enabled, dynamic_ncols=True, file=sys.stderr)
+
+
+# ------------------------------------------------------------------------------------------- warmup
+def cmd_warmup(args) -> int:
+    from regroup.warmup import WarmupConfig, warmup
+
+    cfg = WarmupConfig()
+    if args.steps:
+        cfg.steps = args.steps
+    if args.schedule_steps:
+        cfg.schedule_steps = args.schedule_steps
+    if args.num_eval:
+        cfg.num_eval = args.num_eval
+    bar = _tqdm(cfg.steps, "warm-up SFT")
+
+    def progress(step, total, loss):
+        bar.update(1)
+        if step % 10 == 0:
+            bar.set_postfix(loss=f"{loss:.3f}")
+
+    metrics = warmup(args.out, cfg, log=_log, progress=progress)
+    bar.close()
+    print(json.dumps({k: v for k, v in metrics.items() if k not in ("config", "band")}, indent=2))
+    return 0
+
+
+# -------------------------------------------------------------------------------------------- train
+def default_run_dir(recipe: str) -> Path:
+    return Path("runs") / f"{recipe}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def progress_callback(total: int, desc: str, enabled: bool, start: int = 0):
+    bar = _tqdm(total, desc, enabled)
+    bar.update(start)
+
+    def on_step(step, m):
+        bar.update(1)
+        post = {"reward": m.get("reward/mean"), "uniform": m.get("groups/uniform_frac"), "loss": m.get("loss"),
+                "s/step": m.get("time/step")}
+        if "mask/pos_frac" in m:
+            post["masked+"] = m["mask/pos_frac"]
+        bar.set_postfix({k: f"{v:.3g}" for k, v in post.items() if isinstance(v, (int, float))})
+
+    return bar, on_step
+
+
+def cmd_train(args) -> int:
+    from regroup.config import ConfigError, config_from_dict, load_config
+    from regroup.trainer import Trainer
+
+    try:
+        if args.resume:
+            import yaml
+
+            run_dir = Path(args.resume)
+            saved = run_dir / "config.yaml"
+            if not saved.exists():
+                raise ConfigError(f"--resume {run_dir}: no config.yaml there")
+            cfg = config_from_dict(yaml.safe_load(saved.read_text()))
+            if args.overrides:
+                from regroup.config import _merge, parse_override
+
+                data = cfg.to_dict()
+                for text in args.overrides:
+                    keys, value = parse_override(text)
+                    patch = value
+                    for k in reversed(keys):
+                        patch = {k: patch}
+                    data = _merge(data, patch)
+                cfg = config_from_dict(data)
+        else:
+            cfg = load_config(args.config, args.overrides)
+            run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg.recipe)
+            cfg.run_dir = str(run_dir)
+    except ConfigError as e:
+        _log(f"config error: {e}")
+        return 2
+    trainer = Trainer(cfg, run_dir, resume=bool(args.resume), log=_log)
+    bar, on_step = progress_callback(cfg.train.steps, cfg.recipe, cfg.train.progress and trainer.is_main, trainer.step)
+    trainer.train(on_step=on_step)
+    bar.close()
+    if trainer.is_main:
+        _log(f"run folder: {run_dir}")
+    return 0
+
+
+# --------------------------------------------------------------------------------------------- eval
+def cmd_eval(args) -> int:
+    from regroup.eval.runner import format_table, run_eval_cli
+
+    rows = run_eval_cli(
+        args.model, args.data, args.out, n=args.n, ks=[int(k) for k in args.k.split(",")],
+        temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
+        question_field=args.question_field, answer_field=args.answer_field, checker=args.checker,
+    )
+    print(format_table(rows))
+    return 0
+
+
+# ------------------------------------------------------------------------------------------ rephrase
+def cmd_rephrase(args) -> int:
+    from regroup.rephrase.run import run_rephrase
+
+    summary = run_rephrase(args.data, args.out, args.n, args.rewriter, base_url=args.base_url, model=args.model,
+                           api_key_env=args.api_key_env, cache_dir=args.cache_dir, concurrency=args.concurrency)
+    totals = summary.get("totals", summary)
+    print(json.dumps(totals, indent=2))
+    return 0
+
+
+# ------------------------------------------------------------------------------------- demo, report
+def cmd_demo(args) -> int:
+    from regroup.demo import run_demo
+
+    report = run_demo(quick=args.quick, seeds=args.seeds, out_root=args.out, recipes=args.recipes, log=_log)
+    print(f"report: {report}")
+    return 0
+
+
+def cmd_report(args) -> int:
+    from regroup.report import build_report
+
+    html, md = build_report(args.runs, args.out)
+    print(f"report: {html}\n        {md}")
+    return 0
+
+
+def cmd_config(args) -> int:
+    from regroup.config import field_docs
+
+    for key, default, doc in field_docs():
+        print(f"{key:38s} {default:28s} {doc}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="regroup", description="GRPO, DaGRPO and TA-GRPO for verifiable rewards")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("warmup", help="warm-start the built-in tiny model with SFT")
+    p.add_argument("--out", default="runs/warmup")
+    p.add_argument("--steps", type=int, default=0, help="override the number of SFT steps")
+    p.add_argument("--schedule-steps", type=int, default=0)
+    p.add_argument("--num-eval", type=int, default=0)
+    p.set_defaults(fn=cmd_warmup)
+
+    p = sub.add_parser("train", help="train with a recipe: regroup train --config configs/grpo.yaml key=value ...")
+    p.add_argument("--config", help="YAML recipe in configs/")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest valid checkpoint")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. optim.lr=1e-4 train.steps=20")
+    p.set_defaults(fn=cmd_train)
+
+    p = sub.add_parser("eval", help="evaluate a local HF model on benchmark files")
+    p.add_argument("--model", required=True)
+    p.add_argument("--data", required=True, nargs="+")
+    p.add_argument("--out", default="runs/eval")
+    p.add_argument("--n", type=int, default=32)
+    p.add_argument("--k", default="1,4,8,32")
+    p.add_argument("--temperature", type=float, default=0.6)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--max-new-tokens", type=int, default=512)
+    p.add_argument("--question-field", default="question")
+    p.add_argument("--answer-field", default="answer")
+    p.add_argument("--checker", choices=["task", "math"], default="math")
+    p.set_defaults(fn=cmd_eval)
+
+    p = sub.add_parser("rephrase", help="add N problem-equivalent variants per question (TA-GRPO)")
+    p.add_argument("--data", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--n", type=int, default=3)
+    p.add_argument("--rewriter", default="rules", help="rules | openai | dataset | pkg.mod:obj")
+    p.add_argument("--base-url")
+    p.add_argument("--model")
+    p.add_argument("--api-key-env", default="OPENAI_API_KEY", help="NAME of the variable holding the key")
+    p.add_argument("--cache-dir")
+    p.add_argument("--concurrency", type=int, default=16)
+    p.set_defaults(fn=cmd_rephrase)
+
+    p = sub.add_parser("demo", help="warm up, train every recipe from the same start, evaluate, report")
+    p.add_argument("--quick", action="store_true", help="a ~3-minute smoke version")
+    p.add_argument("--seeds", type=int, default=1)
+    p.add_argument("--out", default="runs")
+    p.add_argument("--recipes", default=None, help="comma-separated subset of recipes")
+    p.set_defaults(fn=cmd_demo)
+
+    p = sub.add_parser("report", help="build report.html / report.md from finished runs")
+    p.add_argument("runs", nargs="+")
+    p.add_argument("--out", default=None)
+    p.set_defaults(fn=cmd_report)
+
+    p = sub.add_parser("config", help="list every config key with its default and meaning")
+    p.set_defaults(fn=cmd_config)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if getattr(args, "out", "x") is None and args.command == "report":
+        args.out = args.runs[0]
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

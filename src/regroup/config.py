@@ -1,0 +1,497 @@
+"""Typed run configuration: dataclasses with a docstring per field, YAML recipes, dotted overrides.
+
+`load_config("configs/grpo.yaml", ["optim.lr=1e-4", "train.steps=20"])` reads the recipe (which may
+`extends:` another one), applies the overrides, checks every key and type, and checks the cross-field
+rules, all before any model is loaded. An unknown key or a wrong type raises `ConfigError` naming the
+dotted key. `to_dict()` of the result is what a run saves as `config.yaml`.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional, get_args, get_origin
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration problem, found before any compute; the message names the dotted key."""
+
+
+# ----------------------------------------------------------------------------------------------------
+# Sections
+# ----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class LoraConfig:
+    """LoRA adapters through peft (real models)."""
+
+    enabled: bool = False
+    """Train LoRA adapters instead of all weights."""
+    r: int = 16
+    """Adapter rank."""
+    alpha: int = 32
+    """Adapter scaling numerator (scale = alpha / r)."""
+    dropout: float = 0.0
+    """Dropout on the adapter input."""
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    """Module names that get adapters."""
+
+
+@dataclass
+class ModelConfig:
+    """Which policy to train."""
+
+    path: Optional[str] = None
+    """A local HF causal-LM directory. None: the built-in tiny model, warmed up (and cached) first."""
+    warmup_dir: str = "runs/warmup"
+    """Where the built-in tiny model's warm-up is cached (used when `path` is None)."""
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
+    """Parameter dtype. bfloat16 on GPUs for real models; float32 for the tiny model on CPU."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass to save memory."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """LoRA settings."""
+
+
+@dataclass
+class DataConfig:
+    """Where training questions come from."""
+
+    task: str = "arithmetic"
+    """Task providing the grader, step scorer and rule rephrasings ("arithmetic" or "pkg.mod:obj")."""
+    train_file: Optional[str] = None
+    """JSONL / JSON / Parquet / CSV file or HF dataset folder. None: generate from the task."""
+    num_train: int = 20000
+    """Questions to generate when `train_file` is None."""
+    num_eval: int = 256
+    """Held-out questions generated for evaluation (a different seed from training)."""
+    question_field: str = "question"
+    """Column holding the question."""
+    answer_field: str = "answer"
+    """Column holding the final answer."""
+    solution_field: str = "solution"
+    """Column holding the reference solution (DaGRPO anchors, judge reference)."""
+    skip_bad_rows: bool = False
+    """Skip and count malformed rows instead of failing on the first one."""
+    seed: int = 1234
+    """Seed of the generated training set."""
+    eval_seed: int = 999
+    """Seed of the generated held-out set."""
+
+
+@dataclass
+class RolloutConfig:
+    """How responses are sampled."""
+
+    backend: Literal["hf", "hf_generate", "vllm"] = "hf"
+    """hf: lean KV-cached loop over the HF model; hf_generate: `model.generate`; vllm: colocated vLLM engine."""
+    temperature: float = 1.0
+    """Sampling temperature (log-probs for the loss use the same temperature, as TRL does)."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold."""
+    max_new_tokens: int = 48
+    """Longest response; longer ones are truncated (and counted)."""
+    batch_size: int = 256
+    """Sequences decoded together."""
+    tis_cap: float = 0.0
+    """Truncated importance sampling cap for sampler/learner mismatch (vLLM); 0 disables it."""
+    vllm_gpu_memory_utilization: float = 0.3
+    """Fraction of GPU memory the colocated vLLM engine may take."""
+
+
+@dataclass
+class GRPOConfig:
+    """The GRPO core (SPEC §1)."""
+
+    num_generations: int = 8
+    """G: on-policy samples per question (per variant, for TA-GRPO)."""
+    prompts_per_step: int = 16
+    """Questions per optimizer step."""
+    num_iterations: int = 1
+    """mu: updates per rollout batch; pi_old log-probs are computed once before the first."""
+    micro_batch_size: int = 64
+    """Sequences per forward/backward; gradients are accumulated over the step's batch."""
+    eps_low: float = 0.2
+    """Lower clip range: ratio >= 1 - eps_low."""
+    eps_high: float = 0.2
+    """Upper clip range: ratio <= 1 + eps_high (DAPO clip-higher when > eps_low)."""
+    beta: float = 0.0
+    """k3 KL coefficient against a frozen reference; the reference is loaded only when > 0."""
+    kl_ratio_correction: bool = False
+    """Multiply the k3 term by pi_theta/pi_old (TRL's use_bias_correction_kl, its default); SPEC §1 is plain k3."""
+    loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_sum_constant"] = "token_mean"
+    """token_mean (TRL dapo), seq_mean_token_mean (TRL grpo), seq_sum_constant (Dr. GRPO)."""
+    adv_scale: Literal["group", "batch", "none"] = "group"
+    """Advantage std normalisation: per group, per batch, or none (Dr. GRPO)."""
+    adv_eps: float = 1e-4
+    """Added to the std before dividing."""
+    samples_multiplier: int = 1
+    """Samples of the original question = multiplier x G (grpo_matched uses N+1 to match TA-GRPO)."""
+
+
+@dataclass
+class OptimConfig:
+    """AdamW with warm-up and cosine decay."""
+
+    lr: float = 1e-4
+    """Peak learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    beta1: float = 0.9
+    """Adam beta1."""
+    beta2: float = 0.99
+    """Adam beta2."""
+    warmup_steps: int = 10
+    """Linear warm-up steps (the first full-lr Adam step is what damages a small model)."""
+    schedule: Literal["cosine", "constant"] = "cosine"
+    """Decay after warm-up."""
+    min_lr_ratio: float = 0.1
+    """Cosine floor as a fraction of lr."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping threshold (the norm before clipping is logged)."""
+
+
+@dataclass
+class TAConfig:
+    """TA-GRPO: rephrasings pooled into one group (SPEC §3)."""
+
+    enabled: bool = False
+    """Expand each question into N+1 variants whose responses share one group."""
+    n_variants: int = 3
+    """N: rephrasings per question."""
+    rephraser: Literal["rules", "dataset", "openai"] = "rules"
+    """Where variants come from: the task's rules, the data's variants, or an LLM rewriter."""
+    ratio_anchor: Literal["original", "own"] = "original"
+    """original: every ratio on (q0, o) as the paper; own: each response on its own prompt."""
+    base_url: str = "http://127.0.0.1:8000/v1"
+    """OpenAI-compatible endpoint of the LLM rewriter (rephraser=openai)."""
+    model: str = "gpt-4-turbo"
+    """Rewriter model name."""
+    api_key_env: str = "OPENAI_API_KEY"
+    """Name of the environment variable holding the rewriter's API key."""
+
+
+@dataclass
+class ScorerConfig:
+    """Fine-grained scorer for DaGRPO masks."""
+
+    name: str = "step"
+    """step | judge | similarity | a dotted path pkg.mod:obj."""
+    base_url: str = "http://127.0.0.1:8000/v1"
+    """OpenAI-compatible endpoint (judge)."""
+    model: str = "gpt-4o"
+    """Judge model name."""
+    api_key_env: str = "OPENAI_API_KEY"
+    """Name of the environment variable holding the API key (the key itself never goes in a config)."""
+    concurrency: int = 32
+    """Concurrent judge requests."""
+    timeout_s: float = 60.0
+    """Per-request timeout."""
+    max_retries: int = 4
+    """Retries per request before it is recorded as failed."""
+    cache_dir: Optional[str] = None
+    """Disk cache of scores. None: RUN_DIR/cache."""
+
+
+@dataclass
+class MaskConfig:
+    """DaGRPO sequence-level gradient rectification (SPEC §2a)."""
+
+    enabled: bool = False
+    """Mask samples whose score does not stand apart from the other side of the group."""
+    delta: float = 3.0
+    """Margin on the 1-10 score scale."""
+    scorer: ScorerConfig = field(default_factory=ScorerConfig)
+    """Which scorer gives the fine-grained scores."""
+
+
+@dataclass
+class AnchorConfig:
+    """DaGRPO off-policy anchors (SPEC §2b)."""
+
+    enabled: bool = False
+    """Inject verified-correct off-policy solutions into groups."""
+    count: int = 1
+    """Anchors per question."""
+    mode: Literal["replace", "add"] = "replace"
+    """replace one on-policy sample per anchor (7+1 for G=8), or add to the group."""
+    when: Literal["always", "no_correct"] = "always"
+    """Inject always, or only when no on-policy sample of the question is correct."""
+    ratio: Literal["shaped", "plain"] = "shaped"
+    """shaped: A * p/(p+gamma), no clipping (LUFFY); plain: pi_old := stop_grad(pi_theta)."""
+    gamma: float = 0.1
+    """Policy-shaping gamma."""
+    source: Literal["reference", "self", "both"] = "reference"
+    """reference: the data's solution; self: the policy's own earlier verified responses; both."""
+    buffer_size: int = 4
+    """Self-bootstrapped anchors kept per question."""
+
+
+@dataclass
+class DiagnosticsConfig:
+    """Costly diagnostics, run every K steps."""
+
+    diversity_every: int = 10
+    """Mean pairwise cosine distance of response embeddings within a group, every K steps (0: off)."""
+    embedder: str = "auto"
+    """auto | minilm | char-ngram | a local sentence-transformers path."""
+    grad_conflict_every: int = 0
+    """Cosine between positive and negative samples' gradients, every K steps (0: off)."""
+    grad_conflict_samples: int = 32
+    """Sub-batch size for the gradient-conflict measure."""
+    grad_conflict_params: str = "lm_head|embed_tokens"
+    """Regex of parameter names the gradient conflict is measured on."""
+
+
+@dataclass
+class TrainConfig:
+    """The loop."""
+
+    steps: int = 100
+    """Optimizer steps."""
+    checkpoint_every: int = 25
+    """Save a checkpoint every K steps (and at the end)."""
+    keep_checkpoints: int = 2
+    """Checkpoints kept on disk (older ones are deleted)."""
+    tensorboard: bool = False
+    """Also log to TensorBoard in RUN_DIR/tb."""
+    wandb: bool = False
+    """Also log to Weights & Biases (project `regroup`)."""
+    progress: bool = True
+    """Show a progress bar."""
+    threads: int = 0
+    """torch CPU threads (0: leave torch's default)."""
+    eval_every: int = 0
+    """Evaluate on the held-out set every K steps (0: only by `regroup eval`/demo)."""
+
+
+@dataclass
+class RunConfig:
+    """A whole training run."""
+
+    recipe: str = "grpo"
+    """Name of the recipe (for reports); the pieces used are decided by the sections below."""
+    seed: int = 0
+    """Seed of sampling, shuffling and initialisation."""
+    run_dir: Optional[str] = None
+    """Where the run writes. None: runs/<recipe>-<time>."""
+    rewards: list[str] = field(default_factory=lambda: ["task"])
+    """Reward functions: task (the task's grader), math (math-verify), or pkg.mod:fn; name*weight to weight."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    ta: TAConfig = field(default_factory=TAConfig)
+    mask: MaskConfig = field(default_factory=MaskConfig)
+    anchors: AnchorConfig = field(default_factory=AnchorConfig)
+    diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def validate(self) -> None:
+        """Cross-field rules (types were checked on load)."""
+        g, o = self.grpo, self.optim
+        positive = {
+            "grpo.num_generations": g.num_generations, "grpo.prompts_per_step": g.prompts_per_step,
+            "grpo.num_iterations": g.num_iterations, "grpo.micro_batch_size": g.micro_batch_size,
+            "grpo.samples_multiplier": g.samples_multiplier, "train.steps": self.train.steps,
+            "rollout.max_new_tokens": self.rollout.max_new_tokens, "rollout.batch_size": self.rollout.batch_size,
+            "train.keep_checkpoints": self.train.keep_checkpoints, "anchors.count": self.anchors.count,
+        }
+        for key, value in positive.items():
+            if value < 1:
+                raise ConfigError(f"{key} must be >= 1, got {value}")
+        if g.num_generations < 2 and not self.ta.enabled:
+            raise ConfigError("grpo.num_generations must be >= 2: a group of one has no advantage signal")
+        for key, value in {"grpo.eps_low": g.eps_low, "grpo.eps_high": g.eps_high, "grpo.beta": g.beta,
+                           "optim.lr": o.lr, "rollout.temperature": self.rollout.temperature,
+                           "optim.warmup_steps": o.warmup_steps, "train.checkpoint_every": self.train.checkpoint_every}.items():
+            if value < 0:
+                raise ConfigError(f"{key} must be >= 0, got {value}")
+        if g.eps_low >= 1:
+            raise ConfigError(f"grpo.eps_low must be < 1, got {g.eps_low}")
+        if not 0 < self.rollout.top_p <= 1:
+            raise ConfigError(f"rollout.top_p must be in (0, 1], got {self.rollout.top_p}")
+        if self.ta.enabled and self.ta.n_variants < 1:
+            raise ConfigError("ta.n_variants must be >= 1 when ta.enabled")
+        if self.anchors.enabled and self.anchors.mode == "replace" and self.anchors.count >= g.num_generations:
+            raise ConfigError(
+                f"anchors.count ({self.anchors.count}) must be < grpo.num_generations ({g.num_generations}) "
+                "with anchors.mode=replace: no on-policy sample would be left"
+            )
+        if self.mask.enabled and self.mask.delta < 0:
+            raise ConfigError(f"mask.delta must be >= 0, got {self.mask.delta}")
+        if self.model.lora.enabled and self.model.lora.r < 1:
+            raise ConfigError(f"model.lora.r must be >= 1, got {self.model.lora.r}")
+        for spec in self.rewards:
+            name, _, weight = spec.partition("*")
+            if weight:
+                try:
+                    float(weight)
+                except ValueError:
+                    raise ConfigError(f"rewards: weight of {name!r} is not a number: {weight!r}") from None
+        if self.data.train_file is not None and not os.path.exists(self.data.train_file):
+            raise ConfigError(f"data.train_file: no such file or folder: {self.data.train_file}")
+        if self.model.path is not None and not os.path.isdir(self.model.path):
+            raise ConfigError(f"model.path: no such model folder: {self.model.path}")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Loading
+# ----------------------------------------------------------------------------------------------------
+
+
+def _check_value(value: Any, hint: Any, key: str) -> Any:
+    """Check (and minimally coerce) one value against a type hint; raise ConfigError naming `key`."""
+    origin = get_origin(hint)
+    if dataclasses.is_dataclass(hint):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a section (mapping), got {type(value).__name__}")
+        return _build(hint, value, key + ".")
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in get_args(hint) if a is not type(None)]
+        if value is None:
+            if type(None) in get_args(hint):
+                return None
+            raise ConfigError(f"{key}: must not be null")
+        return _check_value(value, args[0], key)
+    if origin is Literal:
+        choices = get_args(hint)
+        if value not in choices:
+            raise ConfigError(f"{key}: must be one of {', '.join(map(repr, choices))}; got {value!r}")
+        return value
+    if origin is list:
+        (item,) = get_args(hint)
+        if isinstance(value, str):
+            value = [v for v in value.split(",") if v]
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected a list, got {type(value).__name__}")
+        return [_check_value(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}: expected true/false, got {value!r}")
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer():
+                return int(value)
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        return value
+    if hint is float:
+        if isinstance(value, str):  # YAML 1.1 reads "3e-4" as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: expected a string, got {value!r}")
+        return value
+    return value
+
+
+def _build(cls, data: dict, prefix: str = ""):
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ConfigError(f"unknown config key {prefix}{unknown[0]} (known under {prefix or 'top level'}: {', '.join(sorted(names))})")
+    kwargs = {name: _check_value(value, hints[name], prefix + name) for name, value in data.items()}
+    return cls(**kwargs)
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _read_yaml(path: Path, seen: tuple = ()) -> dict:
+    if path in seen:
+        raise ConfigError(f"{path}: 'extends' loop")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: invalid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping")
+    parent = data.pop("extends", None)
+    if parent:
+        data = _merge(_read_yaml((path.parent / parent).resolve(), seen + (path,)), data)
+    return data
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """`a.b.c=value` -> (["a","b","c"], YAML-parsed value)."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} is not of the form dotted.key=value")
+    key, raw = text.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.strip().split("."), value
+
+
+def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
+    """Read a YAML recipe, apply dotted overrides, type-check, validate. No model is touched."""
+    data = _read_yaml(Path(path).resolve()) if path else {}
+    for text in overrides:
+        keys, value = parse_override(text)
+        node = data
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {text!r}: {k} is not a section")
+        node[keys[-1]] = value
+    cfg = _build(RunConfig, data)
+    cfg.validate()
+    return cfg
+
+
+def config_from_dict(data: dict) -> RunConfig:
+    """Rebuild a saved config (e.g. RUN_DIR/config.yaml) with the same checks."""
+    cfg = _build(RunConfig, data)
+    cfg.validate()
+    return cfg
+
+
+def save_config(cfg: RunConfig, path: str | os.PathLike) -> None:
+    Path(path).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+
+
+def field_docs(cls=RunConfig, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(dotted key, default, docstring) for every field, read from the attribute docstrings above."""
+    source = ast.parse(inspect.getsource(cls))
+    docs: dict[str, str] = {}
+    body = source.body[0].body
+    for node, nxt in zip(body, body[1:] + [None]):
+        if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(getattr(nxt, "value", None), ast.Constant):
+            docs[node.target.id] = str(nxt.value.value)
+    rows = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            rows.extend(field_docs(hints[f.name], prefix + f.name + "."))
+        else:
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            rows.append((prefix + f.name, repr(default), docs.get(f.name, "")))
+    return rows

@@ -1,0 +1,450 @@
+"""Evaluation: sample n responses per problem, grade them, and summarise as pass@k / mean@n / greedy.
+
+`evaluate` works on an in-memory model and list of problems (the trainer calls it between steps);
+`run_eval_cli` loads a saved HF model directory and benchmark files and writes the result files that
+`regroup report` reads. Estimators follow SPEC §5: unbiased pass@k `1 − C(n−c, k) / C(n, k)` averaged
+over problems, mean@n (average accuracy over all samples) and greedy accuracy.
+
+Summary schema (`EvalResult.summary`, written to `summary.json`)::
+
+    {"num_problems": P, "n": n, "pass@k": {"1": ..., "8": ...}, "mean@n": ..., "stderr": ...,
+     "greedy": ... | null, "by_difficulty": {"<difficulty>": {"mean@n": ..., "count": ..., "greedy": ...}},
+     "truncated_frac": ..., "settings": {...}}
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from regroup.eval.passk import mean_pass_at_k
+
+Grader = Callable[[str, Any], "float | None"]
+
+# A graded score at or above this counts as correct. Rewards are binary in every built-in grader;
+# the threshold keeps a partial-credit grader (e.g. 0.3 for a right format) from counting as solved.
+CORRECT_THRESHOLD = 0.5
+
+# Label for problems whose `difficulty` is None in `by_difficulty`.
+UNKNOWN_DIFFICULTY = "unknown"
+
+
+@dataclass
+class ProblemResult:
+    """The graded outcome of one problem."""
+
+    id: Any
+    difficulty: Any
+    n: int
+    """Number of sampled responses."""
+    correct: int
+    """How many of the n sampled responses were graded correct."""
+    greedy_correct: bool | None
+    """Whether the greedy (temperature 0) response was correct; None when greedy decoding was off."""
+    greedy_response: str | None = None
+    """The greedy response text (for reading failures), or None."""
+    sample_response: str | None = None
+    """The first sampled response text, or None when n = 0."""
+
+
+@dataclass
+class EvalResult:
+    """Per-problem results and their summary (see the module docstring for the summary keys)."""
+
+    problems: list[ProblemResult]
+    summary: dict[str, Any]
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable dict: {"summary": ..., "problems": [...]}."""
+        return {"summary": self.summary, "problems": [asdict(p) for p in self.problems]}
+
+    def to_json(self, indent: int | None = 2) -> str:
+        """The result as a JSON string (summary and per-problem rows)."""
+        return json.dumps(self.to_dict(), indent=indent, default=_json_default)
+
+
+def _json_default(obj: Any) -> Any:
+    """Fallback JSON encoding for ids / difficulties that are not plain JSON types (e.g. numpy ints)."""
+    if hasattr(obj, "item"):
+        return obj.item()
+    return str(obj)
+
+
+def is_correct(score: float | None) -> bool:
+    """Whether a grader score counts as a solved sample (None — unscoreable — counts as wrong)."""
+    if score is None:
+        return False
+    score = float(score)
+    return math.isfinite(score) and score >= CORRECT_THRESHOLD
+
+
+def _check_ks(ks: Sequence[int]) -> list[int]:
+    """Validated, sorted, de-duplicated k values."""
+    out = sorted({int(k) for k in ks})
+    if any(k < 1 for k in out):
+        raise ValueError(f"every k in ks must be >= 1, got {list(ks)}")
+    return out
+
+
+def summarize(results: Sequence[ProblemResult], ks: Sequence[int], greedy: bool) -> dict[str, Any]:
+    """Summary statistics of per-problem results: pass@k (k ≤ n), mean@n, its SE, greedy, by difficulty.
+
+    mean@n is the mean over problems of c_i / n; its standard error is the sample standard deviation
+    of c_i / n over problems divided by √P (None when P < 2: one problem gives no spread to estimate).
+    """
+    num = len(results)
+    n = results[0].n if results else 0
+    if any(r.n != n for r in results):
+        raise ValueError("all problems must have the same number of samples n to summarise pass@k")
+    summary: dict[str, Any] = {"num_problems": num, "n": n}
+    counts = [r.correct for r in results]
+    summary["pass@k"] = {str(k): float(mean_pass_at_k([(n, c) for c in counts], k)) for k in _check_ks(ks) if k <= n and num}
+    accs = [c / n for c in counts] if n else []
+    summary["mean@n"] = float(sum(accs) / num) if num and n else None
+    summary["stderr"] = _stderr(accs)
+    if greedy and num:
+        summary["greedy"] = float(sum(bool(r.greedy_correct) for r in results) / num)
+    else:
+        summary["greedy"] = None
+
+    groups: dict[str, list[ProblemResult]] = {}
+    for r in results:
+        key = UNKNOWN_DIFFICULTY if r.difficulty is None else str(r.difficulty)
+        groups.setdefault(key, []).append(r)
+    by_diff: dict[str, Any] = {}
+    for key in sorted(groups, key=_difficulty_sort_key):
+        rows = groups[key]
+        by_diff[key] = {
+            "mean@n": float(sum(r.correct / n for r in rows) / len(rows)) if n else None,
+            "count": len(rows),
+            "greedy": float(sum(bool(r.greedy_correct) for r in rows) / len(rows)) if greedy else None,
+        }
+    summary["by_difficulty"] = by_diff
+    return summary
+
+
+def _difficulty_sort_key(key: str) -> tuple[int, float, str]:
+    """Numeric difficulties in numeric order, then the rest alphabetically ("unknown" last)."""
+    try:
+        return (0, float(key), key)
+    except ValueError:
+        return (2 if key == UNKNOWN_DIFFICULTY else 1, 0.0, key)
+
+
+def _stderr(values: Sequence[float]) -> float | None:
+    """Standard error of the mean of `values` (sample std / √len), None for fewer than 2 values."""
+    if len(values) < 2:
+        return None
+    mean = sum(values) / len(values)
+    var = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
+    return math.sqrt(var / len(values))
+
+
+def evaluate(
+    model,
+    tokenizer,
+    problems: Sequence[Any],
+    grader: Grader,
+    *,
+    n: int = 8,
+    ks: Sequence[int] = (1, 8),
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    max_new_tokens: int = 64,
+    greedy: bool = True,
+    batch_size: int = 64,
+    seed: int = 0,
+    progress: bool = True,
+    sampler=None,
+) -> EvalResult:
+    """Sample `n` responses per problem (and one greedy one), grade them, and summarise (SPEC §5).
+
+    `grader(response_text, problem)` returns a score; ≥ 0.5 counts as correct, None as wrong.
+    `batch_size` bounds the number of sequences per generate call. `sampler` defaults to
+    `HFSampler(model, tokenizer)`; pass another backend (same `generate` interface) to reuse it.
+    The model's train/eval mode is restored afterwards.
+    """
+    from regroup.models.prompting import encode_prompt
+    from regroup.rollout.base import SamplingParams
+
+    if n < 1:
+        raise ValueError(f"n (samples per problem) must be >= 1, got {n}")
+    if not problems:
+        raise ValueError("evaluate needs at least one problem; got an empty list")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    ks = _check_ks(ks)
+    if sampler is None:
+        from regroup.rollout.hf import HFSampler
+
+        sampler = HFSampler(model, tokenizer, batch_size=batch_size)
+
+    prompts = [encode_prompt(tokenizer, p.question) for p in problems]
+    correct = [0] * len(problems)
+    first_text: list[str | None] = [None] * len(problems)
+    greedy_ok: list[bool | None] = [None] * len(problems)
+    greedy_text: list[str | None] = [None] * len(problems)
+    truncated = 0
+
+    sample_params = SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, n=n)
+    greedy_params = SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=max_new_tokens, n=1)
+    per_call = max(1, batch_size // n)  # prompts per sampled call, so a call holds ≤ batch_size sequences
+    total = len(problems) * (n + (1 if greedy else 0))
+
+    was_training = getattr(model, "training", False)
+    bar = _progress_bar(total, progress)
+    try:
+        for call, start in enumerate(range(0, len(prompts), per_call)):
+            chunk = prompts[start : start + per_call]
+            # Seed each call from (seed, call) so results do not depend on what ran before.
+            for comp in sampler.generate(chunk, sample_params, seed=seed * 1_000_003 + call):
+                i = start + comp.prompt_index
+                if first_text[i] is None:
+                    first_text[i] = comp.text
+                correct[i] += int(is_correct(grader(comp.text, problems[i])))
+                truncated += int(comp.truncated)
+            bar.update(len(chunk) * n)
+        if greedy:
+            for start in range(0, len(prompts), batch_size):
+                chunk = prompts[start : start + batch_size]
+                for comp in sampler.generate(chunk, greedy_params, seed=None):
+                    i = start + comp.prompt_index
+                    greedy_text[i] = comp.text
+                    greedy_ok[i] = is_correct(grader(comp.text, problems[i]))
+                bar.update(len(chunk))
+    finally:
+        bar.close()
+        if was_training and hasattr(model, "train"):
+            model.train()
+
+    results = [
+        ProblemResult(
+            id=p.id,
+            difficulty=getattr(p, "difficulty", None),
+            n=n,
+            correct=correct[i],
+            greedy_correct=greedy_ok[i],
+            greedy_response=greedy_text[i],
+            sample_response=first_text[i],
+        )
+        for i, p in enumerate(problems)
+    ]
+    settings = {
+        "n": n, "ks": ks, "temperature": temperature, "top_p": top_p,
+        "max_new_tokens": max_new_tokens, "greedy": greedy, "seed": seed,
+    }
+    summary = summarize(results, ks, greedy)
+    summary["truncated_frac"] = truncated / (len(problems) * n) if problems else None
+    summary["settings"] = settings
+    return EvalResult(problems=results, summary=summary, settings=settings)
+
+
+def _progress_bar(total: int, enabled: bool):
+    """A tqdm bar over generated sequences (a silent stand-in when disabled)."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="eval", unit="seq", disable=not enabled, leave=False)
+
+
+# ---------------------------------------------------------------- saved model × benchmark files
+
+
+def _bench_name(path: str, taken: set[str]) -> str:
+    """A benchmark name from its file / folder name, made unique among `taken`."""
+    base = os.path.basename(os.path.normpath(path))
+    for ext in (".jsonl", ".json", ".parquet"):
+        if base.endswith(ext):
+            base = base[: -len(ext)]
+            break
+    name, i = base or "bench", 2
+    while name in taken:
+        name, i = f"{base}_{i}", i + 1
+    taken.add(name)
+    return name
+
+
+def _make_grader(checker: str, task: str, answer_marker: str | None = None) -> Grader:
+    """The grading function for `checker`: the named task's grader, or the math-verify checker (the
+    last `\\boxed{}`, or the text after `answer_marker` when given; SPEC §5)."""
+    if checker == "task":
+        from regroup.tasks import get_task
+
+        return get_task(task).grade
+    if checker == "math":
+        from regroup.rewards.math_verify import MathAnswerChecker
+
+        return MathAnswerChecker(marker=answer_marker)
+    raise ValueError(f"checker must be 'task' or 'math', got {checker!r}")
+
+
+def _row(bench: str, summary: dict[str, Any], ks: Sequence[int]) -> dict[str, Any]:
+    """One flat table row of a benchmark summary."""
+    row: dict[str, Any] = {"benchmark": bench, "num_problems": summary["num_problems"], "n": summary["n"]}
+    for k in ks:
+        row[f"pass@{k}"] = summary["pass@k"].get(str(k))
+    row["mean@n"] = summary["mean@n"]
+    row["stderr"] = summary["stderr"]
+    row["greedy"] = summary["greedy"]
+    return row
+
+
+def average_row(rows: Sequence[dict[str, Any]], label: str = "average") -> dict[str, Any]:
+    """The unweighted mean over benchmarks of every metric (as the papers' tables average).
+
+    The SE of the average is √(Σ SE_b²) / B (benchmarks are independent samples); a metric missing
+    from any benchmark is left None rather than averaged over a subset.
+    """
+    out: dict[str, Any] = {"benchmark": label, "num_problems": sum(r["num_problems"] for r in rows)}
+    out["n"] = rows[0]["n"] if rows and all(r["n"] == rows[0]["n"] for r in rows) else None
+    keys = [k for k in rows[0] if k not in ("benchmark", "num_problems", "n", "stderr")] if rows else []
+    for key in keys:
+        vals = [r.get(key) for r in rows]
+        out[key] = None if any(v is None for v in vals) else float(sum(vals) / len(vals))
+    ses = [r.get("stderr") for r in rows]
+    out["stderr"] = None if not rows or any(s is None for s in ses) else math.sqrt(sum(s * s for s in ses)) / len(rows)
+    return out
+
+
+def run_eval_cli(
+    model_path: str,
+    data_files: Sequence[str],
+    out_dir: str,
+    *,
+    n: int = 8,
+    ks: Sequence[int] = (1, 8),
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    max_new_tokens: int = 64,
+    question_field: str = "question",
+    answer_field: str = "answer",
+    checker: str = "task",
+    task: str = "arithmetic",
+    answer_marker: str | None = None,
+    greedy: bool = True,
+    batch_size: int = 64,
+    seed: int = 0,
+    limit: int | None = None,
+    skip_bad_rows: bool = False,
+    device: str | None = None,
+    progress: bool = True,
+) -> list[dict[str, Any]]:
+    """Evaluate a saved HF causal LM on benchmark files; write per-benchmark and overall results.
+
+    Writes `out_dir/<bench>/per_problem.jsonl`, `out_dir/<bench>/summary.json` and
+    `out_dir/summary.json` ({"model", "settings", "rows"}: one row per benchmark plus an "average"
+    row). `checker="task"` grades with `get_task(task).grade`; `checker="math"` with math-verify
+    (`answer_marker`: text marking the final answer, else the last `\\boxed{}`). `limit` keeps the
+    first `limit` problems of each file. Returns the rows.
+    """
+    if not data_files:
+        raise ValueError("run_eval_cli needs at least one benchmark file in data_files")
+    ks = _check_ks(ks)
+    if not os.path.isdir(model_path):
+        raise FileNotFoundError(f"model directory not found: {model_path}")
+    grader = _make_grader(checker, task, answer_marker)
+    try:
+        return _run_benchmarks(
+            model_path, data_files, out_dir, grader, n=n, ks=ks, temperature=temperature, top_p=top_p,
+            max_new_tokens=max_new_tokens, question_field=question_field, answer_field=answer_field,
+            greedy=greedy, batch_size=batch_size, seed=seed, limit=limit, skip_bad_rows=skip_bad_rows,
+            device=device, progress=progress,
+            settings={"checker": checker, "task": task if checker == "task" else None, "answer_marker": answer_marker},
+        )
+    finally:
+        close = getattr(grader, "close", None)
+        if callable(close):
+            close()  # the math checker runs a worker process
+
+
+def _run_benchmarks(model_path: str, data_files: Sequence[str], out_dir: str, grader: Grader, *, n: int,
+                    ks: list[int], temperature: float, top_p: float, max_new_tokens: int, question_field: str,
+                    answer_field: str, greedy: bool, batch_size: int, seed: int, limit: int | None,
+                    skip_bad_rows: bool, device: str | None, progress: bool,
+                    settings: dict[str, Any]) -> list[dict[str, Any]]:
+    """The body of `run_eval_cli` once the grader exists: load, evaluate each file, write results."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from regroup.data import FieldMap, load_problems
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    model = AutoModelForCausalLM.from_pretrained(model_path)
+    if device:
+        model.to(device)
+    model.eval()
+
+    os.makedirs(out_dir, exist_ok=True)
+    rows: list[dict[str, Any]] = []
+    taken: set[str] = set()
+    for path in data_files:
+        loaded = load_problems(path, fields=FieldMap(question=question_field, answer=answer_field), skip_bad_rows=skip_bad_rows)
+        problems = list(loaded.problems)[:limit] if limit is not None else list(loaded.problems)
+        if not problems:
+            raise ValueError(f"no usable problems in {path} (skipped {len(loaded.skipped)} bad rows)")
+        bench = _bench_name(path, taken)
+        result = evaluate(
+            model, tokenizer, problems, grader, n=n, ks=ks, temperature=temperature, top_p=top_p,
+            max_new_tokens=max_new_tokens, greedy=greedy, batch_size=batch_size, seed=seed, progress=progress,
+        )
+        result.summary["source"] = os.path.abspath(path)
+        result.summary["skipped_rows"] = len(loaded.skipped)
+        bench_dir = os.path.join(out_dir, bench)
+        os.makedirs(bench_dir, exist_ok=True)
+        with open(os.path.join(bench_dir, "per_problem.jsonl"), "w", encoding="utf-8") as f:
+            for p in result.problems:
+                f.write(json.dumps(asdict(p), default=_json_default) + "\n")
+        _write_json(os.path.join(bench_dir, "summary.json"), result.summary)
+        rows.append(_row(bench, result.summary, ks))
+
+    rows.append(average_row(rows))
+    settings = {
+        "n": n, "ks": ks, "temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens,
+        **settings, "greedy": greedy, "seed": seed, "limit": limit,
+    }
+    top: dict[str, Any] = {"model": os.path.abspath(model_path), "settings": settings, "rows": rows}
+    if isinstance(getattr(grader, "stats", None), dict):
+        top["checker_stats"] = dict(grader.stats)  # type: ignore[attr-defined]  # timeouts etc. of math-verify
+    _write_json(os.path.join(out_dir, "summary.json"), top)
+    return rows
+
+
+def _write_json(path: str, obj: Any) -> None:
+    """Write JSON atomically (temp file + rename), so a reader never sees half a file."""
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2, default=_json_default)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def format_table(rows: Sequence[dict[str, Any]]) -> str:
+    """A fixed-width terminal table of result rows: accuracies in percent, mean@n as "mean ± SE"."""
+    if not rows:
+        return "(no results)"
+    metric_keys = [k for k in rows[0] if k.startswith("pass@")]
+    headers = ["benchmark", "problems", *metric_keys, "mean@n ± SE", "greedy"]
+    body = []
+    for r in rows:
+        mean, se = r.get("mean@n"), r.get("stderr")
+        mean_txt = _pct(mean) + (f" ± {100 * se:.1f}" if mean is not None and se is not None else "")
+        body.append([str(r["benchmark"]), str(r.get("num_problems", "")), *[_pct(r.get(k)) for k in metric_keys], mean_txt, _pct(r.get("greedy"))])
+    widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(headers)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
+    out = [line(headers), "  ".join("-" * w for w in widths)]
+    for r, b in zip(rows, body):
+        if r["benchmark"] == "average" and len(rows) > 1:
+            out.append("  ".join("-" * w for w in widths))
+        out.append(line(b))
+    return "\n".join(out)
+
+
+def _pct(value: float | None) -> str:
+    """A fraction as a percentage with one decimal, or "-" when missing."""
+    return "-" if value is None else f"{100 * value:.1f}"

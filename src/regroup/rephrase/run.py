@@ -1,0 +1,143 @@
+"""`run_rephrase`: the offline TA-GRPO augmentation job behind `regroup rephrase` (SPEC §3.1).
+
+Loads a problem set, rephrases every question, writes the set back with `variants` filled, and writes
+a summary (`<out>.summary.json`) of what was accepted, rejected, cached and failed per question.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from regroup.net import ChatClient, DiskCache
+from regroup.rephrase.base import RephraseOutcome, Rephraser
+from regroup.rephrase.registry import build_rephraser
+
+
+def _chunks(seq: Sequence[Any], size: int) -> list[Sequence[Any]]:
+    return [seq[i : i + size] for i in range(0, len(seq), size)]
+
+
+def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    """Write JSON to a temporary file beside `path`, then rename: readers never see half a file."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=2, ensure_ascii=False)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def summarise(outcomes: Sequence[RephraseOutcome]) -> dict[str, Any]:
+    """Totals over outcomes: questions, failed questions, accepted / rejected / cached variants,
+    request failures."""
+    return {
+        "questions": len(outcomes),
+        "questions_failed": sum(o.failed for o in outcomes),
+        "variants_accepted": sum(o.accepted for o in outcomes),
+        "variants_rejected": sum(o.rejected for o in outcomes),
+        "variants_cached": sum(o.cached for o in outcomes),
+        "request_failures": sum(o.request_failures for o in outcomes),
+    }
+
+
+def run_rephrase(
+    data_in: str,
+    out: str,
+    n: int,
+    rewriter: str,
+    *,
+    base_url: str | None = None,
+    model: str | None = None,
+    api_key_env: str | None = "OPENAI_API_KEY",
+    cache_dir: str | None = None,
+    concurrency: int = 16,
+    progress: bool = True,
+    temperature: float = 0.7,
+    seed: int = 0,
+    skip_bad_rows: bool = True,
+) -> dict[str, Any]:
+    """Add up to `n` variants to every question of `data_in` with `rewriter` ("rules", "openai",
+    "dataset" or "package.module:object"), save the set to `out`, and return the summary that is
+    also written to `out + ".summary.json"`.
+
+    `base_url`, `model`, `api_key_env`, `concurrency`, `temperature` configure the openai rewriter;
+    `cache_dir` keeps its answers (`<cache_dir>/rephrase.sqlite`) so a rerun only asks for what is
+    missing; `seed` seeds the rules rewriter.
+    """
+    from regroup.data import load_problems, save_problems
+
+    if not isinstance(n, int) or n < 0:
+        raise ValueError(f"n (variants per question) must be an integer >= 0, got {n!r}")
+    t0 = time.monotonic()
+    loaded = load_problems(data_in, skip_bad_rows=skip_bad_rows)
+    problems = list(loaded.problems)
+
+    cache: DiskCache | None = None
+    client: ChatClient | None = None
+    if rewriter == "openai":
+        if not base_url or not model:
+            raise ValueError(
+                "rewriter 'openai' needs base_url and model "
+                "(e.g. --base-url https://api.openai.com/v1 --model gpt-4-turbo)"
+            )
+        client = ChatClient(base_url, model, api_key_env=api_key_env, concurrency=concurrency, temperature=temperature)
+        if cache_dir is not None:
+            cache = DiskCache(Path(cache_dir) / "rephrase.sqlite")
+        rephraser: Rephraser = build_rephraser("openai", client=client, cache=cache)
+        # enough requests per chunk to keep every connection busy, few enough for a live progress bar
+        chunk = max(1, (8 * concurrency) // max(1, n))
+    elif rewriter == "rules":
+        rephraser = build_rephraser("rules", seed=seed)
+        chunk = 256
+    else:
+        rephraser = build_rephraser(rewriter)
+        chunk = 256
+
+    from tqdm import tqdm
+
+    outcomes: list[RephraseOutcome] = []
+    try:
+        bar = tqdm(total=len(problems), unit="q", desc=f"rephrase ({rewriter})", disable=not progress, file=sys.stderr)
+        with bar:
+            for part in _chunks(problems, chunk):
+                got = rephraser.rephrase_many(part, n)
+                if len(got) != len(part):
+                    raise RuntimeError(f"rewriter {rewriter!r} returned {len(got)} outcomes for {len(part)} problems")
+                outcomes.extend(got)
+                bar.update(len(part))
+                bar.set_postfix(accepted=sum(o.accepted for o in outcomes), rejected=sum(o.rejected for o in outcomes))
+    finally:
+        if cache is not None:
+            cache.close()
+
+    augmented = [dataclasses.replace(p, variants=tuple(o.variants)) for p, o in zip(problems, outcomes, strict=True)]
+    out_path = Path(out)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    save_problems(augmented, out_path)
+
+    summary: dict[str, Any] = {
+        "data_in": str(data_in),
+        "out": str(out_path),
+        "rewriter": rewriter,
+        "n": n,
+        "model": model if rewriter == "openai" else None,
+        "skipped_rows": len(loaded.skipped),
+        "skipped_examples": [str(e) for e in loaded.skipped[:10]],
+        "totals": summarise(outcomes),
+        "client": client.stats if client is not None else None,
+        "wall_s": round(time.monotonic() - t0, 3),
+        "per_question": [o.to_dict() for o in outcomes],
+    }
+    _write_json_atomic(Path(str(out_path) + ".summary.json"), summary)
+    return summary

@@ -1,0 +1,317 @@
+"""The report's figures: training curves per metric and evaluation plots, one colour per recipe.
+
+Figures are built with `matplotlib.figure.Figure` directly (the Agg canvas, no pyplot global state),
+so building a report never opens a window and is safe inside a training process.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from matplotlib.figure import Figure
+
+from regroup.report.runs import RunGroup
+from regroup.report.smoothing import ema
+
+# One colour per recipe, in table order; grey is kept for the starting model.
+PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf"]
+START_COLOR = "#8a8a8a"
+DPI = 100
+
+
+@dataclass
+class PlotSpec:
+    """A training-curve figure: one panel per metric key, drawn only for keys some run logged."""
+
+    name: str
+    title: str
+    panels: list[tuple[str, str]]
+    """(metric key, panel title); a key ending in "*" expands to every logged key with that prefix."""
+    description: str
+    logy: bool = False
+
+
+@dataclass
+class PlotOutcome:
+    """A figure that was drawn (path set) or omitted (note set)."""
+
+    name: str
+    title: str
+    section: str
+    """"training" or "evaluation"."""
+    description: str
+    path: str | None = None
+    """Path relative to the report folder, e.g. "plots/reward.png"."""
+    note: str | None = None
+    keys: list[str] = field(default_factory=list)
+
+
+TRAINING_PLOTS = [
+    PlotSpec("reward", "Reward", [("reward/mean", "mean reward")],
+             "Mean verifiable reward of the sampled responses at each step."),
+    PlotSpec("uniform_groups", "Uniform-reward groups",
+             [("groups/all_correct_frac", "all correct"), ("groups/all_wrong_frac", "all wrong"),
+              ("groups/uniform_frac", "all equal (either)")],
+             "Share of groups whose rewards are all equal; such groups have zero advantage and give no gradient."),
+    PlotSpec("masked", "Distinctiveness masking",
+             [("mask/pos_frac", "positive-advantage samples"), ("mask/neg_frac", "negative-advantage samples")],
+             "Masked fractions of positive- and negative-advantage samples (DaGRPO, SPEC §2a)."),
+    PlotSpec("anchors", "Off-policy anchors",
+             [("anchor/count", "anchors per step"), ("anchor/adv_mean", "mean anchor advantage")],
+             "Anchors (reference solutions) injected into groups and their advantage (DaGRPO, SPEC §2b)."),
+    PlotSpec("grad_norm", "Gradient norm", [("grad_norm", "gradient norm")],
+             "Gradient norm per step, log scale: spikes show unstable updates.", logy=True),
+    PlotSpec("entropy", "Entropy", [("entropy", "mean token entropy")],
+             "Mean per-token entropy of the policy on its own samples; a collapse toward 0 means less exploration."),
+    PlotSpec("length", "Response length",
+             [("length/mean", "mean length (tokens)"), ("length/truncated_frac", "truncated fraction")],
+             "Mean response length and the share of responses cut at max_new_tokens."),
+    PlotSpec("diversity", "Response diversity", [("diversity", "mean pairwise cosine distance")],
+             "Mean pairwise cosine distance of response embeddings within a group (SPEC §3.6)."),
+    PlotSpec("kl", "KL to the reference", [("kl", "KL (k3)")],
+             "k3 KL estimate to the frozen reference model (logged only when β > 0)."),
+    PlotSpec("variants", "Accuracy per rephrasing", [("variant/acc/*", "")],
+             "Training accuracy on each rephrasing of the question (TA-GRPO; variant 0 is the original)."),
+]
+
+EVAL_PLOTS = {"passk": "pass@k curves", "difficulty": "Accuracy by difficulty"}
+
+
+def assign_colors(labels: Sequence[str]) -> dict[str, str]:
+    """A fixed colour per label, in order (cycling the palette if there are more labels than colours)."""
+    return {label: PALETTE[i % len(PALETTE)] for i, label in enumerate(labels)}
+
+
+def _is_number(value: Any) -> bool:
+    """A finite int/float (bool excluded)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def group_series(group: RunGroup, key: str) -> tuple[list[float], list[float]]:
+    """(steps, values) of a metric for a group: at each step the mean over its runs (seeds) that
+    logged a finite value there. Records without `step` use their 1-based position."""
+    by_step: dict[float, list[float]] = {}
+    for run in group.runs:
+        for i, rec in enumerate(run.metrics):
+            value = rec.get(key)
+            if not _is_number(value):
+                continue
+            step = rec.get("step")
+            step = float(step) if _is_number(step) else float(i + 1)
+            by_step.setdefault(step, []).append(float(value))
+    steps = sorted(by_step)
+    return steps, [sum(by_step[s]) / len(by_step[s]) for s in steps]
+
+
+def _expand_keys(spec: PlotSpec, groups: Sequence[RunGroup]) -> list[tuple[str, str]]:
+    """The spec's panels with wildcard keys expanded to the logged keys they match."""
+    logged: set[str] = set()
+    for g in groups:
+        for run in g.runs:
+            for rec in run.metrics:
+                logged.update(k for k, v in rec.items() if _is_number(v))
+    panels = []
+    for key, title in spec.panels:
+        if key.endswith("*"):
+            prefix = key[:-1]
+            for k in sorted((k for k in logged if k.startswith(prefix)), key=_natural_key):
+                panels.append((k, k[len(prefix):] and f"variant {k[len(prefix):]}"))
+        elif key in logged:
+            panels.append((key, title))
+    return panels
+
+
+def _natural_key(text: str) -> tuple:
+    """Sort "variant/acc/10" after "variant/acc/2"."""
+    tail = text.rsplit("/", 1)[-1]
+    return (0, int(tail), text) if tail.isdigit() else (1, 0, text)
+
+
+def _grid(num_panels: int) -> tuple[int, int]:
+    """Rows and columns for a panel count (at most 3 per row)."""
+    cols = min(3, num_panels)
+    return math.ceil(num_panels / cols), cols
+
+
+def _new_figure(rows: int, cols: int) -> tuple[Figure, list]:
+    """A figure with rows×cols axes, sized so each panel is readable."""
+    fig = Figure(figsize=(4.3 * cols, 3.0 * rows + 0.45), dpi=DPI, layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False)
+    return fig, [ax for row in axes for ax in row]
+
+
+def _style(ax) -> None:
+    """Light grid, no top/right spines."""
+    ax.grid(True, alpha=0.25, linewidth=0.6)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    ax.tick_params(labelsize=8)
+
+
+def _legend(fig: Figure, handles: list, labels: list[str]) -> None:
+    """One legend above all panels, so every panel keeps its full width."""
+    if handles:
+        fig.legend(handles, labels, loc="outside upper center", ncols=min(len(labels), 5), fontsize=9, frameon=False)
+
+
+def _training_plot(spec: PlotSpec, groups: Sequence[RunGroup], colors: dict[str, str], out_path: str) -> list[str] | None:
+    """Draw one training figure; return the metric keys drawn, or None when no run logged any."""
+    panels = _expand_keys(spec, groups)
+    if not panels:
+        return None
+    fig, axes = _new_figure(*_grid(len(panels)))
+    handles: dict[str, Any] = {}
+    for ax, (key, title) in zip(axes, panels):
+        for g in groups:
+            steps, values = group_series(g, key)
+            if not steps:
+                continue
+            color = colors[g.label]
+            if spec.logy:
+                values = [max(v, 1e-12) for v in values]  # a log axis cannot show 0
+            if len(values) > 2:
+                ax.plot(steps, values, color=color, alpha=0.22, linewidth=0.8)
+                if spec.logy:
+                    # Smooth in log space so one spike does not lift the whole curve.
+                    smooth = [10 ** s for s in ema([math.log10(v) for v in values])]
+                else:
+                    smooth = ema(values)
+                (line,) = ax.plot(steps, smooth, color=color, linewidth=1.8)
+            else:
+                (line,) = ax.plot(steps, values, color=color, linewidth=1.8, marker="o", markersize=3)
+            handles.setdefault(g.label, line)
+        if spec.logy:
+            ax.set_yscale("log")
+        ax.set_title(title or key, fontsize=10)
+        ax.set_xlabel("step", fontsize=8)
+        _style(ax)
+    for ax in axes[len(panels):]:
+        ax.set_visible(False)
+    _legend(fig, list(handles.values()), list(handles))
+    fig.savefig(out_path)
+    return [k for k, _ in panels]
+
+
+def _passk_plot(rows: Sequence[dict[str, Any]], colors: dict[str, str], out_path: str) -> bool:
+    """pass@k against k (log₂ axis) per recipe, plus the starting model dashed; False if no data."""
+    drawn = [r for r in rows if r.get("pass@k")]
+    if not drawn:
+        return False
+    fig, (ax,) = _new_figure(1, 1)
+    fig.set_size_inches(6.0, 3.8)
+    all_ks: set[int] = set()
+    start = next((r for r in rows if r.get("start_pass@k") and r.get("is_baseline")), None) or next(
+        (r for r in rows if r.get("start_pass@k")), None
+    )
+    if start is not None:
+        ks = sorted(start["start_pass@k"])
+        all_ks.update(ks)
+        ax.plot(ks, [start["start_pass@k"][k] for k in ks], color=START_COLOR, linestyle="--", marker="o",
+                markersize=3, linewidth=1.4, label="starting model")
+    for r in drawn:
+        ks = sorted(r["pass@k"])
+        all_ks.update(ks)
+        yerr = [r["pass@k_std"].get(k) or 0.0 for k in ks] if r.get("num_evaluated", 1) > 1 else None
+        ax.errorbar(ks, [r["pass@k"][k] for k in ks], yerr=yerr, color=colors[r["label"]], marker="o", markersize=4,
+                    linewidth=1.8, capsize=3, label=r["label"])
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(all_ks), [str(k) for k in sorted(all_ks)])
+    ax.set_xlabel("k (samples)", fontsize=9)
+    ax.set_ylabel("pass@k", fontsize=9)
+    ax.set_ylim(0, 1.02)
+    _style(ax)
+    ax.legend(fontsize=8, frameon=False)
+    fig.savefig(out_path)
+    return True
+
+
+def _difficulty_sort(key: str) -> tuple:
+    """Numeric difficulty levels in numeric order, others after."""
+    try:
+        return (0, float(key), key)
+    except ValueError:
+        return (1, 0.0, key)
+
+
+def _difficulty_plot(rows: Sequence[dict[str, Any]], colors: dict[str, str], out_path: str) -> bool:
+    """Grouped bars: mean@n per difficulty level, one bar per recipe (plus the start); False if no data."""
+    series: list[tuple[str, str, dict[str, float], Any]] = []
+    start = next((r for r in rows if r.get("start_by_difficulty") and r.get("is_baseline")), None) or next(
+        (r for r in rows if r.get("start_by_difficulty")), None
+    )
+    if start is not None:
+        series.append(("starting model", START_COLOR, start["start_by_difficulty"], "//"))
+    for r in rows:
+        if r.get("by_difficulty"):
+            series.append((r["label"], colors[r["label"]], r["by_difficulty"], None))
+    if not any(s[0] != "starting model" for s in series):
+        return False
+    levels = sorted({lvl for _, _, d, _ in series for lvl in d}, key=_difficulty_sort)
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts.update(r.get("by_difficulty_count") or {})
+    fig, (ax,) = _new_figure(1, 1)
+    fig.set_size_inches(max(5.0, 1.1 * len(levels) * max(1, len(series)) * 0.45 + 2.5), 3.8)
+    width = 0.8 / len(series)
+    for i, (label, color, values, hatch) in enumerate(series):
+        xs = [j + (i - (len(series) - 1) / 2) * width for j in range(len(levels))]
+        ys = [values.get(lvl, float("nan")) for lvl in levels]
+        ax.bar(xs, ys, width=width * 0.95, color=color if hatch is None else "white", edgecolor=color,
+               hatch=hatch, label=label, linewidth=1.0)
+    ax.set_xticks(range(len(levels)), [f"{lvl}\n({counts[lvl]} problems)" if lvl in counts else lvl for lvl in levels])
+    ax.set_xlabel("difficulty", fontsize=9)
+    ax.set_ylabel("mean@n", fontsize=9)
+    ax.set_ylim(0, 1.02)
+    _style(ax)
+    ax.legend(fontsize=8, frameon=False, ncols=min(len(series), 4))
+    fig.savefig(out_path)
+    return True
+
+
+def make_plots(groups: Sequence[RunGroup], rows: Sequence[dict[str, Any]], plot_dir: str,
+               colors: dict[str, str]) -> list[PlotOutcome]:
+    """Draw every figure into `plot_dir`; an unlogged metric yields an outcome with a note, no file.
+
+    A stale PNG of an omitted figure (from an earlier report in the same folder) is removed, so the
+    folder never shows a plot the page does not.
+    """
+    os.makedirs(plot_dir, exist_ok=True)
+    rel = os.path.basename(os.path.normpath(plot_dir))
+    outcomes: list[PlotOutcome] = []
+    for spec in TRAINING_PLOTS:
+        path = os.path.join(plot_dir, f"{spec.name}.png")
+        keys = _training_plot(spec, groups, colors, path)
+        out = PlotOutcome(spec.name, spec.title, "training", spec.description)
+        if keys is None:
+            wanted = ", ".join(f"`{k}`" for k, _ in spec.panels)
+            out.note = f"{spec.title}: not logged by any run ({wanted}); plot omitted."
+            _remove(path)
+        else:
+            out.path, out.keys = f"{rel}/{spec.name}.png", keys
+        outcomes.append(out)
+
+    for name, draw, desc, missing in (
+        ("passk", _passk_plot, "pass@k from each recipe's final evaluation (mean over seeds, bars: std); "
+         "dashed grey: the starting model.", "no run has eval/summary.json with pass@k"),
+        ("difficulty", _difficulty_plot, "mean@n per difficulty level of the evaluation set; hatched grey: the "
+         "starting model.", "no run's eval/summary.json has by_difficulty"),
+    ):
+        path = os.path.join(plot_dir, f"{name}.png")
+        out = PlotOutcome(name, EVAL_PLOTS[name], "evaluation", desc)
+        if draw(rows, colors, path):
+            out.path = f"{rel}/{name}.png"
+        else:
+            out.note = f"{EVAL_PLOTS[name]}: not logged — {missing}; plot omitted."
+            _remove(path)
+        outcomes.append(out)
+    return outcomes
+
+
+def _remove(path: str) -> None:
+    """Delete a file if it exists."""
+    if os.path.exists(path):
+        os.remove(path)

@@ -1,0 +1,182 @@
+"""Reading run folders (config.yaml, metrics.jsonl, eval summaries) and grouping seeds of one recipe.
+
+A run folder is what the trainer writes; the report reads only these files, never terminal output:
+`config.yaml` (resolved config, top-level `recipe` and `seed`), `metrics.jsonl` (one JSON object per
+step), `eval/summary.json` and `eval_before/summary.json` (see `regroup.eval.runner`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+# Config keys that identify a run or only change bookkeeping: they are left out of the config diff
+# and do not split runs of one recipe into separate rows (seeds of one recipe are aggregated).
+BOOKKEEPING_KEYS = frozenset({
+    "recipe", "seed", "run_dir", "train.progress", "train.tensorboard", "train.wandb", "train.threads",
+    "train.checkpoint_every", "train.keep_checkpoints",
+})
+
+
+@dataclass
+class RunData:
+    """Everything the report uses from one run folder."""
+
+    path: str
+    name: str
+    """The folder's base name."""
+    config: dict[str, Any]
+    flat_config: dict[str, Any]
+    """`config` flattened to dotted keys ("optim.lr")."""
+    recipe: str
+    seed: Any
+    metrics: list[dict[str, Any]]
+    """Step records in file order."""
+    bad_metric_lines: int = 0
+    """Lines of metrics.jsonl that were not a JSON object (e.g. a half-written last line after a crash)."""
+    eval: dict[str, Any] | None = None
+    eval_before: dict[str, Any] | None = None
+
+
+@dataclass
+class RunGroup:
+    """Runs of one recipe with the same settings apart from their seed: one table row, one colour."""
+
+    label: str
+    recipe: str
+    runs: list[RunData] = field(default_factory=list)
+
+
+def flatten(cfg: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested dict as {dotted.key: leaf value}; lists stay leaves."""
+    if not isinstance(cfg, dict):
+        return {prefix: cfg} if prefix else {}
+    out: dict[str, Any] = {}
+    for key, value in cfg.items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, name))
+        else:
+            out[name] = value
+    return out
+
+
+def _read_json(path: str) -> dict[str, Any] | None:
+    """A JSON object from `path`, or None when the file is absent."""
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        try:
+            data = json.load(f)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path} is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} should hold a JSON object, found {type(data).__name__}")
+    return data
+
+
+def read_metrics(path: str) -> tuple[list[dict[str, Any]], int]:
+    """Step records of a metrics.jsonl and the count of unreadable lines (absent file: no records)."""
+    if not os.path.exists(path):
+        return [], 0
+    records: list[dict[str, Any]] = []
+    bad = 0
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                bad += 1  # a crash can leave half a line; the rest of the file is still good
+                continue
+            if isinstance(rec, dict):
+                records.append(rec)
+            else:
+                bad += 1
+    return records, bad
+
+
+def load_run(path: str) -> RunData:
+    """Read one run folder; config.yaml is required, everything else is optional."""
+    cfg_path = os.path.join(path, "config.yaml")
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"run folder not found: {path}")
+    if not os.path.exists(cfg_path):
+        raise FileNotFoundError(f"not a run folder: {path} has no config.yaml")
+    with open(cfg_path, encoding="utf-8") as f:
+        config = yaml.safe_load(f) or {}
+    if not isinstance(config, dict):
+        raise ValueError(f"{cfg_path} should hold a mapping, found {type(config).__name__}")
+    recipe = config.get("recipe")
+    if isinstance(recipe, dict):  # tolerate `recipe: {name: ...}`
+        recipe = recipe.get("name")
+    name = os.path.basename(os.path.normpath(path))
+    metrics, bad = read_metrics(os.path.join(path, "metrics.jsonl"))
+    return RunData(
+        path=path,
+        name=name,
+        config=config,
+        flat_config=flatten(config),
+        recipe=str(recipe) if recipe is not None else name,
+        seed=config.get("seed"),
+        metrics=metrics,
+        bad_metric_lines=bad,
+        eval=_read_json(os.path.join(path, "eval", "summary.json")),
+        eval_before=_read_json(os.path.join(path, "eval_before", "summary.json")),
+    )
+
+
+def _settings_key(run: RunData) -> str:
+    """The run's config without bookkeeping keys, as a canonical string (equal for seeds of one setting)."""
+    kept = {k: v for k, v in run.flat_config.items() if k not in BOOKKEEPING_KEYS}
+    return json.dumps(kept, sort_keys=True, default=str)
+
+
+def group_runs(runs: list[RunData], baseline: str | None = None) -> list[RunGroup]:
+    """Group runs by (recipe, non-bookkeeping settings); baseline recipe first, then first-seen order.
+
+    Two groups of one recipe (e.g. an lr sweep) get the differing run folder names in their labels.
+    """
+    groups: dict[tuple[str, str], RunGroup] = {}
+    for run in runs:
+        key = (run.recipe, _settings_key(run))
+        groups.setdefault(key, RunGroup(label=run.recipe, recipe=run.recipe)).runs.append(run)
+    ordered = list(groups.values())
+    per_recipe: dict[str, int] = {}
+    for g in ordered:
+        per_recipe[g.recipe] = per_recipe.get(g.recipe, 0) + 1
+    for g in ordered:
+        if per_recipe[g.recipe] > 1:
+            g.label = f"{g.recipe} [{', '.join(r.name for r in g.runs)}]"
+    ordered.sort(key=lambda g: 0 if baseline is not None and g.recipe == baseline else 1)
+    return ordered
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equality that treats two NaNs as equal and 1 == 1.0."""
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return a == b
+
+
+MISSING = object()
+
+
+def config_diff(base: dict[str, Any], other: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(key, base value, other value) for every dotted key whose value differs (MISSING if absent),
+    bookkeeping keys excluded, sorted by key."""
+    out = []
+    for key in sorted(set(base) | set(other)):
+        if key in BOOKKEEPING_KEYS:
+            continue
+        a, b = base.get(key, MISSING), other.get(key, MISSING)
+        if not _same(a, b):
+            out.append((key, a, b))
+    return out

@@ -1,0 +1,61 @@
+"""The few statistics the report states: means over seeds, standard errors, and 2-SE verdicts.
+
+Every comparison in the report is a difference of mean@n with an unpaired standard error
+`√(SE_a² + SE_b²)`; a difference within 2 SE is called "no clear difference" (the text never
+claims more than that).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+BETTER, WORSE, UNCLEAR, NO_SE = "better", "worse", "no clear difference", "no standard error"
+
+
+def mean(values: Sequence[float]) -> float | None:
+    """Arithmetic mean, None for no values."""
+    return sum(values) / len(values) if values else None
+
+
+def std(values: Sequence[float]) -> float | None:
+    """Sample standard deviation (n − 1), None for fewer than two values."""
+    if len(values) < 2:
+        return None
+    m = sum(values) / len(values)
+    return math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1))
+
+
+def group_stderr(means: Sequence[float], stderrs: Sequence[float | None]) -> float | None:
+    """Standard error of the mean over runs (seeds) of a per-run estimate.
+
+    One run: its own SE. Several: the larger of the evaluation noise `√(Σ SE_i²) / k` and the seed
+    spread `std / √k` — a small number of seeds underestimates seed variance, so take the cautious one.
+    None when any run has no SE.
+    """
+    k = len(means)
+    if k == 0 or any(s is None for s in stderrs):
+        return None
+    eval_se = math.sqrt(sum(s * s for s in stderrs)) / k  # type: ignore[operator]
+    spread = std(means)
+    seed_se = spread / math.sqrt(k) if spread is not None else 0.0
+    return max(eval_se, seed_se)
+
+
+def diff_stderr(se_a: float | None, se_b: float | None) -> float | None:
+    """SE of a − b for independent estimates: √(SE_a² + SE_b²); None if either is unknown."""
+    if se_a is None or se_b is None:
+        return None
+    return math.sqrt(se_a * se_a + se_b * se_b)
+
+
+def verdict(delta: float | None, se: float | None) -> str | None:
+    """"better" / "worse" when |delta| > 2·SE, "no clear difference" when within 2·SE (inclusive),
+    "no standard error" when SE is unknown, None when there is no delta."""
+    if delta is None:
+        return None
+    if se is None:
+        return NO_SE
+    if abs(delta) <= 2 * se:
+        return UNCLEAR
+    return BETTER if delta > 0 else WORSE

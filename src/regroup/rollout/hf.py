@@ -1,0 +1,167 @@
+"""Sampling with the HF model itself: a lean KV-cached loop (faster than `generate` for small models).
+
+`generate()` of transformers runs a stack of logits processors, stopping criteria and cache bookkeeping
+per token; for a ~1M-parameter model on CPU that overhead is larger than the forward pass. This loop
+does only what sampling needs: one forward per token over the batch's unfinished rows with a
+DynamicCache, temperature, top-p, EOS stop. `benchmarks/rollout_speed.py` measures both.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from regroup.rollout.base import Completion, SamplingParams
+
+
+def _top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Set to -inf the logits outside the smallest set whose probability reaches top_p (nucleus)."""
+    if top_p >= 1.0:
+        return logits
+    sorted_logits, order = torch.sort(logits, descending=True, dim=-1)  # [N, V]
+    cumulative = sorted_logits.softmax(-1).cumsum(-1)  # [N, V]
+    drop_sorted = cumulative - sorted_logits.softmax(-1) >= top_p  # keep the token that crosses top_p
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+class HFSampler:
+    """Samples from an HF causal LM with a lean KV-cached loop; shares the training model's weights."""
+
+    def __init__(self, model, tokenizer, batch_size: int = 256):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self.eos_id = tokenizer.eos_token_id
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
+
+    def sync_weights(self, model) -> None:
+        self.model = model
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int | list[int] | None = None) -> list[Completion]:
+        """n completions per prompt (prompt-major).
+
+        `seed` is one int (prompt i then gets seed·1000003 + i) or one seed per prompt. Each prompt's n
+        rows draw their noise from that prompt's own generator, so a prompt's completions do not depend
+        on which other prompts share the batch, on `batch_size`, or on the process that samples it —
+        what makes a 2-process run sample exactly what a 1-process run samples.
+        """
+        device = next(self.model.parameters()).device
+        if seed is None:
+            seed = int(torch.randint(0, 2**31 - 1, (1,)))
+        seeds = [seed * 1000003 + i for i in range(len(prompts))] if isinstance(seed, int) else list(seed)
+        if len(seeds) != len(prompts):
+            raise ValueError(f"got {len(seeds)} seeds for {len(prompts)} prompts")
+        expanded = [(i, p) for i, p in enumerate(prompts) for _ in range(params.n)]
+        out: list[Completion] = []
+        # Chunks hold whole prompts, so one prompt's rows share one generator stream.
+        per_chunk = max(1, self.batch_size // params.n) * params.n
+        for start in range(0, len(expanded), per_chunk):
+            chunk = expanded[start : start + per_chunk]
+            gens = {i: torch.Generator(device=device).manual_seed(seeds[i] % (2**63)) for i in dict.fromkeys(i for i, _ in chunk)}
+            out.extend(self._generate_chunk(chunk, params, gens, device))
+        return out
+
+    @staticmethod
+    def _gumbel(gens: dict, rows_per_prompt: list[int], vocab: int, device) -> torch.Tensor:
+        """Gumbel noise [N, V], each prompt's rows from that prompt's generator."""
+        parts = [torch.rand((n, vocab), generator=gens[i], device=device) for i, n in rows_per_prompt]
+        uniform = torch.cat(parts).clamp_(min=1e-20, max=1.0 - 1e-7)  # [N, V]
+        return -torch.log(-torch.log(uniform))
+
+    def _generate_chunk(self, chunk, params: SamplingParams, gens, device) -> list[Completion]:
+        from transformers import DynamicCache
+
+        was_training = self.model.training
+        self.model.eval()
+        batch = len(chunk)
+        prompt_len = max(len(p) for _, p in chunk)
+        input_ids = torch.full((batch, prompt_len), self.pad_id, dtype=torch.long)  # [N, P], left-padded
+        attention = torch.zeros((batch, prompt_len), dtype=torch.long)  # [N, P]
+        for row, (_, p) in enumerate(chunk):
+            input_ids[row, prompt_len - len(p) :] = torch.tensor(p)
+            attention[row, prompt_len - len(p) :] = 1
+        input_ids, attention = input_ids.to(device), attention.to(device)
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)  # [N, P]
+
+        rows_per_prompt = [(i, sum(1 for j, _ in chunk if j == i)) for i in dict.fromkeys(i for i, _ in chunk)]
+        cache = DynamicCache()
+        # transformers >= 5.x calls the KV cache `cache`; older releases `past_key_values`.
+        cache_kw = "cache" if "cache" in inspect.signature(type(self.model).forward).parameters else "past_key_values"
+        tokens = torch.full((batch, params.max_new_tokens), self.pad_id, dtype=torch.long, device=device)  # [N, T]
+        logps = torch.zeros((batch, params.max_new_tokens), dtype=torch.float32, device=device)  # [N, T]
+        finished = torch.zeros(batch, dtype=torch.bool, device=device)  # [N]
+        lengths = torch.full((batch,), params.max_new_tokens, dtype=torch.long, device=device)  # [N]
+        step_ids, step_pos = input_ids, positions
+        for t in range(params.max_new_tokens):
+            logits = self.model(
+                input_ids=step_ids, attention_mask=attention, position_ids=step_pos,
+                use_cache=True, logits_to_keep=1, **{cache_kw: cache},
+            ).logits[:, -1, :].float()  # [N, V]
+            if params.temperature > 0:
+                scaled = logits / params.temperature
+                log_probs = scaled.log_softmax(-1)  # [N, V] behaviour distribution (before top-p, as TRL scores it)
+                # Gumbel-max: argmax(logits + Gumbel) is a sample of softmax(logits).
+                noise = self._gumbel(gens, rows_per_prompt, scaled.shape[-1], device)  # [N, V]
+                next_tok = (_top_p_filter(scaled, params.top_p) + noise).argmax(-1)  # [N]
+            else:
+                log_probs = logits.log_softmax(-1)
+                next_tok = logits.argmax(-1)
+            next_tok = torch.where(finished, torch.full_like(next_tok, self.pad_id), next_tok)
+            tokens[:, t] = next_tok
+            logps[:, t] = log_probs.gather(-1, next_tok[:, None]).squeeze(-1).masked_fill(finished, 0.0)
+            just_ended = (next_tok == self.eos_id) & ~finished
+            lengths = torch.where(just_ended, torch.full_like(lengths, t + 1), lengths)
+            finished |= just_ended
+            if bool(finished.all()):
+                break
+            attention = torch.cat([attention, torch.ones((batch, 1), dtype=attention.dtype, device=device)], dim=1)
+            step_pos = step_pos[:, -1:] + 1
+            step_ids = next_tok[:, None]
+        if was_training:
+            self.model.train()
+
+        tokens_cpu, logps_cpu, lengths_cpu, finished_cpu = tokens.cpu(), logps.cpu(), lengths.cpu(), finished.cpu()
+        completions = []
+        for row, (prompt_index, _) in enumerate(chunk):
+            n_tok = int(lengths_cpu[row])
+            ids = tokens_cpu[row, :n_tok].tolist()
+            completions.append(Completion(
+                prompt_index=prompt_index,
+                token_ids=ids,
+                text=self.tokenizer.decode(ids, skip_special_tokens=True),
+                logps=logps_cpu[row, :n_tok].tolist(),
+                truncated=not bool(finished_cpu[row]),
+            ))
+        return completions
+
+
+class HFGenerateSampler(HFSampler):
+    """The same interface through `model.generate` (kept as the measured baseline and for exotic models)."""
+
+    @torch.no_grad()
+    def _generate_chunk(self, chunk, params: SamplingParams, gens, device) -> list[Completion]:
+        first = next(iter(gens.values()))
+        torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=first)))
+        was_training = self.model.training
+        self.model.eval()
+        batch = self.tokenizer.pad({"input_ids": [p for _, p in chunk]}, return_tensors="pt", padding_side="left")
+        sampling = params.temperature > 0
+        out = self.model.generate(
+            input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device),
+            max_new_tokens=params.max_new_tokens, do_sample=sampling,
+            temperature=params.temperature if sampling else None, top_p=params.top_p if sampling else None,
+            top_k=0 if sampling else None, pad_token_id=self.pad_id, eos_token_id=self.eos_id,
+        )
+        if was_training:
+            self.model.train()
+        new = out[:, batch["input_ids"].shape[1] :].cpu()
+        completions = []
+        for row, (prompt_index, _) in enumerate(chunk):
+            ids = new[row].tolist()
+            ended = self.eos_id in ids
+            ids = ids[: ids.index(self.eos_id) + 1] if ended else ids
+            completions.append(Completion(prompt_index, ids, self.tokenizer.decode(ids, skip_special_tokens=True), None, not ended))
+        return completions

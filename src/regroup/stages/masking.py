@@ -1,0 +1,48 @@
+"""DaGRPO sequence-level gradient rectification as a step stage (SPEC §2a): score every sample of the
+group (anchors included: the mask is computed over G_mix), then keep only samples that stand apart from
+the other side of their group. The verifiable reward stays the reward; scores only mask."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from regroup.algo.distinctiveness import distinctiveness_mask, mask_stats
+from regroup.batch import Sample
+from regroup.scorers.base import ScoreItem
+
+
+class DistinctivenessMasker:
+    def __init__(self, scorer, delta: float):
+        self.scorer = scorer
+        self.delta = delta
+
+    def score(self, samples: list[Sample]) -> None:
+        """Fill `sample.score` (None when the scorer could not score it: never masked, counted)."""
+        items = [
+            ScoreItem(question=s.problem.question, response=s.response_text,
+                      reference=getattr(s.problem, "solution", None), problem=s.problem)
+            for s in samples
+        ]
+        for s, score in zip(samples, self.scorer.score_batch(items)):
+            s.score = score
+
+    def __call__(self, samples: list[Sample], advantages: torch.Tensor, group_ids: torch.Tensor):
+        """(keep mask [B] bool, metrics). Advantages were computed over the full group before masking."""
+        self.score(samples)
+        scores = torch.tensor([math.nan if s.score is None else float(s.score) for s in samples])  # [B]
+        keep = distinctiveness_mask(advantages, scores, group_ids, self.delta)  # [B] bool
+        stats = mask_stats(advantages, keep)
+        metrics = {
+            "mask/pos_frac": stats["frac_pos_masked"],  # masked positives / positives
+            "mask/neg_frac": stats["frac_neg_masked"],  # masked negatives / negatives
+            "mask/frac": stats["frac_masked"],
+        }
+        metrics["mask/unscored"] = float(torch.isnan(scores).sum())
+        finite = scores[~torch.isnan(scores)]
+        if finite.numel():
+            metrics["score/mean"] = float(finite.mean())
+        for key, value in self.scorer.stats.items():
+            metrics[f"scorer/{key}"] = float(value)
+        return keep, metrics

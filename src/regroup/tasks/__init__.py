@@ -1,0 +1,52 @@
+"""Tasks: where problems, graders, step scorers and rephrasings come from. `get_task` picks one by name."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from regroup.tasks.base import Problem, Task
+
+__all__ = ["BUILTIN_TASKS", "Problem", "Task", "get_task"]
+
+BUILTIN_TASKS = ("arithmetic",)
+
+
+def _load_dotted(spec: str) -> Any:
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"task {spec!r}: expected a built-in name {BUILTIN_TASKS} or 'package.module:object'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"task {spec!r}: cannot import module {module_name!r}: {exc}") from exc
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"task {spec!r}: module {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    return obj
+
+
+def get_task(name: str, **kwargs: Any) -> Any:
+    """The task called `name`: "arithmetic" (built in), or "pkg.mod:obj" naming a task object, a task
+    class, or a factory function (classes and factories are called with `kwargs`).
+
+    A task needs a `name` and a `grade(response, problem) -> float`; raises ValueError otherwise.
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"get_task: task name must be a non-empty string, got {name!r}")
+    if name == "arithmetic":
+        from regroup.tasks.arithmetic import ArithmeticTask
+
+        return ArithmeticTask(**kwargs)
+    obj = _load_dotted(name)
+    if isinstance(obj, type) or (callable(obj) and not hasattr(obj, "grade")):
+        obj = obj(**kwargs)
+    elif kwargs:
+        raise ValueError(f"task {name!r} is an object, not a class or factory: it takes no arguments {sorted(kwargs)}")
+    if not callable(getattr(obj, "grade", None)):
+        raise ValueError(f"task {name!r}: {type(obj).__name__} has no grade(response, problem) method")
+    if not getattr(obj, "name", None):
+        raise ValueError(f"task {name!r}: {type(obj).__name__} has no `name`")
+    return obj
