@@ -1,0 +1,177 @@
+"""Property tests on hostile inputs: the loaders fail only with DataError naming the file (and the row
+when one row is to blame); the grader, step scorer and math checker always return a float in range,
+within their time limit."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from regroup.data import DataError, load_problems
+from regroup.tasks.arithmetic import generate, grade, step_score
+from regroup.tasks.base import Problem
+
+pytestmark = pytest.mark.reliability
+
+FUZZ = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+json_scalars = st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats(allow_nan=True) | st.text(max_size=20)
+json_values = st.recursive(json_scalars, lambda inner: st.lists(inner, max_size=3)
+                           | st.dictionaries(st.text(max_size=5), inner, max_size=3), max_leaves=8)
+FIELDS = ["id", "question", "answer", "solution", "variants", "difficulty", "meta", "index", "sub_index", "extra"]
+rows = st.lists(
+    st.one_of(
+        st.dictionaries(st.sampled_from(FIELDS), json_values, max_size=6),
+        st.fixed_dictionaries({"question": st.text(max_size=30), "answer": json_values}),
+        json_values,  # not an object at all
+    ),
+    max_size=6,
+)
+
+
+def _load(path: str, skip: bool) -> None:
+    """Loading either succeeds with well-typed problems or raises a DataError that locates itself."""
+    try:
+        result = load_problems(path, skip_bad_rows=skip)
+    except DataError as err:
+        assert str(err).startswith(path), err
+        assert err.row is None or err.row >= 1
+        return
+    for p in result.problems:
+        assert isinstance(p.question, str) and p.question.strip()
+        assert isinstance(p.answer, str) and isinstance(p.id, str)
+        assert all(isinstance(v, str) for v in p.variants)
+        json.dumps(p.to_dict())  # everything loaded is serialisable again
+    for err in result.skipped:
+        assert str(err).startswith(path) and err.row is not None and err.row >= 1
+
+
+def _write(data: bytes, suffix: str) -> str:
+    fd, path = tempfile.mkstemp(suffix=suffix)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    return path
+
+
+@FUZZ
+@given(rows=rows, skip=st.booleans())
+def test_jsonl_rows_of_any_shape(rows, skip):
+    def dump(r):
+        try:
+            return json.dumps(r)
+        except ValueError:
+            return "{bad"
+    path = _write("\n".join(dump(r) for r in rows).encode("utf-8", "surrogatepass"), ".jsonl")
+    try:
+        _load(path, skip)
+    finally:
+        os.unlink(path)
+
+
+@FUZZ
+@given(rows=rows, skip=st.booleans())
+def test_json_list_of_any_shape(rows, skip):
+    path = _write(json.dumps(rows).encode("utf-8", "surrogatepass"), ".json")
+    try:
+        _load(path, skip)
+    finally:
+        os.unlink(path)
+
+
+@FUZZ
+@given(data=st.binary(max_size=300), suffix=st.sampled_from([".jsonl", ".json", ".csv", ".parquet"]),
+       skip=st.booleans())
+def test_random_bytes(data, suffix, skip):
+    path = _write(data, suffix)
+    try:
+        _load(path, skip)
+    finally:
+        os.unlink(path)
+
+
+@FUZZ
+@given(cells=st.lists(st.lists(st.text(max_size=10), min_size=1, max_size=4), max_size=5), skip=st.booleans())
+def test_csv_of_any_shape(cells, skip):
+    import csv
+    import io
+
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(["question", "answer", "variants"][: max(1, len(cells[0]) if cells else 1)])
+    w.writerows(cells)
+    path = _write(buf.getvalue().encode("utf-8", "surrogatepass"), ".csv")
+    try:
+        _load(path, skip)
+    finally:
+        os.unlink(path)
+
+
+@settings(max_examples=15, deadline=None)
+@given(prefix=st.binary(max_size=20), skip=st.booleans())
+def test_invalid_utf8_and_huge_lines(prefix, skip):
+    huge = json.dumps({"question": "x" * 1_000_000, "answer": "1"}).encode()  # a 1 MB line
+    data = huge + b"\n" + b'{"question": "' + prefix + b'", "answer": "2"}\n'
+    path = _write(data, ".jsonl")
+    try:
+        _load(path, skip)
+    finally:
+        os.unlink(path)
+
+
+def test_empty_and_whitespace_files():
+    for suffix in (".jsonl", ".json", ".csv", ".parquet"):
+        for data in (b"", b"\n \n"):
+            path = _write(data, suffix)
+            try:
+                with pytest.raises(DataError):
+                    load_problems(path)
+            finally:
+                os.unlink(path)
+
+
+# -- graders on random text ---------------------------------------------------------------------------
+
+PROBLEMS = generate(20, seed=11)
+text = st.text(max_size=200) | st.text(alphabet="0123456789+-=#.x ", max_size=200)
+
+
+@FUZZ
+@given(response=text, which=st.integers(0, len(PROBLEMS) - 1))
+def test_grader_and_step_score_on_random_text(response, which):
+    p = PROBLEMS[which]
+    start = time.perf_counter()
+    g, s = grade(response, p), step_score(response, p)
+    assert g in (0.0, 1.0)
+    assert isinstance(s, float) and math.isfinite(s) and 1.0 <= s <= 10.0
+    assert time.perf_counter() - start < 0.5
+
+
+@pytest.fixture(scope="module")
+def checker():
+    pytest.importorskip("math_verify")
+    from regroup.rewards.math_verify import MathAnswerChecker
+
+    with MathAnswerChecker(timeout_s=0.5, max_chars=2000) as c:
+        c.warm_up()
+        yield c
+
+
+latexish = st.text(alphabet="0123456789{}()^\\/+-*.,=xab $", max_size=60)
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                 HealthCheck.too_slow])
+@given(inner=latexish | st.text(max_size=60), answer=latexish | st.text(max_size=10), boxed=st.booleans())
+def test_math_checker_on_random_text(checker, inner, answer, boxed):
+    response = f"\\boxed{{{inner}}}" if boxed else inner
+    start = time.perf_counter()
+    value = checker(response, Problem("f", "q", answer or "0"))
+    assert value in (0.0, 1.0)
+    assert time.perf_counter() - start < checker.timeout_s + checker.grace_s + 0.5
