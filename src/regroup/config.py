@@ -244,7 +244,7 @@ class DiagnosticsConfig:
     """Mean pairwise cosine distance of response embeddings within a group, every K steps (0: off)."""
     embedder: str = "auto"
     """auto | minilm | char-ngram | a local sentence-transformers path."""
-    grad_conflict_every: int = 0
+    grad_conflict_every: int = 10
     """Cosine between positive and negative samples' gradients, every K steps (0: off)."""
     grad_conflict_samples: int = 32
     """Sub-batch size for the gradient-conflict measure."""

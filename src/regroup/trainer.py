@@ -31,6 +31,7 @@ from regroup.models.prompting import encode_prompt, encode_response
 from regroup.recipes import build_recipe
 from regroup.rollout.base import SamplingParams
 from regroup.stages.diagnostics import build_embedder, group_diversity, reward_diagnostics
+from regroup.stages.grad_conflict import gradient_conflict
 from regroup.stages.groups import expand_groups, sampling_seed
 
 
@@ -173,6 +174,11 @@ class Trainer:
             anchor_adv = advantages[batch.is_anchor]
             metrics["anchor/adv_mean"] = float(anchor_adv.mean())
         batch = self._to_device(batch)
+        d = cfg.diagnostics
+        if d.grad_conflict_every and self.step % d.grad_conflict_every == 0:
+            metrics.update(gradient_conflict(
+                self.acc.unwrap_model(self.model), batch, advantages.to(self.acc.device),
+                param_pattern=d.grad_conflict_params, max_samples=d.grad_conflict_samples, temperature=cfg.rollout.temperature))
         advantages = advantages.to(self.acc.device)
         sample_weight = sample_weight.to(self.acc.device) if sample_weight is not None else None
         anchor_tokens = batch.completion_mask.bool() & ~batch.sampled_mask  # [B, T] forced (off-policy) tokens

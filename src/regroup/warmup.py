@@ -160,7 +160,7 @@ def warmup(out_dir: str | Path, cfg: WarmupConfig | None = None, *, task=None, l
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        loss_value = float(loss)
+        loss_value = loss.item()
         if progress is not None:
             progress(step + 1, cfg.steps, loss_value)
     train_seconds = time.perf_counter() - start

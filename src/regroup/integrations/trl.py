@@ -587,6 +587,12 @@ class RegroupGRPOTrainer(GRPOTrainer):
         # SPEC §2a.4: a masked sample's advantage is 0; the loss normaliser is not reduced.
         advantages = raw_adv * weight  # [B]
         out["advantages"] = advantages[local].to(out["advantages"].dtype)
+        logged = self._logs.get("advantages")
+        if logged is not None and len(logged) >= total:
+            # TRL's completions table got its own (per-prompt) advantages for this batch; show ours instead.
+            for _ in range(total):
+                logged.pop()
+            logged.extend(advantages.tolist())
 
         stats = group_reward_stats(rewards, group_ids, correct_value=cfg.correct_reward)
         for key in ("frac_all_equal", "frac_all_correct", "frac_all_wrong"):
