@@ -169,7 +169,11 @@ def test_anchor_slots_one_per_group_last_q0_sample():
 def test_expand_variants_rows_in_question_order():
     ds = Dataset.from_list(
         [
-            {"prompt": [{"role": "system", "content": "S"}, {"role": "user", "content": "q0"}], "variants": ["a", "b", "c"], "x": 1},
+            {
+                "prompt": [{"role": "system", "content": "S"}, {"role": "user", "content": "q0"}],
+                "variants": ["a", "b", "c"],
+                "x": 1,
+            },
             {"prompt": [{"role": "user", "content": "r0"}], "variants": ["d", "e"], "x": 2},
         ]
     )
@@ -222,7 +226,7 @@ def test_loss_totals_reproduce_trl_normalisers():
 
 def test_config_validation():
     for bad in (dict(anchor_when="never"), dict(ratio_anchor="q1"), dict(anchor_ratio="x"), dict(anchor_mode="add"),
-                dict(delta=-1.0), dict(num_variants=0)):
+                dict(delta=-1.0), dict(num_variants=0), dict(distinctiveness=True, scorer="step")):
         with pytest.raises(ValueError):
             RegroupTRLConfig(**bad).validate()
 
@@ -456,3 +460,69 @@ def test_unsupported_settings_raise(tiny_model_dir, tmp_path):
         _trainer(tiny_model_dir, tmp_path, loss_type="cispo")
     with pytest.raises(ValueError, match="top_entropy_quantile"):
         _trainer(tiny_model_dir, tmp_path, top_entropy_quantile=0.2)
+
+
+# ---- two real processes (gloo on CPU): pools and anchors that span ranks ---------------------------------
+
+_DDP_SCRIPT = r'''
+import random, sys, tempfile
+import torch
+from datasets import Dataset
+from trl import GRPOConfig
+from regroup.algo.advantages import group_advantages
+from regroup.integrations.trl import IS_ANCHOR, RegroupGRPOTrainer, RegroupTRLConfig
+from regroup.models.tiny import build_tokenizer
+from regroup.tasks import get_task
+
+torch.set_num_threads(1)
+task = get_task("arithmetic")
+probs = [p for p in task.generate(64, 0) if len(p.solution) <= 20][:8]
+by_id = {p.id: p for p in probs}
+rows = [dict(prompt=[{"role": "user", "content": p.question}], solution=p.solution, id=p.id,
+             variants=task.rephrase(p, 3, random.Random(0))) for p in probs]
+
+def reward(prompts, completions, id, **kw):
+    texts = [c[-1]["content"] for c in completions]
+    return [1.0 if task.grade(t, by_id[i]) else float(len(t) % 3 == 0) for t, i in zip(texts, id)]
+
+# 4 rows per rank, G = 2: one pool of (3+1)·2 = 8 samples spans both ranks.
+args = GRPOConfig(output_dir=tempfile.mkdtemp(), bf16=False, report_to=[], use_cpu=True, per_device_train_batch_size=4,
+                  num_generations=2, max_completion_length=24, max_steps=2, logging_steps=1, save_strategy="no",
+                  beta=0.01)
+cfg = RegroupTRLConfig(ta_pooling=True, anchors=True, distinctiveness=True, problem_fn=lambda r: by_id[r["id"]])
+tr = RegroupGRPOTrainer(model=sys.argv[1], reward_funcs=reward, args=args, train_dataset=Dataset.from_list(rows),
+                        processing_class=build_tokenizer(), regroup=cfg)
+inner = tr._generate_and_score_completions
+
+def check(inputs):
+    out = inner(inputs)
+    lb, rank, n = tr.regroup_last_batch, tr.accelerator.process_index, len(inputs)
+    assert lb["group_ids"].numel() == 8 and lb["group_ids"].unique().numel() == 1
+    want = group_advantages(lb["rewards"], lb["group_ids"]) * lb["weight"]
+    assert torch.allclose(out["advantages"], want[rank * n:(rank + 1) * n], atol=1e-6)
+    assert int(lb["is_anchor"].sum()) == 1 and torch.equal(out[IS_ANCHOR], lb["is_anchor"][rank * n:(rank + 1) * n])
+    print(f"CHECKED rank{rank}", flush=True)
+    return out
+
+tr._generate_and_score_completions = check
+tr.train()
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_two_processes_pool_spanning_ranks(tiny_model_dir, tmp_path):
+    import socket
+    import subprocess
+    import sys
+
+    script = tmp_path / "ddp_check.py"
+    script.write_text(_DDP_SCRIPT)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--main_process_port", str(port), str(script), tiny_model_dir]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("CHECKED rank0") == 2 and proc.stdout.count("CHECKED rank1") == 2, proc.stdout[-2000:]

@@ -22,7 +22,7 @@ import asyncio
 import inspect
 import math
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -140,6 +140,11 @@ class RegroupTRLConfig:
             raise ValueError(f"num_variants must be >= 1 (or None), got {self.num_variants}")
         if not isinstance(self.scorer, str) and not callable(getattr(self.scorer, "score_batch", None)):
             raise ValueError(f"scorer must be a name or an object with score_batch(items), got {self.scorer!r}")
+        if self.distinctiveness and self.scorer == "step" and self.problem_fn is None:
+            raise ValueError(
+                "the 'step' scorer checks a response against the task's Problem: set problem_fn "
+                "(dataset row -> Problem), or choose another scorer"
+            )
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -151,7 +156,8 @@ def _with_variant(prompt: Any, variant: Any) -> Any:
     """The q0 prompt with its question replaced by `variant` (a string), or `variant` itself if it is a prompt."""
     if isinstance(prompt, str):
         if not isinstance(variant, str):
-            raise ValueError(f"the prompt is plain text, so each variant must be a string, got {type(variant).__name__}")
+            kind = type(variant).__name__
+            raise ValueError(f"the prompt is plain text, so each variant must be a string, got {kind}")
         return variant
     if isinstance(variant, list):  # a full conversation, used as given
         return variant
@@ -187,7 +193,9 @@ def completion_text(completion: Any) -> str:
     return ""
 
 
-def expand_variants(dataset: Any, variants_column: str = "variants", num_variants: int | None = None) -> tuple[Any, int]:
+def expand_variants(
+    dataset: Any, variants_column: str = "variants", num_variants: int | None = None
+) -> tuple[Any, int]:
     """The TA-GRPO dataset (SPEC §3.1–2): every row becomes N+1 consecutive rows q0, q1..qN.
 
     Each output row keeps all columns, has `prompt` set to its variant's prompt, and gains `regroup_group_id`
@@ -345,7 +353,9 @@ def loss_totals(
     Returns `(agg, totals)` for `regroup.algo.losses.policy_loss(..., agg=agg, **totals)`.
     """
     if loss_type not in LOSS_AGG:
-        raise ValueError(f"loss_type {loss_type!r} is not supported by the regroup adapter; use one of {sorted(LOSS_AGG)}")
+        raise ValueError(
+            f"loss_type {loss_type!r} is not supported by the regroup adapter; use one of {sorted(LOSS_AGG)}"
+        )
     batch = int(loss_mask.shape[0])
     if loss_type == "dapo":
         total_tokens = max(float(num_items_in_batch), 1.0) / num_processes * grad_accum / steps_per_generation
@@ -433,7 +443,9 @@ class RegroupGRPOTrainer(GRPOTrainer):
             "top_entropy_quantile": (self.top_entropy_quantile != 1.0, "1.0"),
             "off_policy_mask_threshold": (self.off_policy_mask_threshold is not None, "None"),
             "entropy_coef / use_adaptive_entropy": (bool(getattr(self, "_entropy_bonus_enabled", False)), "0 / False"),
-            "multi_objective_aggregation": (self.multi_objective_aggregation != "sum_then_normalize", "'sum_then_normalize'"),
+            "multi_objective_aggregation": (
+                self.multi_objective_aggregation != "sum_then_normalize", "'sum_then_normalize'"
+            ),
         }
         for name, (bad, ok) in refused.items():
             if bad:
@@ -682,7 +694,9 @@ class RegroupGRPOTrainer(GRPOTrainer):
     def _regroup_verify(self, row: Mapping[str, Any], reference: str, ids: list[int]) -> float | None:
         """The weighted reward TRL's reward functions give `reference` as the answer to the row's prompt."""
         prompt = row["prompt"]
-        completion: Any = [{"role": "assistant", "content": reference}] if is_conversational({"prompt": prompt}) else reference
+        completion: Any = reference
+        if is_conversational({"prompt": prompt}):
+            completion = [{"role": "assistant", "content": reference}]
         kwargs: dict[str, Any] = {k: [v] for k, v in row.items() if k not in ("prompt", "completion", "completion_ids")}
         kwargs.update(trainer_state=self.state, log_extra=lambda *a, **k: None, log_metric=lambda *a, **k: None)
         values: list[float] = []
@@ -809,7 +823,7 @@ class RegroupGRPOTrainer(GRPOTrainer):
             num_processes=self.accelerator.num_processes,
             grad_accum=self.current_gradient_accumulation_steps if training else 1,
             steps_per_generation=self.args.steps_per_generation if training else 1,
-            max_completion_length=self.max_completion_length,
+            max_completion_length=self.max_completion_length or logits_to_keep,
         )
         loss, m = policy_loss(
             logps,

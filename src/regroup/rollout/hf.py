@@ -13,6 +13,8 @@ import inspect
 import torch
 
 from regroup.rollout.base import Completion, SamplingParams
+from regroup.rollout.fast_decode import FastDecoder
+from regroup.rollout.fast_decode import supports as fast_supports
 
 
 def _top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -29,8 +31,10 @@ def _top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
 class HFSampler:
     """Samples from an HF causal LM with a lean KV-cached loop; shares the training model's weights."""
 
-    def __init__(self, model, tokenizer, batch_size: int = 256):
+    def __init__(self, model, tokenizer, batch_size: int = 256, use_fast: bool = True):
         self.model = model
+        self.use_fast = use_fast
+        self._fast = None
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.eos_id = tokenizer.eos_token_id
@@ -38,6 +42,37 @@ class HFSampler:
 
     def sync_weights(self, model) -> None:
         self.model = model
+        self._fast = None
+
+    def _decoder(self):
+        """The lean decoder over the model's own weights when it supports the architecture, else None."""
+        if not self.use_fast:
+            return None
+        if self._fast is None or self._fast.model is not self.model:
+            self._fast = FastDecoder(self.model) if fast_supports(self.model) else False
+        if self._fast:
+            self._fast.refresh()
+        return self._fast or None
+
+    def _hf_start(self, input_ids, attention, positions):
+        """Prefill with the HF forward and a DynamicCache; returns (logits [N, V], advance fn)."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+        # transformers >= 5.x calls the KV cache `cache`; older releases `past_key_values`.
+        cache_kw = "cache" if "cache" in inspect.signature(type(self.model).forward).parameters else "past_key_values"
+        box = {"attention": attention}
+
+        def forward(ids, pos):
+            return self.model(input_ids=ids, attention_mask=box["attention"], position_ids=pos,
+                              use_cache=True, logits_to_keep=1, **{cache_kw: cache}).logits[:, -1, :]
+
+        def advance(next_tok, step_pos):
+            ones = torch.ones((box["attention"].shape[0], 1), dtype=box["attention"].dtype, device=next_tok.device)
+            box["attention"] = torch.cat([box["attention"], ones], dim=1)
+            return forward(next_tok[:, None], step_pos)
+
+        return forward(input_ids, positions), advance
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int | list[int] | None = None) -> list[Completion]:
@@ -72,8 +107,6 @@ class HFSampler:
         return -torch.log(-torch.log(uniform))
 
     def _generate_chunk(self, chunk, params: SamplingParams, gens, device) -> list[Completion]:
-        from transformers import DynamicCache
-
         was_training = self.model.training
         self.model.eval()
         batch = len(chunk)
@@ -87,19 +120,21 @@ class HFSampler:
         positions = (attention.cumsum(-1) - 1).clamp(min=0)  # [N, P]
 
         rows_per_prompt = [(i, sum(1 for j, _ in chunk if j == i)) for i in dict.fromkeys(i for i, _ in chunk)]
-        cache = DynamicCache()
-        # transformers >= 5.x calls the KV cache `cache`; older releases `past_key_values`.
-        cache_kw = "cache" if "cache" in inspect.signature(type(self.model).forward).parameters else "past_key_values"
+        decoder = self._decoder()
+        if decoder is not None:
+            logits, state = decoder.start(input_ids, attention, positions, params.max_new_tokens)
+
+            def advance(next_tok, step_pos):
+                return decoder.step(next_tok, step_pos[:, 0], state)
+        else:
+            logits, advance = self._hf_start(input_ids, attention, positions)
         tokens = torch.full((batch, params.max_new_tokens), self.pad_id, dtype=torch.long, device=device)  # [N, T]
         logps = torch.zeros((batch, params.max_new_tokens), dtype=torch.float32, device=device)  # [N, T]
         finished = torch.zeros(batch, dtype=torch.bool, device=device)  # [N]
         lengths = torch.full((batch,), params.max_new_tokens, dtype=torch.long, device=device)  # [N]
-        step_ids, step_pos = input_ids, positions
+        step_pos = positions[:, -1:]
         for t in range(params.max_new_tokens):
-            logits = self.model(
-                input_ids=step_ids, attention_mask=attention, position_ids=step_pos,
-                use_cache=True, logits_to_keep=1, **{cache_kw: cache},
-            ).logits[:, -1, :].float()  # [N, V]
+            logits = logits.float()  # [N, V]
             if params.temperature > 0:
                 scaled = logits / params.temperature
                 log_probs = scaled.log_softmax(-1)  # [N, V] behaviour distribution (before top-p, as TRL scores it)
@@ -115,11 +150,10 @@ class HFSampler:
             just_ended = (next_tok == self.eos_id) & ~finished
             lengths = torch.where(just_ended, torch.full_like(lengths, t + 1), lengths)
             finished |= just_ended
-            if bool(finished.all()):
+            if bool(finished.all()) or t == params.max_new_tokens - 1:
                 break
-            attention = torch.cat([attention, torch.ones((batch, 1), dtype=attention.dtype, device=device)], dim=1)
-            step_pos = step_pos[:, -1:] + 1
-            step_ids = next_tok[:, None]
+            step_pos = step_pos + 1
+            logits = advance(next_tok, step_pos)
         if was_training:
             self.model.train()
 
