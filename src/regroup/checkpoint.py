@@ -6,6 +6,10 @@ scheduler, every RNG state, data position, step, stage states) and `manifest.jso
 every file. It is written under a temporary name, fsynced and renamed, so a crash never leaves a half
 checkpoint under a final name; on load the manifest is verified and a corrupt latest checkpoint
 (truncated file, wrong hash) is reported and the previous one used.
+
+Folders are only ever removed after being renamed out of the `step-*` namespace (to `.trash-*`), so a
+crash in the middle of a deletion cannot leave a half-deleted folder under a final name either; the
+temporary and trash folders a crashed writer left behind are removed by the next save.
 """
 
 from __future__ import annotations
@@ -41,11 +45,7 @@ def _fsync_tree(folder: Path) -> None:
         if path.is_file():
             with open(path, "rb") as f:
                 os.fsync(f.fileno())
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    _fsync_dir(folder)
 
 
 def rng_state() -> dict:
@@ -67,14 +67,38 @@ def checkpoint_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / "checkpoints"
 
 
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _discard(path: Path) -> None:
+    """Remove a checkpoint folder: first rename it out of the `step-*` namespace (atomic), then delete."""
+    trash = path.parent / f".trash-{path.name}-{os.getpid()}"
+    if trash.exists():
+        shutil.rmtree(trash, ignore_errors=True)
+    os.replace(path, trash)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def _remove_leftovers(root: Path) -> None:
+    """Delete `.tmp-*` / `.trash-*` folders of a writer that crashed (one process writes a run's checkpoints:
+    rank 0; so any such folder found before a save is a leftover, and can hold a whole model)."""
+    for p in root.iterdir():
+        if p.is_dir() and p.name.startswith((".tmp-step-", ".trash-")):
+            shutil.rmtree(p, ignore_errors=True)
+
+
 def save_checkpoint(run_dir, step: int, model, tokenizer, trainer_state: dict, keep: int = 2) -> Path:
     """Write checkpoint `step` atomically and keep only the newest `keep`."""
     root = checkpoint_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
+    _remove_leftovers(root)
     final = root / f"step-{step:06d}"
     tmp = root / f".tmp-step-{step:06d}-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
     tmp.mkdir()
     model.save_pretrained(tmp, safe_serialization=True)
     if tokenizer is not None:
@@ -83,11 +107,12 @@ def save_checkpoint(run_dir, step: int, model, tokenizer, trainer_state: dict, k
     files = {p.relative_to(tmp).as_posix(): _sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
     (tmp / MANIFEST).write_text(json.dumps({"step": step, "files": files}, indent=1))
     _fsync_tree(tmp)
-    if final.exists():  # a re-save of the same step (after resume): replace it
-        shutil.rmtree(final)
+    if final.exists():  # a re-save of the same step (after resuming past a corrupt one): replace it
+        _discard(final)
     os.replace(tmp, final)
+    _fsync_dir(root)  # the rename itself must survive a power loss
     for old in list_checkpoints(run_dir)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+        _discard(old)
     return final
 
 

@@ -140,7 +140,7 @@ def run_demo(quick: bool = False, seeds: int = 1, out_root: str = "runs", recipe
         (run_dir / "eval_before").mkdir(exist_ok=True)
         shutil.copy(demo_dir / "start" / "eval" / "summary.json", run_dir / "eval_before" / "summary.json")
         (run_dir / "timing.json").write_text(json.dumps({"train_seconds": train_seconds}))
-        log(f"{name} (seed {seed}): pass@1 {start_summary['pass@1']:.3f} -> {summary['pass@1']:.3f} "
+        log(f"{name} (seed {seed}): pass@1 {start_summary['mean@n']:.3f} -> {summary['mean@n']:.3f} "
             f"in {train_seconds:.0f} s of training")
         run_dirs.append(str(run_dir))
     overall.close()

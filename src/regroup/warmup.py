@@ -90,7 +90,7 @@ def evaluate_start(model, tokenizer, task, problems, n: int, max_new_tokens: int
                       max_new_tokens=max_new_tokens, greedy=True, batch_size=256, seed=seed, progress=False)
     counts = [(r.correct, r.n) for r in result.problems]
     return {
-        "heldout_pass1": result.summary["pass@1"],
+        "heldout_pass1": result.summary["mean@n"],  # pass@1 estimated from n samples = mean@n
         "heldout_greedy": result.summary.get("greedy"),
         "heldout_stderr": result.summary.get("stderr"),
         "group_all_correct": sum(c == k for c, k in counts) / len(counts),
@@ -166,6 +166,9 @@ def warmup(out_dir: str | Path, cfg: WarmupConfig | None = None, *, task=None, l
     train_seconds = time.perf_counter() - start
 
     model.eval()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir)  # saved before the evaluation: a failure there loses no training
+    tokenizer.save_pretrained(out_dir)
     from regroup.setup import heldout_problems
 
     heldout = heldout_problems(task, cfg.num_eval, cfg.eval_seed, problems)
@@ -181,9 +184,6 @@ def warmup(out_dir: str | Path, cfg: WarmupConfig | None = None, *, task=None, l
         "config": asdict(cfg),
     })
     metrics["in_band"] = in_band(metrics)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
     (out_dir / "warmup_metrics.json").write_text(json.dumps(metrics, indent=2))
     if not metrics["in_band"]:
         log(f"warning: the warmed-up model is outside the band {BAND}: "

@@ -199,10 +199,11 @@ def evaluate(
     was_training = getattr(model, "training", False)
     bar = _progress_bar(total, progress)
     try:
-        for call, start in enumerate(range(0, len(prompts), per_call)):
+        for start in range(0, len(prompts), per_call):
             chunk = prompts[start : start + per_call]
-            # Seed each call from (seed, call) so results do not depend on what ran before.
-            for comp in sampler.generate(chunk, sample_params, seed=seed * 1_000_003 + call):
+            # One seed per problem, so results depend neither on what ran before nor on batch_size.
+            seeds = [seed * 1_000_003 + start + j for j in range(len(chunk))]
+            for comp in sampler.generate(chunk, sample_params, seed=seeds):
                 i = start + comp.prompt_index
                 if first_text[i] is None:
                     first_text[i] = comp.text
