@@ -25,7 +25,7 @@ class DemoSettings:
     """RL steps per recipe."""
     samples_per_step: int = 128
     """Generated samples per step, the same for every recipe."""
-    eval_problems: int = 256
+    eval_problems: int = 200
     """Held-out problems (the same for every recipe and the starting model)."""
     eval_samples: int = 8
     """Samples per held-out problem at temperature 1 (pass@1 = mean@8, pass@8)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -199,7 +200,7 @@ class Trainer:
             for k, mb in enumerate(micro):
                 part = batch.select(mb)
                 sync = k == len(micro) - 1
-                context = self.acc.no_sync(self.model) if (not sync and self.world > 1) else _null()
+                context = self.acc.no_sync(self.model) if (not sync and self.world > 1) else nullcontext()
                 with context:
                     logps, entropy = response_logps(self.model, part, temperature, with_entropy=iteration == 0)
                     old = logps.detach() if old_logps is None else old_logps[mb]  # mu = 1: ratio is 1 (TRL)
@@ -285,16 +286,25 @@ class Trainer:
         return self._reduce_metrics(metrics)
 
     def _reduce_metrics(self, metrics: dict) -> dict:
-        """Mean over processes of every metric (counts are per process means too)."""
+        """One record of the step's metrics, the same on every process.
+
+        `loss` is summed: each rank's loss is its share of a loss normalised by global totals, so the sum
+        is the single-process loss. Every other metric is the mean over the processes that reported it
+        (counts are per-process means). Keys may differ between ranks (anchor metrics exist only where
+        an anchor was injected), so the key set is agreed first: reducing tensors of different lengths
+        hangs the collective. A non-finite value on any rank stays non-finite (logged as null).
+        """
         if self.world == 1:
             return metrics
-        from accelerate.utils import reduce
+        from accelerate.utils import gather_object, reduce
 
-        keys = sorted(metrics)
-        values = torch.tensor([metrics[k] if math.isfinite(metrics[k]) else 0.0 for k in keys], dtype=torch.float64,
-                              device=self.acc.device)
-        values = reduce(values, reduction="mean").cpu().tolist()
-        return dict(zip(keys, values))
+        summed = {"loss"}  # a rank's share of a global quantity
+        keys = sorted(set(gather_object(list(metrics))))
+        values = [float(metrics.get(k, 0.0)) for k in keys]
+        present = [float(k in metrics) for k in keys]
+        both = torch.tensor([values, present], dtype=torch.float64, device=self.acc.device)  # [2, K]
+        totals, counts = reduce(both, reduction="sum").cpu().tolist()
+        return {k: total if k in summed else total / count for k, total, count in zip(keys, totals, counts)}
 
     def train(self, on_step=None) -> dict:
         """Run to cfg.train.steps; returns the last step's metrics."""
@@ -348,11 +358,3 @@ class Trainer:
         self.sampler.sync_weights(self.acc.unwrap_model(self.model))
         self.logger.truncate_after(self.step)
         self.log(f"resumed from {path} at step {self.step}")
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False

@@ -82,12 +82,12 @@ def _batches(examples: list[tuple[list[int], list[int]]], batch_size: int, pad_i
             yield ids, labels, attention
 
 
-def evaluate_start(model, tokenizer, task, problems, n: int, max_new_tokens: int, seed: int = 0) -> dict:
+def evaluate_start(model, tokenizer, task, problems, n: int, max_new_tokens: int, seed: int = 0, greedy: bool = True) -> dict:
     """held-out pass@1 (mean of n samples at T=1), greedy accuracy, group fractions, by difficulty."""
     from regroup.eval.runner import evaluate
 
     result = evaluate(model, tokenizer, problems, task.grade, n=n, ks=(1,), temperature=1.0,
-                      max_new_tokens=max_new_tokens, greedy=True, batch_size=256, seed=seed, progress=False)
+                      max_new_tokens=max_new_tokens, greedy=greedy, batch_size=256, seed=seed, progress=False)
     counts = [(r.correct, r.n) for r in result.problems]
     return {
         "heldout_pass1": result.summary["mean@n"],  # pass@1 estimated from n samples = mean@n
@@ -105,10 +105,10 @@ def transform_accuracy(model, tokenizer, task, problems, n: int, max_new_tokens:
     shift perceived difficulty without changing the problem)."""
     from dataclasses import replace
 
-    out = {"original": evaluate_start(model, tokenizer, task, problems, n, max_new_tokens)["heldout_pass1"]}
+    out = {"original": evaluate_start(model, tokenizer, task, problems, n, max_new_tokens, greedy=False)["heldout_pass1"]}
     for name, transform in task.transforms.items():
         moved = [replace(p, question=transform(p, random.Random(f"{p.id}/{name}"))) for p in problems]
-        out[name] = evaluate_start(model, tokenizer, task, moved, n, max_new_tokens)["heldout_pass1"]
+        out[name] = evaluate_start(model, tokenizer, task, moved, n, max_new_tokens, greedy=False)["heldout_pass1"]
     return out
 
 

@@ -16,11 +16,14 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import random
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +31,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "configs"
 HERE = Path(__file__).resolve().parent
+if str(HERE.parent) not in sys.path:
+    sys.path.insert(0, str(HERE.parent))  # tests/fake_openai.py
 
 # ---------------------------------------------------------------------------------------- rewards
 
@@ -39,6 +44,11 @@ def flaky_reward(response: str, problem) -> float | None:
     return (math.nan, None, math.inf, 1.0, 0.0, 0.0)[bucket]
 
 
+def coin_reward(response: str, problem) -> float:
+    """1.0 or 0.0 by a hash of the response: a learning signal even from an untrained model."""
+    return float(int(hashlib.sha256(response.encode("utf-8", "surrogatepass")).hexdigest(), 16) % 2)
+
+
 def is_unscorable(value) -> bool:
     """True for the values a reward may return when it could not score: None, NaN, ±inf."""
     return value is None or not math.isfinite(value)
@@ -46,18 +56,32 @@ def is_unscorable(value) -> bool:
 
 # ------------------------------------------------------------------------------------ phase probe
 
+STOP_ENV = "REGROUP_PROBE_STOP_AT"
+
 
 def install_probe(phase_file: str | os.PathLike) -> Callable[[str], None]:
     """Wrap the trainer's stages so each writes its phase to `phase_file` before (and some after) running."""
     fd = os.open(os.fspath(phase_file), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     pid = os.getpid()
+    stop_at = os.environ.get(STOP_ENV)
 
     def mark(phase: str) -> None:
         os.write(fd, f"{time.time():.6f} {pid} {phase}\n".encode())
+        if phase == stop_at:  # freeze here, so the parent's SIGKILL lands exactly at this phase
+            os.kill(pid, signal.SIGSTOP)
 
     mark("imports")
+    import regroup.checkpoint as checkpoint_mod
     import regroup.metrics as metrics_mod
     import regroup.trainer as trainer_mod
+
+    fsync_tree = checkpoint_mod._fsync_tree
+
+    def p_fsync_tree(folder):  # the temporary folder is complete, not yet renamed to its final name
+        mark(f"checkpoint-fsync {int(Path(folder).name.split('-')[2])}")
+        return fsync_tree(folder)
+
+    checkpoint_mod._fsync_tree = p_fsync_tree
 
     T = trainer_mod.Trainer
     init, collect, update, resume, save = T.__init__, T.collect, T.update, T._resume, trainer_mod.save_checkpoint
@@ -120,15 +144,83 @@ def landing(phase: str | None) -> str:
 # -------------------------------------------------------------------------------------- processes
 
 
-def train_args(model_dir, run_dir, recipe: str = "grpo.yaml", *extra: str) -> list[str]:
-    """`train --config ... key=value` for a small, single-threaded (so bit-reproducible) run."""
+def small_overrides(model_dir, run_dir, *extra: str) -> list[str]:
+    """Overrides for a small, single-threaded (so bit-reproducible) run of 6 steps, a checkpoint each step."""
     return [
-        "train", "--config", str(CONFIGS / recipe), f"model.path={model_dir}", f"run_dir={run_dir}",
-        "data.num_train=64", "grpo.prompts_per_step=4", "grpo.num_generations=4", "rollout.max_new_tokens=16",
-        "train.steps=6", "train.checkpoint_every=1", "train.progress=false", "train.threads=1",
-        "diagnostics.diversity_every=0", "diagnostics.grad_conflict_every=0", "optim.warmup_steps=1",
-        "optim.lr=1e-3", *extra,
+        f"model.path={model_dir}", f"run_dir={run_dir}", "data.num_train=64", "grpo.prompts_per_step=4",
+        "grpo.num_generations=4", "rollout.max_new_tokens=16", "train.steps=6", "train.checkpoint_every=1",
+        "train.progress=false", "train.threads=1", "diagnostics.diversity_every=0",
+        "diagnostics.grad_conflict_every=0", "optim.warmup_steps=1", "optim.lr=1e-3", *extra,
     ]
+
+
+def train_args(model_dir, run_dir, recipe: str = "grpo.yaml", *extra: str) -> list[str]:
+    """`train --config configs/RECIPE key=value ...` of `small_overrides`."""
+    return ["train", "--config", str(CONFIGS / recipe), *small_overrides(model_dir, run_dir, *extra)]
+
+
+# ------------------------------------------------------------------------------ fake remote services
+
+
+def _between(text: str, tag: str) -> str:
+    m = re.search(rf"<{tag}>\n?(.*?)\n?</{tag}>", text, re.DOTALL)
+    return m.group(1) if m else ""
+
+
+class FlakyJudge:
+    """Responder for `FakeOpenAI`: a judge whose replies end `SCORE: k` (9 for a response that is the
+    reference solution itself, else a hash of the response, 1-10), except that a seeded fraction
+    `p_fault` of requests misbehave, drawn from `faults` (kind name -> action). Counts what it did."""
+
+    def __init__(self, faults: dict, p_fault: float = 0.5, seed: int = 0):
+        self.faults = faults
+        self.p_fault = p_fault
+        self._rng = random.Random(seed)
+        self._lock = threading.Lock()
+        self.counts: Counter[str] = Counter()
+
+    @staticmethod
+    def score_of(response: str, reference: str) -> int:
+        if response == reference:
+            return 9
+        return int(hashlib.sha256(response.encode()).hexdigest(), 16) % 10 + 1
+
+    def __call__(self, body: dict):
+        from fake_openai import Answer, last_user_message
+
+        with self._lock:
+            kind = self._rng.choice(sorted(self.faults)) if self._rng.random() < self.p_fault else "answer"
+            self.counts[kind] += 1
+        if kind != "answer":
+            return self.faults[kind]
+        user = last_user_message(body)
+        score = self.score_of(_between(user, "response"), _between(user, "reference_solution"))
+        return Answer(f"The final answer and the steps were checked.\nSCORE: {score}")
+
+
+def judge_faults(timeout_s: float, echo: str | None = None) -> dict:
+    """One of each fault the judge client must survive (and, with `echo`, errors quoting a secret)."""
+    from fake_openai import Answer, Drop, Malformed, Partial, RateLimit, Slow, Status
+
+    faults = {
+        "http_500": Status(500), "http_503": Status(503), "http_429": RateLimit(0.05),
+        "timeout": Slow(timeout_s + 0.3, Answer("SCORE: 1")), "malformed": Malformed(), "partial": Partial(),
+        "drop": Drop(), "garbage": Answer("I would rather not give a score."),
+    }
+    if echo:
+        faults["echo_500"] = Status(500, message=f"invalid request (Authorization: Bearer {echo})")
+        faults["echo_malformed"] = Malformed(body=f"<html>Bearer {echo}".encode())
+    return faults
+
+
+def rewriter_reply(body: dict):
+    """Responder for `FakeOpenAI`: a valid rewrite (the problem behind a style-specific lead-in, no digits
+    added) of the problem in a rewriter request."""
+    from fake_openai import Answer, last_user_message
+
+    user = last_user_message(body)
+    style = user.split("\n", 1)[0].removeprefix("Transformation:").split()[:3]
+    return Answer(f"<rewrite>In other words ({' '.join(style)}): {_between(user, 'problem')}</rewrite>")
 
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -153,14 +245,17 @@ class Proc:
     landed: str | None = None
     """Last phase the probe recorded before the kill (None: not killed, or before any probe line)."""
     tmp_at_kill: list[str] = field(default_factory=list)
-    """`.tmp-step-*` folders present right after the kill."""
+    """This process's `.tmp-step-*` / `.trash-*` folders on disk right after the kill."""
     seconds: float = 0.0
 
 
 def start(argv: list[str], out_dir: Path, name: str, probe: Path | None = None, env: dict | None = None):
     """Start `python -m regroup ARGV` (or the probed runner) with stdout/stderr to files in `out_dir`."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    cmd = ([sys.executable, str(HERE / "reliability_helpers.py"), str(probe)] if probe else [sys.executable, "-m", "regroup"])
+    if probe:
+        cmd = [sys.executable, str(HERE / "reliability_helpers.py"), str(probe)]
+    else:
+        cmd = [sys.executable, "-m", "regroup"]
     stdout = open(out_dir / f"{name}.out", "w")
     stderr = open(out_dir / f"{name}.err", "w")
     proc = subprocess.Popen(cmd + argv, stdout=stdout, stderr=stderr, env=env or child_env(), cwd=REPO)
@@ -190,29 +285,37 @@ def run(argv: list[str], out_dir: Path, name: str, env: dict | None = None, time
 def tmp_folders(run_dir: Path) -> list[str]:
     root = Path(run_dir) / "checkpoints"
     try:
-        return sorted(p.name for p in os.scandir(root) if p.name.startswith(".tmp-"))
+        return sorted(p.name for p in os.scandir(root) if p.name.startswith((".tmp-", ".trash-")))
     except FileNotFoundError:
         return []
 
 
 def run_and_kill(argv: list[str], out_dir: Path, name: str, run_dir: Path, probe: Path,
                  trigger: Callable[[list[tuple[float, int, str]], list[str], float], bool],
-                 delay_s: float = 0.0, timeout: float = 300.0) -> Proc:
+                 delay_s: float = 0.0, timeout: float = 300.0, stop_at: str | None = None) -> Proc:
     """Start the probed runner and SIGKILL it `delay_s` after `trigger(phases, tmp_folders, elapsed)` first
-    holds (polled every millisecond); if it ends first, it is simply collected."""
-    before = len(read_phases(probe))
-    proc = start(argv, out_dir, name, probe=probe)
+    holds (polled every millisecond); if it ends first, it is simply collected. `phases` and `tmp_folders`
+    are this process's own (a killed predecessor's temporary folder stays until the next save). With
+    `stop_at` the child freezes itself (SIGSTOP) on entering that phase, so a trigger on it kills it there."""
+    proc = start(argv, out_dir, name, probe=probe, env=child_env({STOP_ENV: stop_at} if stop_at else None))
+    suffix = f"-{proc.pid}"
+
+    def own_phases():
+        return [p for p in read_phases(probe) if p[1] == proc.pid]
+
+    def own_tmp():
+        return [t for t in tmp_folders(run_dir) if t.endswith(suffix)]
+
     t0 = time.monotonic()
     while proc.poll() is None:
         elapsed = time.monotonic() - t0
-        if trigger(read_phases(probe)[before:], tmp_folders(run_dir), elapsed):
+        if trigger(own_phases(), own_tmp(), elapsed):
             if delay_s:
                 time.sleep(delay_s)
             proc.send_signal(signal.SIGKILL)
             proc.wait()
-            phases = read_phases(probe)[before:]
-            return finish(proc, argv, killed=True, landed=phases[-1][2] if phases else None,
-                          tmp=tmp_folders(run_dir))
+            phases = own_phases()
+            return finish(proc, argv, killed=True, landed=phases[-1][2] if phases else None, tmp=own_tmp())
         if elapsed > timeout:
             break
         time.sleep(0.001)

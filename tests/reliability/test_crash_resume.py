@@ -6,8 +6,9 @@ hold steps 1..6 exactly once with the same values, and every resume must have lo
 checkpoint that was complete before it started. Corrupt checkpoints (truncated weights, flipped bytes
 in the trainer state, no manifest) are detected, named, and skipped for the previous one.
 
-The quick test kills 3 times; the slow one 20 times (`pytest -m slow`). Each kill's landing spot is
-printed (`-s`) as `KILL <n> <how> -> <phase>`.
+The quick test kills 3 times; the slow one 20 times (`pytest -m slow`). Where each kill landed (the
+last phase the child's probe recorded, see `reliability_helpers.install_probe`) is listed under
+"reliability figures" at the end of the session.
 """
 
 from __future__ import annotations
@@ -42,24 +43,47 @@ pytestmark = pytest.mark.reliability
 STEPS = 6
 COMPARED = ("loss", "reward/mean", "grad_norm", "lr", "entropy", "adv/abs_mean", "length/mean")
 
+RANDOM_WINDOW_S = 7.0
+"""Random kills come uniformly within this many seconds of a process's start (a whole run takes ~5 s on
+an idle CPU, most of it imports and model loading)."""
+
 
 @dataclass
 class Reference:
     run_dir: Path
-    seconds: float
-    weights: dict
+    weights: dict[str, torch.Tensor]
     metrics: list[dict]
 
 
+class PendingReference:
+    """The uninterrupted run, started in the background (it runs alongside the first kill chain)."""
+
+    def __init__(self, model_dir, root: Path):
+        self.run_dir = root / "run"
+        self.argv = h.train_args(model_dir, self.run_dir)
+        self._proc = h.start(self.argv, root, "reference")
+        self._done: Reference | None = None
+
+    def get(self) -> Reference:
+        if self._done is None:
+            proc = h.finish(self._proc, self.argv)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            final = self.run_dir / "checkpoints" / f"step-{STEPS:06d}"
+            self._done = Reference(self.run_dir, load_file(final / "model.safetensors"), read_metrics(self.run_dir))
+        return self._done
+
+    def close(self) -> None:
+        if self._done is None and self._proc.poll() is None:  # a test failed before it needed the result
+            self._proc.kill()
+            self._proc.wait()
+
+
 @pytest.fixture(scope="module")
-def reference(tiny_model_dir, tmp_path_factory) -> Reference:
+def reference(tiny_model_dir, tmp_path_factory):
     """One uninterrupted `python -m regroup train` run of STEPS steps, a checkpoint every step."""
-    root = tmp_path_factory.mktemp("reference")
-    run_dir = root / "run"
-    proc = h.run(h.train_args(tiny_model_dir, run_dir), root, "reference")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    final = run_dir / "checkpoints" / f"step-{STEPS:06d}"
-    return Reference(run_dir, proc.seconds, load_file(final / "model.safetensors"), read_metrics(run_dir))
+    pending = PendingReference(tiny_model_dir, tmp_path_factory.mktemp("reference"))
+    yield pending
+    pending.close()
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
@@ -104,23 +128,31 @@ class Kill:
     tmp_at_kill: list[str]
 
 
-def choose_trigger(rng: random.Random, kind: str, done: int, ref_seconds: float, resuming: bool):
-    """(trigger, delay after it, description) for one kill of the given kind (`kind@step` pins the step),
-    at a random step not yet done."""
+def on_phase(target: str):
+    return lambda phases, tmps, elapsed: any(p == target for _, _, p in phases)
+
+
+def choose_trigger(rng: random.Random, kind: str, done: int, resuming: bool):
+    """(trigger, delay after it, description, phase the child freezes at or None) for one kill of `kind`
+    (`kind@step` pins the step; else a random step not yet done)."""
     kind, _, pinned = kind.partition("@")
     step = int(pinned) if pinned else rng.randint(min(done + 1, STEPS), STEPS)
+    if kind.startswith("stop:"):  # deterministic: the child freezes on entering the phase
+        target = f"{kind[5:]} {step}"
+        return on_phase(target), 0.0, f"frozen at {target}", target
     if kind == "random" or (kind == "resume" and not resuming):
-        at = rng.uniform(0.0, ref_seconds)
-        return (lambda phases, tmps, elapsed: elapsed >= at), 0.0, f"random t={at:.2f}s"
+        at = rng.uniform(0.0, RANDOM_WINDOW_S)
+        return (lambda phases, tmps, elapsed: elapsed >= at), 0.0, f"random t={at:.2f}s", None
     if kind == "tmp":
         prefix = f".tmp-step-{step:06d}"
-        return (lambda phases, tmps, elapsed: any(t.startswith(prefix) for t in tmps)), 0.0, f"tmp folder of step {step}"
+        appeared = lambda phases, tmps, elapsed: any(t.startswith(prefix) for t in tmps)  # noqa: E731
+        return appeared, 0.0, f"tmp folder of step {step}", None
     target = "resume" if kind == "resume" else f"{kind} {step}"
     delay = rng.uniform(0.0, {"rollout": 0.03, "update": 0.03, "log": 0.002, "checkpoint": 0.05, "resume": 0.05}[kind])
-    return (lambda phases, tmps, elapsed: any(p == target for _, _, p in phases)), delay, f"{target} +{delay * 1000:.0f}ms"
+    return on_phase(target), delay, f"{target} +{delay * 1000:.0f}ms", None
 
 
-def kill_until_done(model_dir, root: Path, kinds: list[str], ref: Reference, seed: int) -> list[Kill]:
+def kill_until_done(model_dir, root: Path, kinds: list[str], seed: int, report=print) -> list[Kill]:
     """One run, killed once per entry of `kinds` (when the run is not already over), then resumed to the end.
     Checks every resume against the checkpoints that were on disk before it started."""
     rng = random.Random(seed)
@@ -137,8 +169,8 @@ def kill_until_done(model_dir, root: Path, kinds: list[str], ref: Reference, see
         assert all(name == f"step-{step:06d}" for name, step in before)
         done = before[-1][1] if before else 0
         if queue:
-            trigger, delay, how = choose_trigger(rng, queue.pop(0), done, ref.seconds, resuming)
-            proc = h.run_and_kill(argv, logs, f"p{n}", run_dir, probe, trigger, delay)
+            trigger, delay, how, stop_at = choose_trigger(rng, queue.pop(0), done, resuming)
+            proc = h.run_and_kill(argv, logs, f"p{n}", run_dir, probe, trigger, delay, stop_at=stop_at)
         else:
             how = "-"
             proc = h.finish(h.start(argv, logs, f"p{n}", probe=probe), argv)
@@ -146,8 +178,8 @@ def kill_until_done(model_dir, root: Path, kinds: list[str], ref: Reference, see
         check_resume_line(proc, run_dir, before, resuming)
         if proc.killed:
             kills.append(Kill(how, h.landing(proc.landed), proc.tmp_at_kill))
-            print(f"KILL {len(kills)} {how} -> {proc.landed or 'startup (before the probe)'}"
-                  f"{' tmp=' + ','.join(proc.tmp_at_kill) if proc.tmp_at_kill else ''}")
+            report(f"kill {len(kills)}: {how} -> landed in '{proc.landed or 'startup (before the probe)'}'"
+                   f"{' with ' + ','.join(proc.tmp_at_kill) + ' on disk' if proc.tmp_at_kill else ''}")
             continue
         assert proc.returncode == 0, f"process {n} failed:\n{proc.stderr[-3000:]}"
         return kills
@@ -170,31 +202,37 @@ def check_resume_line(proc: h.Proc, run_dir: Path, before, resuming: bool) -> No
             assert "no checkpoint in" in proc.stderr
 
 
-def test_three_kills_resume_bit_identical(reference, tiny_model_dir, tmp_path):
-    """Killed while the first checkpoint is written (step 1 already logged, no checkpoint yet: the resume
-    starts from scratch), then during an update, then at a random moment."""
-    kills = kill_until_done(tiny_model_dir, tmp_path, ["tmp@1", "update", "random"], reference, seed=1)
-    assert [k.landed for k in kills[:2]] == ["checkpoint", "update"]
-    assert len(kills) >= 2  # the random one may come after the run ended; the two triggered ones cannot
-    assert_same_as_reference(tmp_path / "run", reference)
+def test_three_kills_resume_bit_identical(reference, tiny_model_dir, tmp_path, figures):
+    """Killed with the first checkpoint written to its temporary folder but not renamed (step 1 already
+    logged, no checkpoint yet: the resume starts from scratch), then in the middle of an update, then at
+    a random moment."""
+    plan = ["stop:checkpoint-fsync@1", "stop:update", "random"]
+    kills = kill_until_done(tiny_model_dir, tmp_path, plan, seed=1, report=figures)
+    assert [k.landed for k in kills[:2]] == ["checkpoint-fsync", "update"]
+    assert kills[0].tmp_at_kill and kills[0].tmp_at_kill[0].startswith(".tmp-step-000001")
+    assert len(kills) >= 2  # the random one may come after the run ended; the two frozen ones cannot
+    assert_same_as_reference(tmp_path / "run", reference.get())
+    figures(f"{len(kills)} kills survived; final weights bit-identical, metrics steps 1..{STEPS} once")
 
 
 @pytest.mark.slow
-def test_twenty_kills_resume_bit_identical(reference, tiny_model_dir, tmp_path):
-    kinds = ["random", "random", "tmp", "update", "rollout", "checkpoint", "resume", "log"]
+def test_twenty_kills_resume_bit_identical(reference, tiny_model_dir, tmp_path, figures):
+    kinds = ["random", "random", "tmp", "update", "rollout", "checkpoint", "resume", "log",
+             "stop:checkpoint-fsync", "stop:log"]
     rng = random.Random(20)
     kills: list[Kill] = []
     chain = 0
     while len(kills) < 20:
         plan = [rng.choice(kinds) for _ in range(6)]
-        kills += kill_until_done(tiny_model_dir, tmp_path / f"chain{chain}", plan, reference, seed=100 + chain)
-        assert_same_as_reference(tmp_path / f"chain{chain}" / "run", reference)
+        kills += kill_until_done(tiny_model_dir, tmp_path / f"chain{chain}", plan, seed=100 + chain, report=figures)
+        assert_same_as_reference(tmp_path / f"chain{chain}" / "run", reference.get())
         chain += 1
     where: dict[str, int] = {}
     for k in kills:
-        label = k.landed + (" (tmp folder present)" if k.tmp_at_kill else "")
+        label = k.landed + (" (temporary folder on disk)" if k.tmp_at_kill else "")
         where[label] = where.get(label, 0) + 1
-    print(f"SUMMARY {len(kills)} kills survived over {chain} runs; landed: {json.dumps(where, sort_keys=True)}")
+    figures(f"{len(kills)} kills survived over {chain} runs, each bit-identical to the uninterrupted run; "
+            f"landed in: {json.dumps(where, sort_keys=True)}")
 
 
 # ------------------------------------------------------------------------------- corrupt checkpoints
@@ -286,9 +324,10 @@ def test_leftovers_of_a_crashed_writer_are_removed_and_never_loaded(tiny_model, 
     pytest.param(flip_state_bytes, marks=pytest.mark.slow),
     pytest.param(delete_manifest, marks=pytest.mark.slow),
 ], ids=lambda f: f.__name__)
-def test_resume_cli_skips_a_corrupt_latest_checkpoint(reference, tmp_path, corrupt):
+def test_resume_cli_skips_a_corrupt_latest_checkpoint(reference, tmp_path, corrupt, figures):
+    ref = reference.get()
     run_dir = tmp_path / "run"
-    shutil.copytree(reference.run_dir, run_dir)
+    shutil.copytree(ref.run_dir, run_dir)
     latest = run_dir / "checkpoints" / f"step-{STEPS:06d}"
     name = corrupt(latest)
     proc = h.run(["train", "--resume", str(run_dir)], tmp_path, "resume")
@@ -297,4 +336,5 @@ def test_resume_cli_skips_a_corrupt_latest_checkpoint(reference, tmp_path, corru
     assert len(skipped) == 1 and name in skipped[0] and f"step-{STEPS:06d}" in skipped[0], proc.stderr[-2000:]
     got = h.resumed_at(proc.stderr)
     assert got is not None and Path(got[0]).name == f"step-{STEPS - 1:06d}" and got[1] == STEPS - 1
-    assert_same_as_reference(run_dir, reference)
+    assert_same_as_reference(run_dir, ref)
+    figures(f"{skipped[0]} | then {Path(got[0]).name} loaded, final weights bit-identical")

@@ -1,0 +1,76 @@
+"""The figures RELIABILITY.md quotes, collected while the reliability suite runs and printed at the end
+of the session under "reliability figures":
+
+- every `ChatClient` a test creates in this process: calls, ok, failures, retries, failed attempts by kind;
+- every `FakeOpenAI` server a test opens: requests received, by behaviour (Answer, Status, Slow, ...);
+- whatever a test reports through the `figures` fixture (kills survived and where they landed, ...).
+
+Counting only observes: the client's `__init__` and the server's `__enter__` are wrapped to remember the
+instance, nothing else changes.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/fake_openai.py
+
+FIGURES: dict[str, list[str]] = {}
+
+
+@pytest.fixture
+def figures(request) -> Callable[[str], None]:
+    """`figures(line)` adds a line to this test's entry in the session's "reliability figures"."""
+    return lambda line: FIGURES.setdefault(request.node.nodeid, []).append(line)
+
+
+@pytest.fixture(autouse=True)
+def _count_remote_traffic(request, monkeypatch):
+    import fake_openai
+
+    from regroup.net import client as client_mod
+
+    clients, servers = [], []
+    init, enter = client_mod.ChatClient.__init__, fake_openai.FakeOpenAI.__enter__
+
+    def counting_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        clients.append(self)
+
+    def counting_enter(self):
+        servers.append(self)
+        return enter(self)
+
+    monkeypatch.setattr(client_mod.ChatClient, "__init__", counting_init)
+    monkeypatch.setattr(fake_openai.FakeOpenAI, "__enter__", counting_enter)
+    yield
+    lines = FIGURES.setdefault(request.node.nodeid, [])
+    if servers:
+        actions = Counter(r.action for s in servers for r in s.requests)
+        lines.append(f"fake server: {sum(actions.values())} requests received, "
+                     f"by behaviour {dict(sorted(actions.items()))}")
+    if clients:
+        total: Counter[str] = Counter()
+        errors: Counter[str] = Counter()
+        for c in clients:
+            st = c.stats
+            total.update({k: st[k] for k in ("calls", "ok", "failures", "requests", "retries")})
+            errors.update(st["errors"])
+        lines.append(f"clients (this process): {dict(total)}; failed attempts by kind {dict(sorted(errors.items()))}")
+    if not lines:
+        del FIGURES[request.node.nodeid]
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not FIGURES:
+        return
+    terminalreporter.section("reliability figures")
+    for nodeid, lines in FIGURES.items():
+        terminalreporter.write_line(nodeid)
+        for line in lines:
+            terminalreporter.write_line(f"    {line}")

@@ -1,0 +1,134 @@
+"""Two real processes (accelerate launch, gloo on CPU) train exactly what one process trains.
+
+The 2-process side runs `tests/_dist_worker.py` under `accelerate launch --multi_gpu --num_processes 2`
+with `Accelerator(cpu=True)` (what `setup.build_run` picks without CUDA); `--cpu` alone would silently
+start one process, so the world size each rank saw is read back from the file it wrote. The
+1-process side runs the same config in this process. Both start from the same tiny random model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from regroup.checkpoint import list_checkpoints
+
+pytestmark = pytest.mark.distributed
+
+WORKER = Path(__file__).resolve().parent / "_dist_worker.py"
+STEPS = 3
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _accelerate() -> str:
+    exe = Path(sys.executable).parent / "accelerate"
+    if exe.exists():
+        return str(exe)
+    found = shutil.which("accelerate")
+    if not found:
+        pytest.skip("the accelerate launcher is not installed")
+    return found
+
+
+def _launch_two(model_dir: str, run_dir: Path, out_dir: Path, recipe: str) -> None:
+    cmd = [_accelerate(), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
+           str(WORKER), model_dir, str(run_dir), str(out_dir), recipe]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=150)
+    if proc.returncode != 0:
+        (out_dir.parent / "launch.log").write_text(proc.stdout + proc.stderr)
+        errors = [line for line in proc.stderr.splitlines() if "rror" in line or "terminate" in line]
+        pytest.fail(f"accelerate launch failed ({proc.returncode}); full log in {out_dir.parent / 'launch.log'}:\n"
+                    + "\n".join(errors[:40]))
+
+
+def _train_one(model_dir: str, run_dir: Path, recipe: str) -> list[dict]:
+    import _dist_worker
+    from regroup.trainer import Trainer
+
+    trainer = Trainer(_dist_worker.make_config(model_dir, str(run_dir), recipe), run_dir, log=lambda m: None)
+    assert trainer.world == 1
+    trainer.train()
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    ckpts = list_checkpoints(run_dir)
+    assert [p.name for p in ckpts] == [f"step-{STEPS:06d}"]
+    return load_file(ckpts[-1] / "model.safetensors")
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_model_dir, tmp_path_factory):
+    """The GRPO and TA-GRPO runs on 2 processes and on 1, shared by the tests below."""
+    out = {}
+    for recipe in ("grpo.yaml", "ta_grpo.yaml"):
+        root = tmp_path_factory.mktemp(recipe.split(".")[0])
+        _launch_two(tiny_model_dir, root / "two", root / "ranks", recipe)
+        one = _train_one(tiny_model_dir, root / "one", recipe)
+        ranks = [json.loads((root / "ranks" / f"rank{r}.json").read_text()) for r in (0, 1)]
+        out[recipe] = {"root": root, "one": one, "ranks": ranks}
+    return out
+
+
+@pytest.mark.parametrize("recipe", ["grpo.yaml", "ta_grpo.yaml"])
+def test_two_processes_match_one(runs, tiny_model_dir, recipe):
+    run = runs[recipe]
+    for r, record in enumerate(run["ranks"]):
+        assert (record["rank"], record["world"]) == (r, 2), "accelerate did not start 2 processes"
+        assert record["backend"] == "gloo" and record["distributed_type"].endswith("MULTI_CPU")
+    two, one = _final_weights(run["root"] / "two"), _final_weights(run["root"] / "one")
+    from safetensors.torch import load_file
+
+    start = load_file(Path(tiny_model_dir) / "model.safetensors")
+    moved = max(float((one[k] - start[k]).abs().max()) for k in start)
+    assert moved > 1e-3, "the run made no update, so the comparison would prove nothing"
+    assert two.keys() == one.keys()
+    for k in one:
+        torch.testing.assert_close(two[k], one[k], atol=1e-5, rtol=0, msg=lambda m, k=k: f"{k}: {m}")
+
+
+@pytest.mark.parametrize("recipe", ["grpo.yaml", "ta_grpo.yaml"])
+def test_metrics_are_reduced_and_written_once(runs, recipe):
+    run = runs[recipe]
+    rank0, rank1 = run["ranks"]
+    assert rank0["logger_enabled"] and not rank1["logger_enabled"]
+    logged = [json.loads(line) for line in (run["root"] / "two" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in logged] == list(range(1, STEPS + 1))  # one line per step: rank 1 wrote nothing
+    assert not list((run["root"] / "two" / "checkpoints").glob(".tmp-*"))
+    for step in range(STEPS):
+        a, b, reduced = rank0["local"][step], rank1["local"][step], rank0["reduced"][step]
+        assert reduced == rank1["reduced"][step]  # every rank holds the same record
+        # the ranks really differ (each sampled its own groups) and the record is their mean ...
+        assert a["tokens/generated"] != b["tokens/generated"] or a["reward/mean"] != b["reward/mean"]
+        assert reduced["reward/mean"] == pytest.approx((a["reward/mean"] + b["reward/mean"]) / 2, abs=1e-12)
+        assert reduced["tokens/generated"] == pytest.approx((a["tokens/generated"] + b["tokens/generated"]) / 2)
+        # ... except the loss, a share of a globally normalised loss: summed, it is the 1-process loss
+        assert reduced["loss"] == pytest.approx(a["loss"] + b["loss"], abs=1e-9)
+        assert reduced["loss"] == pytest.approx(run["one"][step]["loss"], abs=1e-6)
+        # equal halves of the same samples: the mean reward is the 1-process one
+        assert reduced["reward/mean"] == pytest.approx(run["one"][step]["reward/mean"], abs=1e-6)  # float32 means
+        assert reduced["grad_norm"] == pytest.approx(run["one"][step]["grad_norm"], rel=1e-4)
+        assert logged[step]["reward/mean"] == pytest.approx(reduced["reward/mean"], abs=1e-12)
+
+
+def test_a_metric_on_one_rank_only_is_reduced_without_hanging(runs):
+    """Keys that differ between ranks used to make the ranks reduce tensors of different lengths (a hang)."""
+    for record in runs["grpo.yaml"]["ranks"]:
+        assert record["probe"] == {"shared": 1.5, "last_rank_only": 7.0}

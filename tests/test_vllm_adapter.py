@@ -1,0 +1,241 @@
+"""The vLLM rollout adapter against a stand-in `vllm` module (vLLM itself needs a GPU): request building,
+output conversion, weight pushes (plain and LoRA-merged) and the sleep/wake order around rollouts."""
+
+from __future__ import annotations
+
+import math
+import sys
+import types
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+from regroup.config import RolloutConfig
+from regroup.rollout.base import SamplingParams
+
+EOS = 1
+
+
+@dataclass
+class FakeLogprob:
+    logprob: float
+    rank: int = 1
+
+
+@dataclass
+class FakeCompletion:
+    index: int
+    token_ids: list
+    logprobs: list | None
+    finish_reason: str
+
+
+@dataclass
+class FakeRequestOutput:
+    prompt_token_ids: list
+    outputs: list
+
+
+@dataclass
+class FakeSamplingParams:
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 16
+    logprobs: int | None = None
+    seed: int | None = None
+    stop_token_ids: list = field(default_factory=list)
+    detokenize: bool = True
+
+
+class FakeLLM:
+    """Records every call; `generate` answers from `script` (one list of FakeCompletion per prompt)."""
+
+    def __init__(self, **kwargs):
+        self.kwargs = kwargs
+        self.calls: list = []
+        self.loaded: list = []
+        self.script: list = []
+        runner = types.SimpleNamespace(model=types.SimpleNamespace(load_weights=self._load_weights))
+        self.llm_engine = types.SimpleNamespace(
+            model_executor=types.SimpleNamespace(driver_worker=types.SimpleNamespace(model_runner=runner)))
+
+    def _load_weights(self, weights):
+        for name, tensor in weights:
+            self.loaded.append((name, tensor.clone()))
+        self.calls.append("load_weights")
+
+    def sleep(self, level):
+        self.calls.append(f"sleep{level}")
+
+    def wake_up(self, tags=None):
+        self.calls.append("wake:" + ",".join(tags))
+
+    def reset_prefix_cache(self):
+        self.calls.append("reset_prefix_cache")
+
+    def generate(self, prompts, sampling_params=None, use_tqdm=True):
+        self.calls.append("generate")
+        self.requests = (prompts, sampling_params)
+        return [FakeRequestOutput(p["prompt_token_ids"], outs) for p, outs in zip(prompts, self.script)]
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch):
+    module = types.ModuleType("vllm")
+    module.LLM = FakeLLM
+    module.SamplingParams = FakeSamplingParams
+    monkeypatch.setitem(sys.modules, "vllm", module)
+    return module
+
+
+class TinyTokenizer:
+    eos_token_id = EOS
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(ord("a") + i) for i in ids if not (skip_special_tokens and i == EOS))
+
+
+class TinyPolicy(torch.nn.Module):
+    def __init__(self, path):
+        super().__init__()
+        self.name_or_path = path
+        self.embed = torch.nn.Embedding(4, 2)
+        self.proj = torch.nn.Linear(2, 2, bias=False)
+
+
+def make_sampler(fake_vllm, tmp_path, sleep: bool, model=None, **cfg):
+    from regroup.rollout.vllm import VLLMSampler
+
+    model = model or TinyPolicy(str(tmp_path))
+    return VLLMSampler(model, TinyTokenizer(), RolloutConfig(backend="vllm", **cfg), enable_sleep_mode=sleep)
+
+
+def test_missing_vllm_says_how_to_install(monkeypatch, tmp_path):
+    from regroup.rollout.vllm import VLLMSampler
+
+    monkeypatch.setitem(sys.modules, "vllm", None)  # makes `import vllm` raise ImportError
+    with pytest.raises(ImportError, match=r"pip install 'regroup-rl\[vllm\]'"):
+        VLLMSampler(TinyPolicy(str(tmp_path)), TinyTokenizer(), RolloutConfig(backend="vllm"))
+
+
+def test_engine_is_built_colocated_from_the_policy_folder(fake_vllm, tmp_path):
+    sampler = make_sampler(fake_vllm, tmp_path, sleep=True, vllm_gpu_memory_utilization=0.45)
+    kw = sampler.llm.kwargs
+    assert kw["model"] == str(tmp_path) and kw["dtype"] == "float32"
+    assert kw["gpu_memory_utilization"] == 0.45 and kw["enable_sleep_mode"] is True
+    assert kw["distributed_executor_backend"] == "external_launcher"
+    assert kw["logprobs_mode"] == "processed_logprobs"
+    assert sampler.llm.calls == ["sleep2"]  # asleep until the first rollout
+
+
+def test_requests_carry_per_prompt_seeds_and_settings(fake_vllm, tmp_path):
+    sampler = make_sampler(fake_vllm, tmp_path, sleep=False)
+    params = SamplingParams(temperature=0.7, top_p=0.9, max_new_tokens=5, n=2)
+    inputs, sampling = sampler.build_requests([[5, 6], [7]], params, seed=3)
+    assert inputs == [{"prompt_token_ids": [5, 6]}, {"prompt_token_ids": [7]}]
+    assert [s.seed for s in sampling] == [3 * 1000003, 3 * 1000003 + 1]  # the HF sampler's convention
+    for s in sampling:
+        assert (s.n, s.temperature, s.top_p, s.max_tokens, s.logprobs, s.stop_token_ids) == (2, 0.7, 0.9, 5, 0, [EOS])
+        assert s.detokenize is False  # text is decoded by our tokenizer
+    _, sampling = sampler.build_requests([[5], [7]], params, seed=[11, 2**64 + 4])
+    assert [s.seed for s in sampling] == [11, 4]  # explicit seeds, reduced into vLLM's int64 range
+    with pytest.raises(ValueError, match="2 seeds for 1 prompts"):
+        sampler.build_requests([[5]], params, seed=[1, 2])
+
+
+def test_outputs_become_completions(fake_vllm, tmp_path):
+    sampler = make_sampler(fake_vllm, tmp_path, sleep=False)
+    lp = lambda tok, v: {tok: FakeLogprob(v), 99: FakeLogprob(-9.0, rank=2)}  # noqa: E731 extra top-1 entry
+    sampler.llm.script = [
+        [FakeCompletion(1, [2, 3], [lp(2, -0.5), lp(3, -1.5)], "length"),  # out of order on purpose
+         FakeCompletion(0, [3, EOS], [lp(3, -0.25), lp(EOS, -0.125)], "stop")],
+        [FakeCompletion(0, [2], [lp(2, -2.0)], "stop"),  # stopped on EOS that vLLM left out
+         FakeCompletion(1, [0, 2], None, "length")],  # no log-probs at all
+    ]
+    out = sampler.generate([[5], [6]], SamplingParams(max_new_tokens=2, n=2), seed=0)
+    assert [(c.prompt_index, c.token_ids, c.truncated) for c in out] == [
+        (0, [3, EOS], False), (0, [2, 3], True), (1, [2, EOS], False), (1, [0, 2], True)]
+    assert out[0].logps == [-0.25, -0.125] and out[1].logps == [-0.5, -1.5]
+    assert out[2].logps[0] == -2.0 and math.isnan(out[2].logps[1])  # appended EOS: unknown, IS weight 1
+    assert out[3].logps is None
+    assert out[0].text == "d" and out[1].text == "cd"
+
+
+def test_wrong_number_of_outputs_is_an_error(fake_vllm, tmp_path):
+    sampler = make_sampler(fake_vllm, tmp_path, sleep=False)
+    sampler.llm.script = [[FakeCompletion(0, [2], None, "length")]]
+    with pytest.raises(RuntimeError, match="1 completions for prompt 0, expected 2"):
+        sampler.generate([[5]], SamplingParams(n=2))
+
+
+def test_sync_pushes_current_weights_without_sleep(fake_vllm, tmp_path):
+    model = TinyPolicy(str(tmp_path))
+    sampler = make_sampler(fake_vllm, tmp_path, sleep=False, model=model)
+    assert sampler.llm.calls == []
+    with torch.no_grad():
+        model.proj.weight.fill_(0.5)
+    sampler.sync_weights(model)
+    assert sampler.llm.calls == ["load_weights", "load_weights", "reset_prefix_cache"]
+    loaded = dict(sampler.llm.loaded)
+    assert set(loaded) == {"embed.weight", "proj.weight"}
+    assert torch.equal(loaded["proj.weight"], torch.full((2, 2), 0.5))
+
+
+def test_sleep_mode_wakes_pushes_samples_and_sleeps_each_rollout(fake_vllm, tmp_path):
+    model = TinyPolicy(str(tmp_path))
+    sampler = make_sampler(fake_vllm, tmp_path, sleep=True, model=model)
+    sampler.llm.script = [[FakeCompletion(0, [EOS], [{EOS: FakeLogprob(-0.1)}], "stop")]]
+    for step in range(2):
+        sampler.generate([[5]], SamplingParams(), seed=step)
+        with torch.no_grad():
+            model.proj.weight.add_(1.0)  # the update, while the engine sleeps
+        sampler.sync_weights(model)  # asleep: nothing is pushed now
+    rollout = ["wake:weights", "load_weights", "load_weights", "reset_prefix_cache", "wake:kv_cache", "generate", "sleep2"]
+    assert sampler.llm.calls == ["sleep2", *rollout, *rollout]
+    pushed = [t for n, t in sampler.llm.loaded if n == "proj.weight"]
+    torch.testing.assert_close(pushed[1] - pushed[0], torch.ones(2, 2))  # the second rollout got the update
+
+
+def test_lora_adapters_are_merged_for_the_push(fake_vllm, tiny_model_dir):
+    from regroup.config import LoraConfig, ModelConfig
+    from regroup.models.load import load_policy
+
+    model = load_policy(tiny_model_dir, ModelConfig(lora=LoraConfig(enabled=True, r=2, target_modules=["q_proj"])))
+    q_a = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight"
+    q_b = q_a.replace("lora_A", "lora_B")
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        params[q_b].fill_(0.1)  # a trained adapter: B != 0
+    base = params["base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight"].detach().clone()
+    merged = base + (params[q_b] @ params[q_a]) * (32 / 2)  # scale = alpha / r
+
+    sampler = make_sampler(fake_vllm, None, sleep=False, model=model)
+    assert sampler.llm.kwargs["model"] == tiny_model_dir
+    sampler.sync_weights(model)
+    loaded = dict(sampler.llm.loaded)
+    assert not any("lora" in n or "base_layer" in n or n.startswith("base_model") for n in loaded)
+    assert "model.layers.0.self_attn.q_proj.weight" in loaded and "model.embed_tokens.weight" in loaded
+    torch.testing.assert_close(loaded["model.layers.0.self_attn.q_proj.weight"], merged.detach())
+    # and the policy itself is unmerged again
+    torch.testing.assert_close(params["base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight"], base)
+
+
+def test_param_names_match_what_vllm_loads():
+    from regroup.rollout.vllm import vllm_param_name
+
+    assert vllm_param_name("model.layers.0.mlp.up_proj.weight") == "model.layers.0.mlp.up_proj.weight"
+    assert vllm_param_name("base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight") == \
+        "model.layers.0.self_attn.q_proj.weight"
+    assert vllm_param_name("base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight") is None
+    assert vllm_param_name("base_model.model.lm_head.modules_to_save.default.weight") == "lm_head.weight"
+    assert vllm_param_name("base_model.model.lm_head.original_module.weight") is None
+
+
+def test_build_sampler_selects_vllm(fake_vllm, tmp_path):
+    from regroup.rollout.vllm import VLLMSampler
+    from regroup.setup import build_sampler
+
+    sampler = build_sampler(RolloutConfig(backend="vllm"), TinyPolicy(str(tmp_path)), TinyTokenizer())
+    assert isinstance(sampler, VLLMSampler)
