@@ -17,12 +17,13 @@ Counting (stated in the JSON as well):
   on CPU unless a peak is given). Attention's sequence-length term is left out (it is small at these
   lengths), so MFU is slightly understated.
 Each recipe runs `--warmup-steps` untimed steps then `--steps` timed ones; medians are reported.
-With vLLM installed (and CUDA), the colocated vLLM sampler is timed on the same prompts as well.
+With vLLM installed (and CUDA), the colocated vLLM sampler is timed once, on the first recipe's prompts.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import sys
@@ -157,6 +158,8 @@ def measure_vllm(trainer, prompts: list[list[int]], size: Size, params: int, pea
     out = sampler.generate(prompts, params_s, seed=2)
     seconds = time.perf_counter() - t0
     generated = sum(len(c.token_ids) for c in out)
+    del sampler
+    gc.collect()
     tflops = 2 * params * (sum(map(len, prompts)) + generated) / seconds / 1e12
     return {"rollout_s": seconds, "generated": generated, "rollout_tokens_per_s": generated / seconds,
             "rollout_tflops": tflops, "rollout_mfu": tflops * 1e12 / peak_flops if peak_flops else None}
@@ -216,9 +219,12 @@ def main(argv: list[str] | None = None) -> dict:
         model_dir = Path(tmp) / "model"
         params = build_model_dir(size, model_dir, "cuda" if cuda else "cpu")
         results = []
-        for recipe in recipes:
+        for i, recipe in enumerate(recipes):
+            # vLLM once: its rollout speed does not depend on the recipe, and a second engine in the same
+            # process may not find the GPU memory the first one still holds.
             results.append(measure_recipe(recipe, RECIPES[recipe], size, model_dir, Path(tmp) / recipe, params,
-                                          args.steps, args.warmup_steps, peak * 1e12 if peak else None, with_vllm))
+                                          args.steps, args.warmup_steps, peak * 1e12 if peak else None,
+                                          with_vllm and i == 0))
             if cuda:
                 torch.cuda.empty_cache()
     report = {

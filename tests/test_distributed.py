@@ -14,6 +14,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ from regroup.checkpoint import list_checkpoints
 pytestmark = pytest.mark.distributed
 
 WORKER = Path(__file__).resolve().parent / "_dist_worker.py"
+ACCELERATE_CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "accelerate"
 STEPS = 3
 
 
@@ -43,9 +45,11 @@ def _accelerate() -> str:
     return found
 
 
-def _launch_two(model_dir: str, run_dir: Path, out_dir: Path, recipe: str) -> None:
-    cmd = [_accelerate(), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
+def _launch_two(model_dir: str, run_dir: Path, out_dir: Path, recipe: str, config_file: bool) -> None:
+    """Explicit flags, or the shipped configs/accelerate/cpu_2proc.yaml: both must give 2 processes."""
+    how = (["--config_file", str(ACCELERATE_CONFIGS / "cpu_2proc.yaml")] if config_file else
+           ["--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"])
+    cmd = [_accelerate(), "launch", *how, "--main_process_port", str(_free_port()),
            str(WORKER), model_dir, str(run_dir), str(out_dir), recipe]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=150)
@@ -78,9 +82,9 @@ def _final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
 def runs(tiny_model_dir, tmp_path_factory):
     """The GRPO and TA-GRPO runs on 2 processes and on 1, shared by the tests below."""
     out = {}
-    for recipe in ("grpo.yaml", "ta_grpo.yaml"):
+    for recipe, config_file in (("grpo.yaml", False), ("ta_grpo.yaml", True)):
         root = tmp_path_factory.mktemp(recipe.split(".")[0])
-        _launch_two(tiny_model_dir, root / "two", root / "ranks", recipe)
+        _launch_two(tiny_model_dir, root / "two", root / "ranks", recipe, config_file)
         one = _train_one(tiny_model_dir, root / "one", recipe)
         ranks = [json.loads((root / "ranks" / f"rank{r}.json").read_text()) for r in (0, 1)]
         out[recipe] = {"root": root, "one": one, "ranks": ranks}
@@ -132,3 +136,54 @@ def test_a_metric_on_one_rank_only_is_reduced_without_hanging(runs):
     """Keys that differ between ranks used to make the ranks reduce tensors of different lengths (a hang)."""
     for record in runs["grpo.yaml"]["ranks"]:
         assert record["probe"] == {"shared": 1.5, "last_rank_only": 7.0}
+
+
+# ------------------------------------------------------------------------------ launch configurations
+@pytest.mark.parametrize("name, kind, processes", [
+    ("ddp", "MULTI_GPU", 8), ("fsdp", "FSDP", 8), ("zero2", "DEEPSPEED", 8), ("zero3", "DEEPSPEED", 8),
+    ("cpu_2proc", "MULTI_GPU", 2),  # MULTI_GPU on purpose: `use_cpu` would start one process
+])
+def test_shipped_accelerate_configs_load(name, kind, processes):
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    cfg = load_config_from_file(str(ACCELERATE_CONFIGS / f"{name}.yaml"))
+    assert str(cfg.distributed_type).endswith(kind) and cfg.num_processes == processes and not cfg.use_cpu
+    if name == "fsdp":
+        assert cfg.fsdp_config["fsdp_version"] == 2
+    if name.startswith("zero"):
+        assert cfg.deepspeed_config["zero_stage"] == int(name[-1]) and cfg.deepspeed_config["zero3_init_flag"] is False
+
+
+class _DeepSpeedAccelerator:
+    """Just enough of an Accelerator running DeepSpeed for build_run (prepare returns its inputs)."""
+
+    num_processes, process_index, is_main_process, device = 2, 0, True, torch.device("cpu")
+
+    def __init__(self):
+        self.state = types.SimpleNamespace(
+            deepspeed_plugin=types.SimpleNamespace(deepspeed_config={"train_micro_batch_size_per_gpu": "auto"}))
+
+    def prepare(self, *objects):
+        return objects
+
+    def unwrap_model(self, model):
+        return model
+
+
+@pytest.mark.parametrize("recipe, micro, per_rank", [
+    ("grpo.yaml", 8, 8),  # 4 questions / 2 ranks x G 4
+    ("ta_grpo.yaml", 32, 32),  # 2 questions x (1 + 3 variants) x 4
+    ("grpo.yaml", 7, 8),  # too small: DeepSpeed would step once per micro-batch
+])
+def test_deepspeed_gets_one_micro_batch_per_step(tiny_model_dir, tmp_path, recipe, micro, per_rank):
+    import _dist_worker
+    from regroup.setup import build_run
+
+    cfg = _dist_worker.make_config(tiny_model_dir, str(tmp_path), recipe, (f"grpo.micro_batch_size={micro}",))
+    acc = _DeepSpeedAccelerator()
+    if micro < per_rank:
+        with pytest.raises(ValueError, match=f"micro_batch_size \\({micro}\\) must be >= the {per_rank} samples"):
+            build_run(cfg, tmp_path, accelerator=acc, log=lambda m: None)
+        return
+    build_run(cfg, tmp_path, accelerator=acc, log=lambda m: None)
+    assert acc.state.deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] == micro

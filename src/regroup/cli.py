@@ -101,6 +101,7 @@ def cmd_train(args) -> int:
     bar, on_step = progress_callback(cfg.train.steps, cfg.recipe, cfg.train.progress and trainer.is_main, trainer.step)
     trainer.train(on_step=on_step)
     bar.close()
+    trainer.acc.end_training()
     if trainer.is_main:
         _log(f"run folder: {run_dir}")
     return 0

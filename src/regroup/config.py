@@ -248,7 +248,7 @@ class DiagnosticsConfig:
     """Cosine between positive and negative samples' gradients, every K steps (0: off)."""
     grad_conflict_samples: int = 32
     """Sub-batch size for the gradient-conflict measure."""
-    grad_conflict_params: str = "lm_head|embed_tokens"
+    grad_conflict_params: str = "lm_head|embed_tokens|lora_B"
     """Regex of parameter names the gradient conflict is measured on."""
 
 

@@ -21,7 +21,7 @@ CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 class DemoSettings:
     """What one demo runs. `samples_per_step` is held equal across recipes (prompts × samples each)."""
 
-    steps: int = 60
+    steps: int = 50
     """RL steps per recipe."""
     samples_per_step: int = 128
     """Generated samples per step, the same for every recipe."""

@@ -81,7 +81,22 @@ def build_run(cfg, run_dir: Path, accelerator=None, log=print) -> RunParts:
 
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
+    # Without CUDA, cpu=True: under `accelerate launch --multi_gpu` the processes then join over gloo.
     acc = accelerator or Accelerator(cpu=not torch.cuda.is_available())
+    ds_plugin = getattr(getattr(acc, "state", None), "deepspeed_plugin", None)
+    if ds_plugin is not None:
+        # DeepSpeed steps its optimizer inside every accelerator.backward while gradients sync, and
+        # the update loop syncs on each micro-batch: one micro-batch per step keeps the update exact.
+        g = cfg.grpo
+        per_question = g.num_generations * g.samples_multiplier + (g.num_generations * cfg.ta.n_variants if cfg.ta.enabled else 0)
+        per_question += cfg.anchors.count if cfg.anchors.enabled and cfg.anchors.mode == "add" else 0
+        per_rank = g.prompts_per_step // acc.num_processes * per_question
+        if g.micro_batch_size < per_rank:
+            raise ValueError(f"under DeepSpeed, grpo.micro_batch_size ({g.micro_batch_size}) must be >= the {per_rank} "
+                             "samples each process gets per step (one micro-batch per optimizer step)")
+        if ds_plugin.deepspeed_config.get("train_micro_batch_size_per_gpu", "auto") == "auto":
+            # accelerate infers it from a DataLoader; this trainer has none
+            ds_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = g.micro_batch_size
     seed_everything(cfg.seed)
     task = get_task(cfg.data.task)
     problems = training_problems(cfg, task, log)

@@ -345,6 +345,7 @@ class Trainer:
         path = latest_valid_checkpoint(self.run_dir, warn=self.log)
         if path is None:
             self.log(f"no checkpoint in {self.run_dir}; starting from step 0")
+            self.logger.truncate_after(0)  # steps logged before the crash are logged again
             return
         state = load_trainer_state(path)
         load_model_weights(self.acc.unwrap_model(self.model), path)

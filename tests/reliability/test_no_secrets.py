@@ -68,6 +68,10 @@ def test_api_key_in_no_file_output_or_report(tiny_model_dir, tmp_path, figures):
 
     files = [p for d in (da_dir, ta_dir, report_dir, tmp_path / "out") for p in d.rglob("*") if p.is_file()]
     assert any(p.name == "trainer_state.pt" for p in files) and any(p.name == "config.yaml" for p in files)
+    control = tmp_path / "control"  # the grep itself finds a planted key (a part of it, too)
+    control.mkdir()
+    (control / "planted.bin").write_bytes(b"\x00\x80" + KEY.encode()[:12] + b"LEAKCHECK\xff")
+    assert len(leaks_in(control)) == 1
     leaks = [leak for d in (da_dir, ta_dir, report_dir, tmp_path / "out") for leak in leaks_in(d)]
     assert not leaks, f"the API key leaked into: {leaks}"
     assert KEY_ENV in (da_dir / "config.yaml").read_text()  # the config names the variable, never its value

@@ -60,7 +60,8 @@ class HFSampler:
 
         cache = DynamicCache()
         # transformers >= 5.x calls the KV cache `cache`; older releases `past_key_values`.
-        cache_kw = "cache" if "cache" in inspect.signature(type(self.model).forward).parameters else "past_key_values"
+        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model  # peft
+        cache_kw = "cache" if "cache" in inspect.signature(type(base).forward).parameters else "past_key_values"
         box = {"attention": attention}
 
         def forward(ids, pos):

@@ -14,7 +14,9 @@ from regroup.batch import Sample
 
 
 def _reward_tensor(samples: list[Sample]) -> torch.Tensor:
-    return torch.tensor([math.nan if s.reward is None else float(s.reward) for s in samples], dtype=torch.float32)
+    """Rewards [B]; None and non-finite values are NaN = unscored (as in the batch the update sees)."""
+    values = [math.nan if s.reward is None else float(s.reward) for s in samples]
+    return torch.tensor([v if math.isfinite(v) else math.nan for v in values], dtype=torch.float32)
 
 
 def reward_diagnostics(samples: list[Sample]) -> dict[str, float]:
@@ -41,9 +43,9 @@ def reward_diagnostics(samples: list[Sample]) -> dict[str, float]:
         metrics["groups/per_question_all_correct_frac"] = per_q["frac_all_correct"]
         metrics["groups/per_question_all_wrong_frac"] = per_q["frac_all_wrong"]
     by_variant: dict[int, list[float]] = defaultdict(list)
-    for s in on_policy:
-        if s.reward is not None:
-            by_variant[s.variant].append(float(s.reward))
+    for s, r in zip(on_policy, rewards.tolist()):
+        if not math.isnan(r):
+            by_variant[s.variant].append(r)
     if len(by_variant) > 1:
         for k, values in sorted(by_variant.items()):
             metrics[f"variant/acc/{k}"] = sum(values) / len(values)
