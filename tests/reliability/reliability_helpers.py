@@ -8,7 +8,8 @@ Run as a script it is `regroup train` with the probe attached:
 
 Each phase change is one `os.write` of a line `<unix time> <pid> <phase> [<step>]` to PHASE_FILE
 (O_APPEND, no Python buffering), so the last line in the file is where the process was when it died.
-The probe only observes: it wraps methods and calls them unchanged.
+The probe only observes: it wraps methods and calls them unchanged. With REGROUP_PROBE_STOP_AT="<phase>"
+in its environment the process freezes itself (SIGSTOP) on entering that phase, for an exact kill.
 """
 
 from __future__ import annotations
@@ -283,6 +284,7 @@ def run(argv: list[str], out_dir: Path, name: str, env: dict | None = None, time
 
 
 def tmp_folders(run_dir: Path) -> list[str]:
+    """Names of the `.tmp-*` / `.trash-*` folders now in RUN_DIR/checkpoints."""
     root = Path(run_dir) / "checkpoints"
     try:
         return sorted(p.name for p in os.scandir(root) if p.name.startswith((".tmp-", ".trash-")))

@@ -7,15 +7,12 @@ from pathlib import Path
 from typing import Any
 
 from regroup.net import ChatClient, DiskCache
+from regroup.net.build import client_and_cache
 from regroup.rephrase.base import Rephraser
 from regroup.rephrase.dataset import DatasetRephraser
 from regroup.rephrase.llm import OpenAIRephraser
 from regroup.rephrase.rules import RulesRephraser
 from regroup.scorers.registry import load_dotted
-
-_CLIENT_ARGS = (
-    "api_key_env", "timeout_s", "max_retries", "backoff_s", "max_backoff_s", "concurrency", "temperature", "max_tokens",
-)
 
 
 def build_openai_rephraser(
@@ -31,19 +28,8 @@ def build_openai_rephraser(
 ) -> OpenAIRephraser:
     """An OpenAIRephraser from a ready client, or from `base_url` + `model` (+ ChatClient settings);
     `cache_path` opens a DiskCache there."""
-    unknown = set(client_kwargs) - set(_CLIENT_ARGS)
-    if unknown:
-        raise TypeError(f"unknown rewriter settings {sorted(unknown)}; client settings are {list(_CLIENT_ARGS)}")
-    if client is None:
-        if not base_url or not model:
-            raise ValueError(
-                "the openai rewriter needs base_url and model (e.g. https://api.openai.com/v1, gpt-4-turbo)"
-            )
-        client = ChatClient(base_url, model, **client_kwargs)
-    elif base_url or model or client_kwargs:
-        raise ValueError("give the rewriter either a client or base_url/model/client settings, not both")
-    if cache is None and cache_path is not None:
-        cache = DiskCache(cache_path)
+    client, cache = client_and_cache("openai rewriter", "https://api.openai.com/v1, gpt-4-turbo", client, cache,
+                                     base_url, model, cache_path, client_kwargs)
     return OpenAIRephraser(client, cache, prompt_version, verifier)
 
 

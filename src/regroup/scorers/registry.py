@@ -8,14 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from regroup.net import ChatClient, DiskCache
+from regroup.net.build import client_and_cache
 from regroup.scorers.base import Scorer
 from regroup.scorers.judge import JudgeScorer
 from regroup.scorers.similarity import SimilarityScorer
 from regroup.scorers.step import StepScorer
-
-_CLIENT_ARGS = (
-    "api_key_env", "timeout_s", "max_retries", "backoff_s", "max_backoff_s", "concurrency", "temperature", "max_tokens",
-)
 
 
 def load_dotted(path: str) -> Any:
@@ -47,19 +44,8 @@ def build_judge(
 ) -> JudgeScorer:
     """A JudgeScorer from a ready client, or from `base_url` + `model` (+ ChatClient settings);
     `cache_path` opens a DiskCache there."""
-    unknown = set(client_kwargs) - set(_CLIENT_ARGS)
-    if unknown:
-        raise TypeError(f"unknown judge settings {sorted(unknown)}; client settings are {list(_CLIENT_ARGS)}")
-    if client is None:
-        if not base_url or not model:
-            raise ValueError(
-                "the judge scorer needs a client, or base_url and model (e.g. https://api.openai.com/v1, gpt-4o)"
-            )
-        client = ChatClient(base_url, model, **client_kwargs)
-    elif base_url or model or client_kwargs:
-        raise ValueError("give the judge either a client or base_url/model/client settings, not both")
-    if cache is None and cache_path is not None:
-        cache = DiskCache(cache_path)
+    client, cache = client_and_cache("judge", "https://api.openai.com/v1, gpt-4o", client, cache,
+                                     base_url, model, cache_path, client_kwargs)
     return JudgeScorer(client, cache, prompt_version)
 
 
