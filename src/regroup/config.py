@@ -469,13 +469,26 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
 
 def config_from_dict(data: dict) -> RunConfig:
     """Rebuild a saved config (e.g. RUN_DIR/config.yaml) with the same checks."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"a saved config must be a mapping, got {type(data).__name__}")
     cfg = _build(RunConfig, data)
     cfg.validate()
     return cfg
 
 
+def write_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write a file so that a crash leaves either the old or the new content, never a torn one."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
 def save_config(cfg: RunConfig, path: str | os.PathLike) -> None:
-    Path(path).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    write_atomic(path, yaml.safe_dump(cfg.to_dict(), sort_keys=False))
 
 
 def field_docs(cls=RunConfig, prefix: str = "") -> list[tuple[str, str, str]]:

@@ -7,6 +7,8 @@ import math
 import os
 from pathlib import Path
 
+from regroup.config import write_atomic
+
 
 def _clean(value):
     if isinstance(value, float) and not math.isfinite(value):
@@ -41,7 +43,7 @@ class MetricsLogger:
                     kept.append(line)
             except json.JSONDecodeError:
                 continue  # a torn last line from a crash
-        self.path.write_text("".join(k + "\n" for k in kept))
+        write_atomic(self.path, "".join(k + "\n" for k in kept))
 
     def log(self, step: int, metrics: dict) -> None:
         if not self.enabled:

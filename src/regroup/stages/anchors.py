@@ -8,6 +8,7 @@ verified-correct responses per question ("self"), used when no reference exists.
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 
 from regroup.batch import Sample
@@ -31,7 +32,7 @@ class AnchorInjector:
             return None
         if problem.id not in self._reference_ok:
             reward = self.reward_fn(problem.solution, problem)
-            ok = reward is not None and reward > 0
+            ok = reward is not None and math.isfinite(reward) and reward > 0
             self._reference_ok[problem.id] = ok
             if not ok:
                 self.totals["rejected_reference"] += 1
@@ -63,7 +64,8 @@ class AnchorInjector:
         injected = 0
         for problem, gid, prompt in zip(problems, group_ids, q0_prompts):
             members = by_group.get(gid, [])
-            if self.cfg.when == "no_correct" and any(s.reward is not None and s.reward > 0 for s in members):
+            if self.cfg.when == "no_correct" and any(s.reward is not None and math.isfinite(s.reward) and s.reward > 0
+                                                     for s in members):
                 continue
             candidates = self._candidates(problem)
             if not candidates:
@@ -90,7 +92,7 @@ class AnchorInjector:
         if self.cfg.source == "reference":
             return
         for s in samples:
-            if s.is_anchor or s.variant != 0 or s.truncated or s.reward is None or s.reward <= 0:
+            if s.is_anchor or s.variant != 0 or s.truncated or s.reward is None or not math.isfinite(s.reward) or s.reward <= 0:
                 continue
             kept = self.buffer.setdefault(s.question_id, [])
             if s.response_text not in kept:
