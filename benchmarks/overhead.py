@@ -40,6 +40,7 @@ def trainer_for(recipe: str, model_dir: str, run_dir: Path, steps: int, extra: l
 def compare(variant: str, baseline: str, model_dir: str, tmp: Path, steps: int, skip: int, extra: list[str]) -> float:
     trainers = {name: trainer_for(name, model_dir, tmp / name, steps + skip, extra) for name in (variant, baseline)}
     per_token = {variant: [], baseline: []}
+    per_step = {variant: [], baseline: []}
     for step in range(steps + skip):
         for name, trainer in trainers.items():
             t0 = time.perf_counter()
@@ -47,10 +48,13 @@ def compare(variant: str, baseline: str, model_dir: str, tmp: Path, steps: int, 
             seconds = time.perf_counter() - t0
             if step >= skip:
                 per_token[name].append(seconds / max(m["tokens/generated"], 1.0))
+                per_step[name].append(seconds)
     ratio = median(per_token[variant]) / median(per_token[baseline])
     for name in (variant, baseline):
-        print(f"  {name:14s} median {1e3 * median(per_token[name]):.3f} ms per generated token")
-    print(f"ratio {variant}/{baseline} = {ratio:.3f}")
+        print(f"  {name:14s} median {1e3 * median(per_token[name]):.3f} ms per generated token, "
+              f"{median(per_step[name]):.3f} s per step of 128 samples")
+    print(f"ratio {variant}/{baseline} = {ratio:.3f} per generated token, "
+          f"{median(per_step[variant]) / median(per_step[baseline]):.3f} per step")
     return ratio
 
 
