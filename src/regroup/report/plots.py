@@ -152,10 +152,11 @@ def _style(ax) -> None:
     ax.tick_params(labelsize=8)
 
 
-def _legend(fig: Figure, handles: list, labels: list[str]) -> None:
-    """One legend above all panels, so every panel keeps its full width."""
+def _legend(fig: Figure, handles: list, labels: list[str], max_cols: int = 5) -> None:
+    """One legend above all panels, so every panel keeps its full width; rows wrap at `max_cols`."""
     if handles:
-        fig.legend(handles, labels, loc="outside upper center", ncols=min(len(labels), 5), fontsize=9, frameon=False)
+        fig.legend(handles, labels, loc="outside upper center", ncols=min(len(labels), max_cols), fontsize=9,
+                   frameon=False)
 
 
 def _training_plot(spec: PlotSpec, groups: Sequence[RunGroup], colors: dict[str, str], out_path: str) -> list[str] | None:
@@ -191,7 +192,8 @@ def _training_plot(spec: PlotSpec, groups: Sequence[RunGroup], colors: dict[str,
         _style(ax)
     for ax in axes[len(panels):]:
         ax.set_visible(False)
-    _legend(fig, list(handles.values()), list(handles))
+    # A single half-width panel has room for about three labels per row.
+    _legend(fig, list(handles.values()), list(handles), max_cols=3 if len(panels) == 1 else 5)
     fig.savefig(out_path)
     return [k for k, _ in panels]
 

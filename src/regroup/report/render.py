@@ -132,7 +132,8 @@ def _figures_html(outcomes: Sequence[PlotOutcome], section: str) -> str:
     omitted = [o for o in outcomes if o.section == section and not o.path]
     parts = ['<div class="grid">']
     for o in figs:
-        wide = ' class="wide"' if len(o.keys) > 1 else ""
+        # Multi-panel figures and the grouped bars by difficulty need the full width to stay readable.
+        wide = ' class="wide"' if len(o.keys) > 1 or o.name == "difficulty" else ""
         parts.append(f'<figure{wide}><img src="{escape(o.path)}" alt="{escape(o.title)}" loading="lazy">'
                      f"<figcaption><b>{escape(o.title)}.</b> {escape(o.description)}</figcaption></figure>")
     parts.append("</div>")

