@@ -44,7 +44,7 @@ def build_reward_fn(specs: list[str], task):
     """`task`, `math`, or `pkg.mod:fn`, each optionally `*weight`; several are summed with weights."""
     from regroup.rewards import combine, task_grader
     from regroup.rewards.math_verify import MathAnswerChecker
-    from regroup.scorers.registry import load_dotted
+    from regroup.registry import load_dotted
 
     parts = []
     for spec in specs:

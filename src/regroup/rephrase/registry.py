@@ -12,7 +12,7 @@ from regroup.rephrase.base import Rephraser
 from regroup.rephrase.dataset import DatasetRephraser
 from regroup.rephrase.llm import OpenAIRephraser
 from regroup.rephrase.rules import RulesRephraser
-from regroup.scorers.registry import load_dotted
+from regroup.registry import build_named
 
 
 def build_openai_rephraser(
@@ -43,20 +43,4 @@ REPHRASERS: dict[str, Callable[..., Rephraser]] = {
 def build_rephraser(name: str, **kwargs: Any) -> Rephraser:
     """The rephraser `name` ("rules", "openai", "dataset", or "package.module:object") built with
     `kwargs`; a dotted object may be a class / factory or a ready instance."""
-    if ":" in name:
-        obj = load_dotted(name)
-        if hasattr(obj, "rephrase_many") and not isinstance(obj, type):
-            if kwargs:
-                raise TypeError(f"{name!r} is a rephraser instance; it takes no settings, got {sorted(kwargs)}")
-            rephraser = obj
-        elif callable(obj):
-            rephraser = obj(**kwargs)
-        else:
-            raise TypeError(f"{name!r} is neither a rephraser nor a callable that builds one")
-    elif name in REPHRASERS:
-        rephraser = REPHRASERS[name](**kwargs)
-    else:
-        raise ValueError(f"unknown rewriter {name!r}; known: {sorted(REPHRASERS)} or 'package.module:object'")
-    if not callable(getattr(rephraser, "rephrase_many", None)):
-        raise TypeError(f"rewriter {name!r} has no rephrase_many(problems, n) method")
-    return rephraser
+    return build_named("rewriter", name, REPHRASERS, "rephrase_many", **kwargs)

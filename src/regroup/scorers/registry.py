@@ -2,34 +2,17 @@
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from regroup.net import ChatClient, DiskCache
 from regroup.net.build import client_and_cache
+from regroup.registry import build_named, load_dotted  # noqa: F401  (load_dotted re-exported)
 from regroup.scorers.base import Scorer
 from regroup.scorers.judge import JudgeScorer
 from regroup.scorers.similarity import SimilarityScorer
 from regroup.scorers.step import StepScorer
-
-
-def load_dotted(path: str) -> Any:
-    """The object named by `"package.module:attribute"` (attribute may be dotted: `mod:Class.factory`)."""
-    module_name, sep, attr = path.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"expected 'package.module:object', got {path!r}")
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"cannot import module {module_name!r} (from {path!r}): {exc}") from exc
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise ValueError(f"module {module_name!r} has no attribute {attr!r} (from {path!r})") from None
-    return obj
 
 
 def build_judge(
@@ -61,20 +44,4 @@ def build_scorer(name: str, **kwargs: Any) -> Scorer:
 
     A dotted object may be a class or factory (called with `kwargs`) or a ready scorer instance.
     """
-    if ":" in name:
-        obj = load_dotted(name)
-        if hasattr(obj, "score_batch") and not isinstance(obj, type):
-            if kwargs:
-                raise TypeError(f"{name!r} is a scorer instance; it takes no settings, got {sorted(kwargs)}")
-            scorer = obj
-        elif callable(obj):
-            scorer = obj(**kwargs)
-        else:
-            raise TypeError(f"{name!r} is neither a scorer nor a callable that builds one")
-    elif name in SCORERS:
-        scorer = SCORERS[name](**kwargs)
-    else:
-        raise ValueError(f"unknown scorer {name!r}; known: {sorted(SCORERS)} or 'package.module:object'")
-    if not callable(getattr(scorer, "score_batch", None)):
-        raise TypeError(f"scorer {name!r} has no score_batch(items) method")
-    return scorer
+    return build_named("scorer", name, SCORERS, "score_batch", **kwargs)
