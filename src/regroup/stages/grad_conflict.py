@@ -28,12 +28,12 @@ def gradient_conflict(model, batch: RolloutBatch, advantages: torch.Tensor, *, p
     index = torch.cat([pos, neg])
     sub = batch.select(index)
     adv = advantages[index].to(sub.completion_mask.device)  # [b]
+    logps, _ = response_logps(model, sub, temperature)  # [b, T], one forward for both sides
     grads = []
-    for side in (adv > 0, adv < 0):
-        logps, _ = response_logps(model, sub, temperature)  # [b, T]
+    for side, retain in ((adv > 0, True), (adv < 0, False)):
         mask = sub.completion_mask * side[:, None]  # [b, T]
         loss = -(adv[:, None] * logps * mask).sum() / mask.sum().clamp(min=1)
-        grads.append(torch.cat([g.flatten() for g in torch.autograd.grad(loss, params)]))
+        grads.append(torch.cat([g.flatten() for g in torch.autograd.grad(loss, params, retain_graph=retain)]))
     g_pos, g_neg = grads
     norm = float(g_pos.norm() * g_neg.norm())
     cosine = float(g_pos @ g_neg) / norm if norm > 0 else math.nan
