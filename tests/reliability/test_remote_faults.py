@@ -241,4 +241,7 @@ def test_api_key_appears_nowhere(tmp_path, monkeypatch, capfd):
         assert LEAK.encode() not in p.read_bytes(), f"API key found in {p}"
     # the server's echoes did reach the log and the failure records, redacted: the check is not vacuous
     assert "bad credentials ***" in log_file.read_text()
-    assert '{"oops": "***' in "".join(e for e, _ in DiskCache(tmp_path / "cache" / "judge.sqlite").failures().values())
+    # Which item's last attempt met the echoing malformed body depends on the order of the two client
+    # threads; every malformed attempt is logged, so look for the redacted echo in the log or the records.
+    failures = "".join(e for e, _ in DiskCache(tmp_path / "cache" / "judge.sqlite").failures().values())
+    assert '{"oops": "***' in log_file.read_text() + failures
