@@ -196,3 +196,38 @@ def test_same_recipe_with_different_settings_gets_two_labelled_rows(tmp_path):
     assert [r["label"] for r in rows] == ["grpo [lr-a]", "grpo [lr-b]"]
     assert rows[1]["config_diff"] == [("optim.lr", 1e-4, 3e-4)]
     assert rows[1]["delta_baseline"] == pytest.approx(0.1)
+
+
+def test_paired_standard_error_uses_per_problem_results(tmp_path):
+    """Two single runs on the same 4 problems: the Δ SE is the SE of the per-problem differences."""
+    import json as _json
+    import math as _math
+
+    import yaml as _yaml
+
+    from regroup.report import summarize_runs
+    from regroup.report.stats import paired_diff_stderr
+
+    # per-problem accuracies; differences b − a = [0.5, 0.25, 0.5, 0.25]: mean 0.375, std 0.1443, SE 0.0722
+    acc_a = {"p1": 0.25, "p2": 0.5, "p3": 0.0, "p4": 0.75}
+    acc_b = {"p1": 0.75, "p2": 0.75, "p3": 0.5, "p4": 1.0}
+    expected = _math.sqrt(((0.125**2) * 4) / 3) / 2
+    assert abs(paired_diff_stderr(acc_b, acc_a) - expected) < 1e-12
+    assert paired_diff_stderr(acc_b, {"p1": 0.0}) is None  # different problem sets: no pairing
+
+    dirs = []
+    for recipe, acc in (("grpo", acc_a), ("ta_grpo", acc_b)):
+        d = tmp_path / recipe
+        (d / "eval").mkdir(parents=True)
+        (d / "config.yaml").write_text(_yaml.safe_dump({"recipe": recipe, "seed": 0, "ta": {"enabled": recipe != "grpo"}}))
+        mean = sum(acc.values()) / 4
+        (d / "eval" / "summary.json").write_text(_json.dumps({"num_problems": 4, "n": 4, "mean@n": mean, "stderr": 0.2,
+                                                               "pass@k": {"1": mean}, "greedy": 0.5}))
+        (d / "eval" / "per_problem.jsonl").write_text("".join(
+            _json.dumps({"id": k, "n": 4, "correct": int(v * 4)}) + "\n" for k, v in acc.items()))
+        dirs.append(str(d))
+    rows = {r["recipe"]: r for r in summarize_runs(dirs, baseline="grpo")}
+    ta = rows["ta_grpo"]
+    assert abs(ta["delta_baseline"] - 0.375) < 1e-12
+    assert ta["delta_baseline_paired"] and abs(ta["delta_baseline_se"] - expected) < 1e-12
+    assert ta["verdict_baseline"] == "better"  # 0.375 > 2 x 0.072; unpaired (√(0.2²+0.2²) = 0.28) would say unclear

@@ -138,7 +138,8 @@ def run_demo(quick: bool = False, seeds: int = 1, out_root: str = "runs", recipe
         final = sorted((run_dir / "checkpoints").glob("step-*"))[-1]
         summary = evaluate_model(str(final), problems, run_dir / "eval", settings, seed=0)
         (run_dir / "eval_before").mkdir(exist_ok=True)
-        shutil.copy(demo_dir / "start" / "eval" / "summary.json", run_dir / "eval_before" / "summary.json")
+        for name_ in ("summary.json", "per_problem.jsonl"):  # per-problem results allow a paired SE
+            shutil.copy(demo_dir / "start" / "eval" / name_, run_dir / "eval_before" / name_)
         (run_dir / "timing.json").write_text(json.dumps({"train_seconds": train_seconds}))
         log(f"{name} (seed {seed}): pass@1 {start_summary['mean@n']:.3f} -> {summary['mean@n']:.3f} "
             f"in {train_seconds:.0f} s of training")

@@ -146,7 +146,8 @@ def render_html(title: str, rows: Sequence[dict[str, Any]], outcomes: Sequence[P
                 colors: dict[str, str], generated: str, run_dirs: Sequence[str]) -> str:
     """The whole report page."""
     legend = ("Accuracies in %. mean@n ± one standard error over problems (several seeds: the larger of "
-              "evaluation and seed noise). Δ columns: change of mean@n in percentage points ± 2 SE (unpaired); "
+              "evaluation and seed noise). Δ columns: change of mean@n in percentage points ± 2 SE — paired over "
+              "problems when both sides are single runs with per-problem results on the same problems, else unpaired; "
               "within 2 SE is marked 'no clear difference'. 'sd': standard deviation over seeds. Wall time: sum of "
               "logged time/step.")
     return f"""<!doctype html>

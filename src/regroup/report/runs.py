@@ -41,6 +41,25 @@ class RunData:
     """Lines of metrics.jsonl that were not a JSON object (e.g. a half-written last line after a crash)."""
     eval: dict[str, Any] | None = None
     eval_before: dict[str, Any] | None = None
+    per_problem: dict[str, float] | None = None
+    """Per-problem accuracy (correct / n) by problem id from eval/per_problem.jsonl, when present."""
+    per_problem_before: dict[str, float] | None = None
+    """The same for the starting model (eval_before/per_problem.jsonl)."""
+
+
+def read_per_problem(path: str) -> dict[str, float] | None:
+    """{problem id: correct / n} from a per_problem.jsonl written by the evaluation, or None."""
+    if not os.path.exists(path):
+        return None
+    out: dict[str, float] = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                row = json.loads(line)
+                out[str(row["id"])] = float(row["correct"]) / float(row["n"])
+            except (ValueError, KeyError, TypeError, ZeroDivisionError):
+                return None  # an unreadable file gives no pairing rather than a wrong one
+    return out or None
 
 
 @dataclass
@@ -130,6 +149,8 @@ def load_run(path: str) -> RunData:
         bad_metric_lines=bad,
         eval=_read_json(os.path.join(path, "eval", "summary.json")),
         eval_before=_read_json(os.path.join(path, "eval_before", "summary.json")),
+        per_problem=read_per_problem(os.path.join(path, "eval", "per_problem.jsonl")),
+        per_problem_before=read_per_problem(os.path.join(path, "eval_before", "per_problem.jsonl")),
     )
 
 

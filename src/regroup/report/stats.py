@@ -1,8 +1,9 @@
 """The few statistics the report states: means over seeds, standard errors, and 2-SE verdicts.
 
-Every comparison in the report is a difference of mean@n with an unpaired standard error
-`√(SE_a² + SE_b²)`; a difference within 2 SE is called "no clear difference" (the text never
-claims more than that).
+Every comparison in the report is a difference of mean@n. Its standard error is paired over problems
+when both sides are single runs whose per-problem results cover the same problems (the std of the
+per-problem differences / √P), else unpaired `√(SE_a² + SE_b²)`; a difference within 2 SE is called
+"no clear difference" (the text never claims more than that).
 """
 
 from __future__ import annotations
@@ -47,6 +48,16 @@ def diff_stderr(se_a: float | None, se_b: float | None) -> float | None:
     if se_a is None or se_b is None:
         return None
     return math.sqrt(se_a * se_a + se_b * se_b)
+
+
+def paired_diff_stderr(a: dict | None, b: dict | None) -> float | None:
+    """SE of mean(a) − mean(b) paired over the problems both evaluated (per-problem accuracies keyed by
+    problem id): the sample std of the per-problem differences / √P. None unless both cover the same
+    problems (at least two). Pairing removes the problem-difficulty variance both runs share."""
+    if not a or not b or set(a) != set(b) or len(a) < 2:
+        return None
+    diffs = [a[k] - b[k] for k in a]
+    return std(diffs) / math.sqrt(len(diffs))
 
 
 def verdict(delta: float | None, se: float | None) -> str | None:
