@@ -36,6 +36,9 @@ from regroup.stages.grad_conflict import gradient_conflict
 from regroup.stages.groups import expand_groups, sampling_seed
 
 
+PROMPT_CACHE_SIZE = 8192
+
+
 def lr_lambda(warmup_steps: int, total_steps: int, schedule: str, min_ratio: float):
     """Linear warm-up from lr/(warmup+1) (never a step at lr 0), then cosine to min_ratio·lr or constant."""
 
@@ -81,9 +84,15 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------ rollout
     def _encode(self, text: str) -> list[int]:
-        if text not in self._prompt_ids:
-            self._prompt_ids[text] = encode_prompt(self.tokenizer, text)
-        return self._prompt_ids[text]
+        """Prompt ids of a question, remembered for the recent questions (bounded: a long run over a large
+        data set would otherwise keep every prompt it ever saw)."""
+        ids = self._prompt_ids.pop(text, None)
+        if ids is None:
+            ids = encode_prompt(self.tokenizer, text)
+        self._prompt_ids[text] = ids  # most recent last
+        if len(self._prompt_ids) > PROMPT_CACHE_SIZE:
+            del self._prompt_ids[next(iter(self._prompt_ids))]
+        return ids
 
     def collect(self, step: int) -> tuple[list[Sample], dict]:
         """Sample this process's groups for `step` and reward them; anchors join here."""
