@@ -22,7 +22,7 @@ def grade(text, problem):
 
 
 def injector(**kw):
-    return AnchorInjector(AnchorConfig(enabled=True, **kw), grade, lambda text: [ord(c) for c in text] + [1], 48)
+    return AnchorInjector(AnchorConfig(enabled=True, **kw), grade, lambda text: [ord(c) for c in text] + [1])
 
 
 def on_policy(problem, gid, rewards, variant=0):

@@ -67,7 +67,7 @@ def progress_callback(total: int, desc: str, enabled: bool, start: int = 0):
 
 
 def cmd_train(args) -> int:
-    from regroup.config import ConfigError, config_from_dict, load_config
+    from regroup.config import ConfigError, apply_overrides, config_from_dict, load_config
     from regroup.trainer import Trainer
 
     try:
@@ -78,18 +78,8 @@ def cmd_train(args) -> int:
             saved = run_dir / "config.yaml"
             if not saved.exists():
                 raise ConfigError(f"--resume {run_dir}: no config.yaml there")
-            cfg = config_from_dict(yaml.safe_load(saved.read_text()))
-            if args.overrides:
-                from regroup.config import _merge, parse_override
-
-                data = cfg.to_dict()
-                for text in args.overrides:
-                    keys, value = parse_override(text)
-                    patch = value
-                    for k in reversed(keys):
-                        patch = {k: patch}
-                    data = _merge(data, patch)
-                cfg = config_from_dict(data)
+            data = yaml.safe_load(saved.read_text())
+            cfg = config_from_dict(apply_overrides(data, args.overrides) if isinstance(data, dict) else data)
         else:
             cfg = load_config(args.config, args.overrides)
             run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg.recipe)

@@ -451,9 +451,8 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return key.strip().split("."), value
 
 
-def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
-    """Read a YAML recipe, apply dotted overrides, type-check, validate. No model is touched."""
-    data = _read_yaml(Path(path).resolve()) if path else {}
+def apply_overrides(data: dict, overrides: list[str] | tuple[str, ...]) -> dict:
+    """Set each `dotted.key=value` in the nested mapping `data` (in place; also returned)."""
     for text in overrides:
         keys, value = parse_override(text)
         node = data
@@ -462,6 +461,12 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
             if not isinstance(node, dict):
                 raise ConfigError(f"override {text!r}: {k} is not a section")
         node[keys[-1]] = value
+    return data
+
+
+def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
+    """Read a YAML recipe, apply dotted overrides, type-check, validate. No model is touched."""
+    data = apply_overrides(_read_yaml(Path(path).resolve()) if path else {}, overrides)
     cfg = _build(RunConfig, data)
     cfg.validate()
     return cfg

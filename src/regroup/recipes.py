@@ -31,14 +31,6 @@ class Recipe:
     ratio_on_original: bool = False
     """Compute every ratio (and the KL) on (q0, o) — TA-GRPO's anchored ratio (SPEC §3.4)."""
 
-    def describe(self) -> dict:
-        return {
-            "variants": self.variants is not None,
-            "anchors": self.anchors is not None,
-            "masks": self.masker is not None,
-            "ratio_prompt": "original" if self.ratio_on_original else "own",
-        }
-
 
 def build_reward_fn(specs: list[str], task):
     """`task`, `math`, or `pkg.mod:fn`, each optionally `*weight`; several are summed with weights."""
@@ -97,7 +89,7 @@ def build_recipe(cfg, task, encode_response, run_dir) -> Recipe:
         recipe.variants = VariantProvider(build_rephraser(cfg, task, run_dir), cfg.ta.n_variants)
         recipe.ratio_on_original = cfg.ta.ratio_anchor == "original"
     if cfg.anchors.enabled:
-        recipe.anchors = AnchorInjector(cfg.anchors, reward_fn, encode_response, cfg.rollout.max_new_tokens)
+        recipe.anchors = AnchorInjector(cfg.anchors, reward_fn, encode_response)
     if cfg.mask.enabled:
         recipe.masker = DistinctivenessMasker(build_scorer(cfg, task, run_dir), cfg.mask.delta)
     return recipe

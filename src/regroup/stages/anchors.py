@@ -17,11 +17,10 @@ from regroup.batch import Sample
 class AnchorInjector:
     """Chooses anchors, reserves their slots (mode=replace) and adds them to the step's samples."""
 
-    def __init__(self, cfg, reward_fn, encode_response, max_new_tokens: int):
+    def __init__(self, cfg, reward_fn, encode_response):
         self.cfg = cfg
         self.reward_fn = reward_fn
         self.encode_response = encode_response
-        self.max_new_tokens = max_new_tokens
         self._reference_ok: dict[str, bool] = {}
         self.buffer: OrderedDict[str, list[str]] = OrderedDict()  # question id -> recent correct responses
         self.totals = {"injected": 0, "rejected_reference": 0, "from_reference": 0, "from_self": 0}
