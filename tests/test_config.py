@@ -32,7 +32,7 @@ def test_overrides_are_typed():
                                               "model.lora.enabled=true", "rewards=task,math*0.5"])
     assert cfg.optim.lr == pytest.approx(3e-4) and isinstance(cfg.optim.lr, float)
     assert cfg.train.steps == 7 and cfg.grpo.loss_agg == "seq_sum_constant" and cfg.model.lora.enabled
-    assert cfg.rewards == ["task", "math*0.5"]
+    assert cfg.rewards.functions == ["task", "math*0.5"]
 
 
 @pytest.mark.parametrize("override, key", [

@@ -54,6 +54,8 @@ class ModelConfig:
     """A local HF causal-LM directory. None: the built-in tiny model, warmed up (and cached) first."""
     warmup_dir: str = "runs/warmup"
     """Where the built-in tiny model's warm-up is cached (used when `path` is None)."""
+    gguf_file: Optional[str] = None
+    """A GGUF file name inside `path`: loaded dequantized to `dtype`; checkpoints are saved as HF safetensors."""
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
     """Parameter dtype. bfloat16 on GPUs for real models; float32 for the tiny model on CPU."""
     gradient_checkpointing: bool = False
@@ -86,6 +88,16 @@ class DataConfig:
     """Seed of the generated training set."""
     eval_seed: int = 999
     """Seed of the generated held-out set."""
+    eval_file: Optional[str] = None
+    """Held-out questions for `train.eval_every` (same formats and field mapping as `train_file`)."""
+    system_prompt: Optional[str] = None
+    """System message put before every question (chat-template models)."""
+    prompt_template: Optional[str] = None
+    """Template with `{question}` applied to q0 and every rephrasing alike, e.g. "{question}\\nPut the final answer in \\boxed{}."."""
+    chat_template: Literal["auto", "on", "off"] = "auto"
+    """Wrap prompts with the tokenizer's chat template: auto = when the tokenizer has one (never for the built-in task)."""
+    max_prompt_tokens: int = 4096
+    """Longest prompt in tokens; a longer question is skipped and counted."""
 
 
 @dataclass
@@ -106,6 +118,12 @@ class RolloutConfig:
     """Truncated importance sampling cap for sampler/learner mismatch (vLLM); 0 disables it."""
     vllm_gpu_memory_utilization: float = 0.3
     """Fraction of GPU memory the colocated vLLM engine may take."""
+    vllm_max_model_len: int = 0
+    """vLLM engine max model length (0: prompt limit + max_new_tokens)."""
+    vllm_enable_sleep_mode: bool = False
+    """Let the colocated vLLM engine release GPU memory between rollouts."""
+    vllm_tensor_parallel_size: int = 1
+    """vLLM tensor-parallel size."""
 
 
 @dataclass
@@ -136,6 +154,12 @@ class GRPOConfig:
     """Added to the std before dividing."""
     samples_multiplier: int = 1
     """Samples of the original question = multiplier x G (grpo_matched uses N+1 to match TA-GRPO)."""
+    mini_batches: int = 1
+    """Optimizer steps per rollout batch: the batch is split into this many mini-batches (TA-GRPO's scripts: 2)."""
+    importance_level: Literal["token", "sequence"] = "token"
+    """token: PPO per-token ratio; sequence: GSPO's length-normalised sequence ratio and clip."""
+    shared_prefix: bool = True
+    """Forward each distinct prompt once per micro-batch and run its responses on that cache (exact)."""
 
 
 @dataclass
@@ -200,6 +224,8 @@ class ScorerConfig:
     """Retries per request before it is recorded as failed."""
     cache_dir: Optional[str] = None
     """Disk cache of scores. None: RUN_DIR/cache."""
+    question: Literal["own", "original"] = "own"
+    """Question shown to the judge for a rephrased response: the one it answered (own) or q0 (original)."""
 
 
 @dataclass
@@ -234,6 +260,44 @@ class AnchorConfig:
     """reference: the data's solution; self: the policy's own earlier verified responses; both."""
     buffer_size: int = 4
     """Self-bootstrapped anchors kept per question."""
+    max_tokens: int = 0
+    """Longest anchor in tokens; a longer reference is not injected and is counted (0: rollout.max_new_tokens)."""
+
+
+@dataclass
+class DynamicSamplingConfig:
+    """DAPO dynamic sampling: drop uniform-reward groups and sample more questions until the batch is full."""
+
+    enabled: bool = False
+    """Drop groups whose rewards are all equal and refill the batch with new questions."""
+    max_rounds: int = 3
+    """Extra sampling rounds per step before training on a batch that is not full."""
+
+
+@dataclass
+class OverlongConfig:
+    """DAPO overlong handling of responses cut at rollout.max_new_tokens."""
+
+    filter: bool = False
+    """Drop truncated responses from the loss (their advantages still count in their group)."""
+    soft_punish: bool = False
+    """Subtract a linear length penalty in the last `buffer` tokens before max_new_tokens."""
+    buffer: int = 16
+    """Length of the soft-punishment zone in tokens."""
+    penalty: float = 1.0
+    """Penalty at max_new_tokens (linear from 0 at max_new_tokens - buffer)."""
+
+
+@dataclass
+class RewardsConfig:
+    """Verifiable rewards. A plain list (`rewards=[math]`) sets `functions`."""
+
+    functions: list[str] = field(default_factory=lambda: ["task"])
+    """task (the task's grader), math (math-verify), or pkg.mod:fn; name*weight to weight; several are summed."""
+    correct_threshold: float = 1.0
+    """A response is verified correct when its reward >= this (anchors, self-anchors, eval, the TRL adapter)."""
+    workers: int = 1
+    """Processes grading answers in parallel (math checker)."""
 
 
 @dataclass
@@ -244,8 +308,9 @@ class DiagnosticsConfig:
     """Mean pairwise cosine distance of response embeddings within a group, every K steps (0: off)."""
     embedder: str = "auto"
     """auto | minilm | char-ngram | a local sentence-transformers path."""
-    grad_conflict_every: int = 10
-    """Cosine between positive and negative samples' gradients, every K steps (0: off)."""
+    grad_conflict_every: Optional[int] = None
+    """Cosine between positive and negative samples' gradients, every K steps (0: off; None: 10 for the
+    built-in tiny model, off for a real model, where the measured gradients are large)."""
     grad_conflict_samples: int = 32
     """Sub-batch size for the gradient-conflict measure."""
     grad_conflict_params: str = "lm_head|embed_tokens|lora_B"
@@ -272,6 +337,12 @@ class TrainConfig:
     """torch CPU threads (0: leave torch's default)."""
     eval_every: int = 0
     """Evaluate on the held-out set every K steps (0: only by `regroup eval`/demo)."""
+    epochs: int = 0
+    """Stop after this many passes over the training questions, walked in order per epoch (0: use `steps`)."""
+    sample_every: int = 10
+    """Log a few sample completions every K steps (samples.jsonl, TensorBoard text) (0: off)."""
+    report_to: list[str] = field(default_factory=list)
+    """Extra trackers through accelerate: tensorboard, wandb, trackio, ... (metrics.jsonl is always written)."""
 
 
 @dataclass
@@ -284,8 +355,8 @@ class RunConfig:
     """Seed of sampling, shuffling and initialisation."""
     run_dir: Optional[str] = None
     """Where the run writes. None: runs/<recipe>-<time>."""
-    rewards: list[str] = field(default_factory=lambda: ["task"])
-    """Reward functions: task (the task's grader), math (math-verify), or pkg.mod:fn; name*weight to weight."""
+    rewards: RewardsConfig = field(default_factory=RewardsConfig)
+    """Reward functions and what counts as correct."""
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -294,6 +365,8 @@ class RunConfig:
     ta: TAConfig = field(default_factory=TAConfig)
     mask: MaskConfig = field(default_factory=MaskConfig)
     anchors: AnchorConfig = field(default_factory=AnchorConfig)
+    dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
+    overlong: OverlongConfig = field(default_factory=OverlongConfig)
     diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
 
@@ -335,7 +408,7 @@ class RunConfig:
             raise ConfigError(f"mask.delta must be >= 0, got {self.mask.delta}")
         if self.model.lora.enabled and self.model.lora.r < 1:
             raise ConfigError(f"model.lora.r must be >= 1, got {self.model.lora.r}")
-        for spec in self.rewards:
+        for spec in self.rewards.functions:
             name, _, weight = spec.partition("*")
             if weight:
                 try:
@@ -406,6 +479,8 @@ def _check_value(value: Any, hint: Any, key: str) -> Any:
 
 
 def _build(cls, data: dict, prefix: str = ""):
+    if cls is RunConfig and isinstance(data.get("rewards"), (list, str)):
+        data = {**data, "rewards": {"functions": data["rewards"]}}  # `rewards=[math]` shorthand
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - names)

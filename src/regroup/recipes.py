@@ -83,7 +83,7 @@ def build_scorer(cfg, task, run_dir: Path):
 
 def build_recipe(cfg, task, encode_response, run_dir) -> Recipe:
     run_dir = Path(run_dir)
-    reward_fn = build_reward_fn(cfg.rewards, task)
+    reward_fn = build_reward_fn(cfg.rewards.functions, task)
     recipe = Recipe(reward_fn=reward_fn)
     if cfg.ta.enabled:
         recipe.variants = VariantProvider(build_rephraser(cfg, task, run_dir), cfg.ta.n_variants)

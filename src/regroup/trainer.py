@@ -185,7 +185,8 @@ class Trainer:
             metrics["anchor/adv_mean"] = float(anchor_adv.mean())
         batch = self._to_device(batch)
         d = cfg.diagnostics
-        if d.grad_conflict_every and self.step % d.grad_conflict_every == 0:
+        conflict_every = d.grad_conflict_every if d.grad_conflict_every is not None else (10 if cfg.model.path is None else 0)
+        if conflict_every and self.step % conflict_every == 0:
             metrics.update(gradient_conflict(
                 self.acc.unwrap_model(self.model), batch, advantages.to(self.acc.device),
                 param_pattern=d.grad_conflict_params, max_samples=d.grad_conflict_samples, temperature=cfg.rollout.temperature))
