@@ -87,7 +87,7 @@ def cmd_train(args) -> int:
     except ConfigError as e:
         _log(f"config error: {e}")
         return 2
-    trainer = Trainer(cfg, run_dir, resume=bool(args.resume), log=_log)
+    trainer = Trainer.from_config(cfg, run_dir, resume=bool(args.resume), log=_log)
     bar, on_step = progress_callback(cfg.train.steps, cfg.recipe, cfg.train.progress and trainer.is_main, trainer.step)
     trainer.train(on_step=on_step)
     bar.close()

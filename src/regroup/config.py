@@ -74,8 +74,6 @@ class DataConfig:
     """JSONL / JSON / Parquet / CSV file or HF dataset folder. None: generate from the task."""
     num_train: int = 20000
     """Questions to generate when `train_file` is None."""
-    num_eval: int = 256
-    """Held-out questions generated for evaluation (a different seed from training)."""
     question_field: str = "question"
     """Column holding the question."""
     answer_field: str = "answer"
@@ -336,7 +334,11 @@ class TrainConfig:
     threads: int = 0
     """torch CPU threads (0: leave torch's default)."""
     eval_every: int = 0
-    """Evaluate on the held-out set every K steps (0: only by `regroup eval`/demo)."""
+    """Evaluate on held-out questions (data.eval_file, else the task's held-out set) every K steps (0: off)."""
+    eval_n: int = 4
+    """Samples per held-out question when evaluating during training (pass@1 and pass@eval_n are logged)."""
+    eval_limit: int = 64
+    """Held-out questions evaluated during training."""
     epochs: int = 0
     """Stop after this many passes over the training questions, walked in order per epoch (0: use `steps`)."""
     sample_every: int = 10

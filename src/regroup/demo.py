@@ -127,7 +127,7 @@ def run_demo(quick: bool = False, seeds: int = 1, out_root: str = "runs", recipe
                                                                             "train.progress=false"]
         cfg = load_config(CONFIG_DIR / f"{name}.yaml", overrides)
         t0 = time.perf_counter()
-        trainer = Trainer(cfg, run_dir, log=log)
+        trainer = Trainer.from_config(cfg, run_dir, log=log)
 
         def on_step(step, m, name=name):
             overall.update(1)
