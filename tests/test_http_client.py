@@ -336,3 +336,38 @@ def test_cache_survives_sigkill_mid_write(tmp_path):
     assert sqlite3.connect(path).execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     c.put("after", 1)  # and it is still writable
     assert c.get("after") == 1
+
+
+# --------------------------------------------------------------------------------------------------
+# redaction (regroup.net.redact): hand-written cases
+
+
+def test_redact_removes_keys_tokens_and_key_pieces():
+    from regroup.net.redact import clip, redact
+
+    key = "sk-QzXv9WkPq7JmRt2LbYn8HcFd"
+    assert redact(f"bad key {key}!", [key]) == "bad key ***!"
+    assert redact("Authorization: Bearer abc.def-123 sent", []) == "Authorization: Bearer *** sent"
+    assert redact("use sk-live1234567890abc here", []) == "use *** here"  # any sk- token, known or not
+    assert redact("a task-based, risk-free plan", []) == "a task-based, risk-free plan"  # not tokens
+    # only its last four characters quoted back (as some APIs do): a piece of the key, removed
+    assert redact("Incorrect API key: sk-Qz*****HcFd.", [key]) == "Incorrect API key: " + "*" * 11 + "."  # sk-Qz, stars, HcFd
+    # a body cut by a read limit in the middle of the key: the trailing start of the key goes
+    assert redact("error: " + key[:7], [key]) == "error: ***"
+    assert redact("error:" + key[:4], [key]) == "error:***"
+    assert redact("ends with sk-", [key]) == "ends with sk-"  # 3 characters are not a piece
+    # lowercase words a test key may contain are not touched; words shaped like key material are
+    assert redact("rewrite the fake text", ["sk-fake-rewriter-key"]) == "rewrite the fake text"
+    # redact first, then cut: a cut through the key cannot leave its first characters behind
+    text = "x" * 290 + key + " tail"
+    assert clip(text, 300, [key]) == "x" * 290 + "***" + " tail"
+    assert text[:300].endswith(key[:10])  # what cutting first would have kept
+
+
+def test_redact_uses_every_key_the_client_has_read(monkeypatch):
+    from regroup.net.redact import redact
+
+    key = "sk-Remembered7Key9ForRedaction"
+    monkeypatch.setenv(ENV, key)
+    ChatClient("http://127.0.0.1:9/v1", "m", api_key_env=ENV)._api_key()
+    assert redact(f"quoted: {key[3:]}") == "quoted: ***"  # no sk- prefix left to match: known value
