@@ -219,7 +219,7 @@ class ScorerConfig:
     concurrency: int = 32
     """Concurrent judge requests."""
     timeout_s: float = 60.0
-    """Per-request timeout."""
+    """Seconds per judge request in all: every attempt, backoff and Retry-After wait included."""
     max_retries: int = 4
     """Retries per request before it is recorded as failed."""
     cache_dir: Optional[str] = None
