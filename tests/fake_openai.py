@@ -79,6 +79,7 @@ class Trickle:
 
     interval: float = 0.5
     content: str = "SCORE: 5"
+    headers_first: bool = False  # True: status line and headers at once, only the body trickles
 
 
 @dataclass(frozen=True)
@@ -185,8 +186,12 @@ class _Handler(BaseHTTPRequestHandler):
             payload = completion_json(action.content)
             raw = (f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
                    f"Connection: close\r\n\r\n").encode() + payload
+            start = len(raw) - len(payload) if action.headers_first else 0
             try:
-                for i in range(len(raw)):
+                if start:
+                    self.wfile.write(raw[:start])
+                    self.wfile.flush()
+                for i in range(start, len(raw)):
                     if self.server.fake._stopping.wait(action.interval):
                         break
                     self.wfile.write(raw[i : i + 1])

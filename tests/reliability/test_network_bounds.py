@@ -44,9 +44,10 @@ def client_for(srv, **kw) -> ChatClient:
     return ChatClient(srv.base_url, "m", **opts)
 
 
-def test_a_trickling_server_costs_one_deadline(server):
+@pytest.mark.parametrize("headers_first", [False, True], ids=["all_trickled", "body_trickled"])
+def test_a_trickling_server_costs_one_deadline(server, headers_first):
     # ~300 bytes at one byte per 0.5 s: every read succeeds, the reply would take ~150 s.
-    server.responder = lambda body: Trickle(0.5)
+    server.responder = lambda body: Trickle(0.5, headers_first=headers_first)
     client = client_for(server, timeout_s=1.0)
     t0 = time.monotonic()
     r = client.complete(MSG)

@@ -360,8 +360,10 @@ class ChatClient:
             if expiry.expired:
                 raise self._expired(ends_call, per_attempt) from None
             raise error from None
-        except _AttemptError:
-            raise
+        except _AttemptError as err:  # oversize, or a body cut short: by the server, or by the watchdog
+            if expiry.expired:
+                raise self._expired(ends_call, per_attempt) from None
+            raise err from None
         except Exception as exc:  # noqa: BLE001 - every transport failure becomes a kind, never a crash
             if expiry.expired or _is_timeout(exc):
                 raise self._expired(ends_call, per_attempt) from None
