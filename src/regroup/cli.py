@@ -112,9 +112,8 @@ def cmd_eval(args) -> int:
 
 # ------------------------------------------------------------------------------------------ rephrase
 def cmd_rephrase(args) -> int:
-    from regroup.rephrase.run import run_rephrase
-
     from regroup.config import ConfigError
+    from regroup.rephrase.run import run_rephrase
 
     try:
         summary = run_rephrase(args.data, args.out, args.n, args.rewriter, base_url=args.base_url, model=args.model,

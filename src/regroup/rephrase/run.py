@@ -98,7 +98,9 @@ def run_rephrase(
     if rewriter == "openai":
         check_key_env_name(api_key_env, "--api-key-env")  # before anything is read or printed
         if not timeout_s > 0:
-            raise ValueError(f"--timeout must be > 0 seconds, got {timeout_s}")
+            from regroup.config import ConfigError
+
+            raise ConfigError(f"--timeout must be > 0 seconds, got {timeout_s}")
     t0 = time.monotonic()
     loaded = load_problems(data_in, skip_bad_rows=skip_bad_rows)
     problems = list(loaded.problems)
