@@ -112,10 +112,16 @@ def cmd_eval(args) -> int:
 
 # ------------------------------------------------------------------------------------------ rephrase
 def cmd_rephrase(args) -> int:
+    from regroup.config import ConfigError
     from regroup.rephrase.run import run_rephrase
 
-    summary = run_rephrase(args.data, args.out, args.n, args.rewriter, base_url=args.base_url, model=args.model,
-                           api_key_env=args.api_key_env, cache_dir=args.cache_dir, concurrency=args.concurrency)
+    try:
+        summary = run_rephrase(args.data, args.out, args.n, args.rewriter, base_url=args.base_url, model=args.model,
+                               api_key_env=args.api_key_env, cache_dir=args.cache_dir, concurrency=args.concurrency,
+                               timeout_s=args.timeout)
+    except ConfigError as e:  # e.g. a key pasted into --api-key-env: one line, the value never printed
+        _log(f"config error: {e}")
+        return 2
     totals = summary.get("totals", summary)
     print(json.dumps(totals, indent=2))
     return 0
@@ -187,6 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key-env", default="OPENAI_API_KEY", help="NAME of the variable holding the key")
     p.add_argument("--cache-dir")
     p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds per request in all, retries included")
     p.set_defaults(fn=cmd_rephrase)
 
     p = sub.add_parser("demo", help="warm up, train every recipe from the same start, evaluate, report")

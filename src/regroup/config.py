@@ -217,7 +217,7 @@ class ScorerConfig:
     concurrency: int = 32
     """Concurrent judge requests."""
     timeout_s: float = 60.0
-    """Per-request timeout."""
+    """Seconds per judge request in all: every attempt, backoff and Retry-After wait included."""
     max_retries: int = 4
     """Retries per request before it is recorded as failed."""
     cache_dir: Optional[str] = None
@@ -421,6 +421,10 @@ class RunConfig:
             raise ConfigError(f"data.train_file: no such file or folder: {self.data.train_file}")
         if self.model.path is not None and not os.path.isdir(self.model.path):
             raise ConfigError(f"model.path: no such model folder: {self.model.path}")
+        from regroup.net.redact import check_key_env_name  # a key pasted where its variable's name goes
+
+        check_key_env_name(self.ta.api_key_env, "ta.api_key_env")
+        check_key_env_name(self.mask.scorer.api_key_env, "mask.scorer.api_key_env")
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -150,7 +150,7 @@ def test_grader_and_step_score_on_random_text(response, which):
     g, s = grade(response, p), step_score(response, p)
     assert g in (0.0, 1.0)
     assert isinstance(s, float) and math.isfinite(s) and 1.0 <= s <= 10.0
-    assert time.perf_counter() - start < 0.5
+    assert time.perf_counter() - start < 10.0  # no hang; wide on purpose (loaded CI), it is ~1 ms
 
 
 @pytest.fixture(scope="module")
@@ -174,4 +174,5 @@ def test_math_checker_on_random_text(checker, inner, answer, boxed):
     start = time.perf_counter()
     value = checker(response, Problem("f", "q", answer or "0"))
     assert value in (0.0, 1.0)
-    assert time.perf_counter() - start < checker.timeout_s + checker.grace_s + 0.5
+    # no hang: a check is cut at timeout_s + grace_s; the wide margin covers a replacement worker's start
+    assert time.perf_counter() - start < checker.timeout_s + checker.grace_s + 30.0
