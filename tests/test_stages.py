@@ -176,3 +176,22 @@ def test_over_long_reference_is_not_injected_and_is_counted():
     inj = _injector(1.0, max_tokens=60)
     samples, m = inj.inject([_sample(0, 0.0)], [problem], [0], [[1]])
     assert m["anchor/count"] == 1 and samples[-1].is_anchor
+
+
+def test_truncated_is_with_q0_ratios_is_refused_and_per_row_otherwise():
+    from regroup.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="tis_cap"):
+        load_config(None, ["ta.enabled=true", "rollout.tis_cap=2.0"])
+    load_config(None, ["ta.enabled=true", "ta.ratio_anchor=own", "rollout.tis_cap=2.0"])  # same prompt: fine
+
+    # per row: an anchor row (no sampler log-probs) gets weight 1, the sampled row keeps its correction
+    from regroup.trainer import Trainer
+
+    trainer = Trainer.__new__(Trainer)
+    trainer.cfg = SimpleNamespace(rollout=SimpleNamespace(tis_cap=1.5))
+    old = torch.log(torch.tensor([[0.5, 0.5], [0.5, 0.5]]))
+    part = SimpleNamespace(behaviour_logps=torch.log(torch.tensor([[0.25, 0.5], [1.0, 1.0]])),
+                           has_behaviour_logps=torch.tensor([True, False]))
+    w = trainer._is_weight(old, part)
+    assert w.tolist() == [[1.5, 1.0], [1.0, 1.0]]  # min(0.5/0.25, 1.5), 1 ; anchor row: 1

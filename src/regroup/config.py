@@ -425,6 +425,10 @@ class RunConfig:
 
         check_key_env_name(self.ta.api_key_env, "ta.api_key_env")
         check_key_env_name(self.mask.scorer.api_key_env, "mask.scorer.api_key_env")
+        if self.rollout.tis_cap > 0 and self.ta.enabled and self.ta.ratio_anchor == "original":
+            raise ConfigError(
+                "rollout.tis_cap > 0 with ta.ratio_anchor=original would divide pi_old(o|q0) by the sampler's "
+                "pi(o|q_n), a ratio of two different prompts; set rollout.tis_cap=0 or ta.ratio_anchor=own")
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -54,7 +54,7 @@ def describe(recipe: Recipe) -> str:
             f"clip {spec.eps_low}/{spec.eps_high}, anchors {spec.anchor_ratio}]")
 
 
-def build_reward_fn(specs: list[str], task, workers: int = 1):
+def build_reward_fn(specs: list[str], task, workers: int = 1, correct_threshold: float = 1.0):
     """`task`, `math`, or `pkg.mod:fn`, each optionally `*weight`; several are summed with weights."""
     from regroup.registry import load_dotted
     from regroup.rewards import combine, task_grader
@@ -64,9 +64,9 @@ def build_reward_fn(specs: list[str], task, workers: int = 1):
     for spec in specs:
         name, _, weight = spec.partition("*")
         if name == "task":
-            fn = task_grader(task)
+            fn = task_grader(task, correct_threshold=correct_threshold)
         elif name == "math":
-            fn = MathAnswerChecker(workers=workers) if workers > 1 else MathAnswerChecker()
+            fn = MathAnswerChecker(workers=workers)
         else:
             fn = load_dotted(name)
         parts.append((fn, float(weight) if weight else 1.0))
@@ -122,7 +122,7 @@ def build_recipe(cfg, task, encode_response, run_dir) -> Recipe:
     from regroup.stages.sampling import SampleResponses
 
     run_dir = Path(run_dir)
-    reward_fn = build_reward_fn(cfg.rewards.functions, task, cfg.rewards.workers)
+    reward_fn = build_reward_fn(cfg.rewards.functions, task, cfg.rewards.workers, cfg.rewards.correct_threshold)
     ratio_on_original = cfg.ta.enabled and cfg.ta.ratio_anchor == "original"
     stages: list = []
     if cfg.ta.enabled:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import time
 
+from regroup.rewards import pop_counts, score_many
 from regroup.stages.base import StepBatch, StepContext
 
 
 def pop_reward_counts(reward_fn) -> dict[str, float]:
-    """The reward function's counts since the last call (answers extracted, timeouts, ...), if it keeps any."""
-    pop = getattr(reward_fn, "pop_counts", None)
-    counts = pop() if callable(pop) else {}
+    """The reward function's counts since the last call (answers extracted, timeouts, ...), if it keeps any,
+    plus the shares a researcher reads first: extracted / no-answer / timeout per checked response."""
+    counts = pop_counts(reward_fn)
     metrics = {f"reward/{k}": float(v) for k, v in counts.items()}
     checked = counts.get("checked", 0)
     if checked:
@@ -31,11 +32,8 @@ class RewardResponses:
     def __call__(self, batch: StepBatch, ctx: StepContext) -> dict[str, float]:
         t0 = time.perf_counter()
         todo = [s for s in batch.samples if s.reward is None and not s.is_anchor]
-        score_many = getattr(self.reward_fn, "score_many", None)
-        if callable(score_many):  # a pool of grader workers (rewards.workers > 1)
-            rewards = score_many([(s.response_text, s.problem) for s in todo])
-        else:
-            rewards = [self.reward_fn(s.response_text, s.problem) for s in todo]
+        # One batch call: the math checker's worker pool grades it in parallel and checks repeats once.
+        rewards = score_many(self.reward_fn, [s.response_text for s in todo], [s.problem for s in todo])
         for s, r in zip(todo, rewards):
             s.reward = r
         metrics = {"time/reward": time.perf_counter() - t0}
