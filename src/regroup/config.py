@@ -772,6 +772,10 @@ def apply_overrides(data: dict, overrides: list[str] | tuple[str, ...]) -> dict:
     """Set each `dotted.key=value` in the nested mapping `data` (in place; also returned)."""
     for text in overrides:
         keys, value = parse_override(text)
+        if isinstance(data.get("rewards"), (list, str)) and (keys[0] == "rewards" and len(keys) > 1):
+            data["rewards"] = {"functions": data["rewards"]}  # the `rewards: [..]` shorthand, now with a sub-key
+        if keys == ["rewards"] and isinstance(value, (list, str)) and isinstance(data.get("rewards"), dict):
+            keys = ["rewards", "functions"]  # `rewards=[math]` keeps the section's other keys
         node = data
         for k in keys[:-1]:
             node = node.setdefault(k, {})
