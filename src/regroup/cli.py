@@ -121,7 +121,13 @@ def cmd_train(args) -> int:
 
 # --------------------------------------------------------------------------------------------- eval
 def cmd_eval(args) -> int:
+    from regroup.config import ConfigError, check_readable
     from regroup.eval.runner import format_table, run_eval_cli
+
+    if not Path(args.model).is_dir():
+        raise ConfigError(f"--model: no such model folder: {args.model}")
+    for path in args.data or []:  # before the model loads
+        check_readable("--data", path)
 
     rows = run_eval_cli(
         args.model, args.data, args.out, n=args.n, ks=args.k,
@@ -279,7 +285,7 @@ def user_error(exc: BaseException) -> str | None:
     if isinstance(exc, RunDirError):
         return f"error: {exc}"
     if is_disk_full(exc):
-        text = str(exc)
+        text = (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
         return f"error: {text}" if text.startswith("no space left") else f"error: no space left on device ({text[:200]})"
     if isinstance(exc, OSError):
         where = f" {exc.filename}" if exc.filename else ""
