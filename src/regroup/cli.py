@@ -126,6 +126,9 @@ def cmd_eval(args) -> int:
 
     if not Path(args.model).is_dir():
         raise ConfigError(f"--model: no such model folder: {args.model}")
+    model_files = ("config.json", "adapter_config.json")
+    if not any((Path(args.model) / f).is_file() for f in model_files) and not any(Path(args.model).glob("*.gguf")):
+        raise ConfigError(f"--model: {args.model} has no config.json (not a Hugging Face model folder)")
     for path in args.data or []:  # before the model loads
         check_readable("--data", path)
 
@@ -191,6 +194,36 @@ def _positive_ints(text: str) -> list[int]:
     return values
 
 
+def _number(kind, rule_text: str):
+    """An argparse type: an int or float within a config NumericRule ("count", "every", "fraction", ...)."""
+    from regroup.config import NumericRule, above, at_least
+
+    rule = {"count": at_least(1), "zero_or_more": at_least(0), "positive": above(0.0),
+            "zero_or_positive": at_least(0.0), "fraction": NumericRule(0.0, 1.0, low_open=True)}[rule_text]
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got {text!r}") from None
+        if not rule.ok(value):
+            raise argparse.ArgumentTypeError(f"must be {rule.describe()}, got {text!r}")
+        return value
+
+    return parse
+
+
+def _rewriter_name(text: str) -> str:
+    import difflib
+
+    known = ["rules", "openai", "dataset"]
+    if text in known or ":" in text:
+        return text
+    close = difflib.get_close_matches(text, known, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise argparse.ArgumentTypeError(f"unknown rewriter {text!r}{hint}; known: {', '.join(known)} or 'package.module:object'")
+
+
 def _recipe_list(text: str) -> str:
     import difflib
 
@@ -215,9 +248,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("warmup", parents=[common], help="warm-start the built-in tiny model with SFT")
     p.add_argument("--out", default="runs/warmup")
-    p.add_argument("--steps", type=int, default=0, help="override the number of SFT steps")
-    p.add_argument("--schedule-steps", type=int, default=0)
-    p.add_argument("--num-eval", type=int, default=0)
+    p.add_argument("--steps", type=_number(int, "zero_or_more"), default=0, help="override the number of SFT steps")
+    p.add_argument("--schedule-steps", type=_number(int, "zero_or_more"), default=0)
+    p.add_argument("--num-eval", type=_number(int, "zero_or_more"), default=0)
     p.set_defaults(fn=cmd_warmup)
 
     p = sub.add_parser("train", parents=[common], help="train with a recipe: regroup train --config configs/grpo.yaml key=value ...")
@@ -232,11 +265,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True)
     p.add_argument("--data", required=True, nargs="+")
     p.add_argument("--out", default="runs/eval")
-    p.add_argument("--n", type=int, default=32)
+    p.add_argument("--n", type=_number(int, "count"), default=32)
     p.add_argument("--k", default=[1, 4, 8, 32], type=_positive_ints, help="comma-separated k of pass@k")
-    p.add_argument("--temperature", type=float, default=0.6)
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--max-new-tokens", type=int, default=512)
+    p.add_argument("--temperature", type=_number(float, "zero_or_positive"), default=0.6)
+    p.add_argument("--top-p", type=_number(float, "fraction"), default=0.95)
+    p.add_argument("--max-new-tokens", type=_number(int, "count"), default=512)
     p.add_argument("--question-field", default="question")
     p.add_argument("--answer-field", default="answer")
     p.add_argument("--checker", choices=["task", "math"], default="math")
@@ -245,18 +278,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("rephrase", parents=[common], help="add N problem-equivalent variants per question (TA-GRPO)")
     p.add_argument("--data", required=True)
     p.add_argument("--out", required=True)
-    p.add_argument("--n", type=int, default=3)
-    p.add_argument("--rewriter", default="rules", help="rules | openai | dataset | pkg.mod:obj")
+    p.add_argument("--n", type=_number(int, "zero_or_more"), default=3)
+    p.add_argument("--rewriter", default="rules", type=_rewriter_name, help="rules | openai | dataset | pkg.mod:obj")
     p.add_argument("--base-url")
     p.add_argument("--model")
     p.add_argument("--api-key-env", default="OPENAI_API_KEY", help="NAME of the variable holding the key")
     p.add_argument("--cache-dir")
-    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--concurrency", type=_number(int, "count"), default=16)
     p.set_defaults(fn=cmd_rephrase)
 
     p = sub.add_parser("demo", parents=[common], help="warm up, train every recipe from the same start, evaluate, report")
     p.add_argument("--quick", action="store_true", help="a ~3-minute smoke version")
-    p.add_argument("--seeds", type=int, default=1)
+    p.add_argument("--seeds", type=_number(int, "count"), default=1)
     p.add_argument("--out", default="runs")
     p.add_argument("--recipes", default=None, type=_recipe_list, help="comma-separated subset of recipes")
     p.set_defaults(fn=cmd_demo)

@@ -200,6 +200,14 @@ def test_real_enospc_is_recognised():
     (["train", "--nosuch"], "unrecognized arguments: --nosuch"),
     (["rephrase", "--data", "x"], "the following arguments are required: --out"),
     (["nosuch"], "invalid choice: 'nosuch'"),
+    (["eval", "--model", "m", "--data", "d.jsonl", "--temperature", "-1"], "argument --temperature: must be a finite number >= 0"),
+    (["eval", "--model", "m", "--data", "d.jsonl", "--top-p", "nan"], "argument --top-p"),
+    (["eval", "--model", "m", "--data", "d.jsonl", "--max-new-tokens", "0"], "argument --max-new-tokens"),
+    (["rephrase", "--data", "x", "--out", "y", "--rewriter", "rule"], "unknown rewriter 'rule' (did you mean 'rules'?)"),
+    (["rephrase", "--data", "x", "--out", "y", "--n", "-1"], "argument --n: must be a finite number >= 0"),
+    (["rephrase", "--data", "x", "--out", "y", "--concurrency", "0"], "argument --concurrency"),
+    (["warmup", "--steps", "-5"], "argument --steps"),
+    (["demo", "--seeds", "0"], "argument --seeds"),
 ])
 def test_bad_arguments_of_every_subcommand_are_one_line(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:
@@ -217,3 +225,5 @@ def test_missing_eval_files_are_one_line(tiny_model_dir, tmp_path, capsys):
     assert line.startswith("config error: --data: no such file") and str(tmp_path / "none.jsonl") in line
     assert main(["eval", "--model", str(tmp_path / "nomodel"), "--data", str(tmp_path / "none.jsonl")]) == 2
     assert "--model: no such model folder" in one_line(capsys)
+    assert main(["eval", "--model", str(tmp_path), "--data", str(tmp_path / "none.jsonl")]) == 2
+    assert "has no config.json" in one_line(capsys)
