@@ -212,10 +212,6 @@ def test_dataset_rephraser_needs_stored_variants(tmp_path):
 def test_data_files_must_exist_and_be_readable(tmp_path):
     with pytest.raises(ConfigError, match="data.eval_file: no such file"):
         load_config(CONFIGS / "grpo.yaml", [f"data.eval_file={tmp_path / 'nope.jsonl'}"])
-    folder = tmp_path / "dir.jsonl"
-    folder.mkdir()
-    (folder / "x").write_text("")
-    # a directory where a file is expected cannot be opened as a file: named, not a traceback later
     unreadable = tmp_path / "locked.jsonl"
     unreadable.write_text("{}")
     unreadable.chmod(0)

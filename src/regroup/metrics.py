@@ -10,6 +10,7 @@ metrics.jsonl is the record the report is built from, so it is guarded:
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -144,10 +145,15 @@ class MetricsLogger:
         record = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
         line = json.dumps(record)
         self._check_file()
-        with open(self.path, "a") as f:
-            f.write(line + "\n")
-            f.flush()
-            st = os.fstat(f.fileno())
+        try:
+            with open(self.path, "a") as f:
+                f.write(line + "\n")
+                f.flush()
+                st = os.fstat(f.fileno())
+        except OSError as e:
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise OSError(e.errno, f"no space left on device while writing {self.path}") from e
+            raise
         self._lines.append(line)
         self._identity = (st.st_dev, st.st_ino, st.st_size)
         if self._tb is not None:
