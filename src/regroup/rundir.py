@@ -90,6 +90,8 @@ def _make_dir(path: Path) -> None:
 def discard_previous_run(run_dir: Path) -> list[str]:
     """Remove what an earlier run wrote (see DISCARDED_ON_OVERWRITE); returns the names removed."""
     removed = []
+    for leftover in run_dir.glob(".trash-*"):  # an earlier --overwrite killed while deleting
+        shutil.rmtree(leftover, ignore_errors=True)
     for name in DISCARDED_ON_OVERWRITE:
         path = run_dir / name
         if path.is_dir():
