@@ -231,3 +231,21 @@ def test_recipe_stage_lists():
         "sample", "reward", "overlong_penalty", "dynamic_sampling", "advantages", "overlong_filter"]
     cfg = load_config(CONFIGS / "grpo.yaml", ["grpo.importance_level=sequence"])
     assert "sequence (GSPO)" in describe(build_recipe(cfg, get_task("arithmetic"), lambda t: [1], "/tmp/unused"))
+
+
+def test_report_to_tensorboard_through_accelerate(tiny_model_dir, tmp_path):
+    from regroup.config import ConfigError
+
+    with pytest.raises(ConfigError, match="did you mean 'tensorboard'"):
+        small_config(tiny_model_dir, tmp_path / "x", "grpo.yaml", "train.report_to=[tensorbord]")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cfg = small_config(tiny_model_dir, tmp_path / "tb", "grpo.yaml", "train.steps=2", "train.report_to=[tensorboard]",
+                       "train.sample_every=1")
+    Trainer.from_config(cfg, tmp_path / "tb", log=lambda m: None).train()
+    events = list((tmp_path / "tb").rglob("events.out.tfevents.*"))
+    assert events, "no TensorBoard event file"
+    acc = EventAccumulator(str(events[0].parent))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("reward/mean")] == [1, 2]
+    assert (tmp_path / "tb" / "metrics.jsonl").exists()  # the JSONL stays the report's source

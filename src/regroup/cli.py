@@ -176,8 +176,18 @@ def cmd_report(args) -> int:
 
 
 def cmd_config(args) -> int:
-    from regroup.config import field_docs
+    from regroup.config import field_docs, load_config
 
+    if args.stages:
+        import tempfile
+
+        from regroup.recipes import build_recipe, describe
+        from regroup.tasks import get_task
+
+        cfg = load_config(args.config, args.overrides)
+        with tempfile.TemporaryDirectory() as scratch:  # a judge or rewriter would put its cache here
+            print(describe(build_recipe(cfg, get_task(cfg.data.task), lambda text: [0] * len(text), scratch)))
+        return 0
     for key, default, doc in field_docs():
         print(f"{key:38s} {default:28s} {doc}")
     return 0
@@ -307,6 +317,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_report)
 
     p = sub.add_parser("config", parents=[common], help="list every config key with its default and meaning")
+    p.add_argument("--stages", action="store_true", help="print the stage list and loss spec a config builds")
+    p.add_argument("--config", help="recipe YAML (with --stages)")
+    p.add_argument("overrides", nargs="*", help="dotted key=value overrides (with --stages)")
     p.set_defaults(fn=cmd_config)
     return parser
 

@@ -402,6 +402,10 @@ class RunConfig:
 
         check_key_env_name(self.ta.api_key_env, "ta.api_key_env")
         check_key_env_name(self.mask.scorer.api_key_env, "mask.scorer.api_key_env")
+        for name in self.train.report_to:
+            if name not in TRACKERS:
+                raise ConfigError(f"train.report_to: unknown tracker {name!r}{_did_you_mean(name, TRACKERS)}; "
+                                  f"known: {', '.join(TRACKERS)}")
         if self.rollout.tis_cap > 0 and self.ta.enabled and self.ta.ratio_anchor == "original":
             raise ConfigError(
                 "rollout.tis_cap > 0 with ta.ratio_anchor=original would divide pi_old(o|q0) by the sampler's "
@@ -549,6 +553,8 @@ def numeric_keys(cls=None, prefix: str = "") -> list[str]:
 BUILTIN_REWARDS = ("task", "math")
 BUILTIN_SCORERS = ("step", "judge", "similarity")
 BUILTIN_TASK_NAMES = ("arithmetic",)
+TRACKERS = ("tensorboard", "wandb", "trackio", "comet_ml", "aim", "mlflow", "clearml", "dvclive", "swanlab")
+"""The experiment trackers accelerate's tracker API knows (`train.report_to`)."""
 
 
 def _did_you_mean(name: str, known) -> str:

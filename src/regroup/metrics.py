@@ -1,4 +1,5 @@
-"""Step metrics to RUN_DIR/metrics.jsonl (always), TensorBoard and W&B (when asked).
+"""Step metrics to RUN_DIR/metrics.jsonl (always, the source of the report), and to any experiment tracker
+accelerate supports (`train.report_to`: tensorboard, wandb, trackio, mlflow, ...) through its tracker API.
 
 metrics.jsonl is the record the report is built from, so it is guarded:
 - a line that is not a JSON object with an integer `step` (a torn last line after a crash, a bad byte, a
@@ -74,9 +75,29 @@ def warn_bad_lines(path, bad: list[tuple[int, str]], action: str = "skipped", wa
         warn(f"{path} line {number}: {reason}; {action}")
 
 
+def tracker_names(train_cfg) -> list[str]:
+    """`train.report_to`, plus the older switches `train.tensorboard` / `train.wandb`, without repeats."""
+    names = list(train_cfg.report_to)
+    names += [n for n, on in (("tensorboard", train_cfg.tensorboard), ("wandb", train_cfg.wandb)) if on]
+    return list(dict.fromkeys(names))
+
+
+def flat_config(config: dict, prefix: str = "") -> dict:
+    """A nested config as dotted keys with scalar values (what every tracker's hparams accept)."""
+    out = {}
+    for k, v in config.items():
+        if isinstance(v, dict):
+            out.update(flat_config(v, f"{prefix}{k}."))
+        else:
+            out[prefix + k] = v if isinstance(v, (int, float, str, bool)) else str(v)
+    return out
+
+
 class MetricsLogger:
-    def __init__(self, run_dir, tensorboard: bool = False, wandb: bool = False, config: dict | None = None,
-                 enabled: bool = True, warn=None):
+    """`accelerator` (with `log_with` set when it was built) receives every step's numeric metrics."""
+
+    def __init__(self, run_dir, config: dict | None = None, enabled: bool = True, warn=None, accelerator=None,
+                 trackers: list[str] = ()):
         self.path = Path(run_dir) / "metrics.jsonl"
         self.enabled = enabled
         self.warn = warn
@@ -84,17 +105,19 @@ class MetricsLogger:
         """Every line the file should hold (None until first read or written)."""
         self._identity: tuple[int, int, int] | None = None
         """(device, inode, size) of the file after this logger's last write."""
-        self._tb = self._wandb = None
-        if not enabled:
-            return
-        if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
+        self.accelerator = accelerator if trackers else None
+        if self.accelerator is not None:
+            # every process calls it; accelerate starts the trackers on the main process only
+            self.accelerator.init_trackers(os.environ.get("WANDB_PROJECT", "regroup"), config=flat_config(config or {}))
 
-            self._tb = SummaryWriter(log_dir=str(Path(run_dir) / "tb"))
-        if wandb:
-            import wandb as _wandb
-
-            self._wandb = _wandb.init(project=os.environ.get("WANDB_PROJECT", "regroup"), config=config, dir=str(run_dir))
+    def tensorboard_writer(self):
+        """The TensorBoard SummaryWriter when `tensorboard` is among the trackers (for sample text), else None."""
+        if self.accelerator is None or not self.enabled:
+            return None
+        try:
+            return self.accelerator.get_tracker("tensorboard", unwrap=True)
+        except (ValueError, KeyError):
+            return None
 
     def _warn(self, message: str) -> None:
         if self.warn is not None:
@@ -156,19 +179,13 @@ class MetricsLogger:
             raise
         self._lines.append(line)
         self._identity = (st.st_dev, st.st_ino, st.st_size)
-        if self._tb is not None:
-            for k, v in metrics.items():
-                if isinstance(v, (int, float)) and math.isfinite(v):
-                    self._tb.add_scalar(k, v, step)
-            self._tb.flush()
-        if self._wandb is not None:
-            self._wandb.log(metrics, step=step)
+        if self.accelerator is not None:
+            numeric = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(v)}
+            self.accelerator.log(numeric, step=step)
 
     def close(self) -> None:
-        if self._tb is not None:
-            self._tb.close()
-        if self._wandb is not None:
-            self._wandb.finish()
+        if self.accelerator is not None:
+            self.accelerator.end_training()
 
 
 def read_metrics(run_dir) -> list[dict]:

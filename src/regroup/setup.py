@@ -94,7 +94,11 @@ def build_parts(cfg, run_dir: Path, accelerator=None, log=print) -> RunParts:
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     # Without CUDA, cpu=True: under `accelerate launch --multi_gpu` the processes then join over gloo.
-    acc = accelerator or Accelerator(cpu=not torch.cuda.is_available())
+    from regroup.metrics import tracker_names
+
+    trackers = tracker_names(cfg.train)
+    acc = accelerator or Accelerator(cpu=not torch.cuda.is_available(), log_with=trackers or None,
+                                     project_dir=str(run_dir) if trackers else None)
     ds_plugin = getattr(getattr(acc, "state", None), "deepspeed_plugin", None)
     if ds_plugin is not None:
         # DeepSpeed steps its optimizer inside every accelerator.backward while gradients sync, and

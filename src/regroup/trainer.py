@@ -28,7 +28,7 @@ from regroup.checkpoint import (
 from regroup.config import save_config
 from regroup.data_stream import QuestionStream
 from regroup.logprobs import response_logps
-from regroup.metrics import MetricsLogger
+from regroup.metrics import MetricsLogger, tracker_names
 from regroup.models.prompting import encode_prompt, encode_response
 from regroup.rollout.base import SamplingParams
 from regroup.sample_log import SampleLog
@@ -71,8 +71,9 @@ class Trainer:
         if self.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             save_config(cfg, self.run_dir / "config.yaml")
-        self.logger = MetricsLogger(self.run_dir, cfg.train.tensorboard, cfg.train.wandb, cfg.to_dict(), enabled=self.is_main)
-        self.sample_log = SampleLog(self.run_dir, cfg.train.sample_every, enabled=self.is_main, tb_writer=getattr(self.logger, "_tb", None))
+        self.logger = MetricsLogger(self.run_dir, cfg.to_dict(), enabled=self.is_main, warn=log, accelerator=self.acc,
+                                    trackers=tracker_names(cfg.train))
+        self.sample_log = SampleLog(self.run_dir, cfg.train.sample_every, enabled=self.is_main, tb_writer=self.logger.tensorboard_writer())
         if resume:
             self._resume()
 
