@@ -22,6 +22,8 @@ from typing import Any, Literal, Optional, get_args, get_origin
 
 import yaml
 
+from regroup.io import write_atomic  # noqa: F401  (re-exported: config.yaml is written with it)
+
 
 class ConfigError(ValueError):
     """A configuration problem, found before any compute; the message names the dotted key."""
@@ -834,26 +836,6 @@ def config_from_dict(data: dict) -> RunConfig:
     cfg = _build(RunConfig, data)
     cfg.validate()
     return cfg
-
-
-def write_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write a file so that a crash leaves either the old or the new content, never a torn one."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as e:
-        try:
-            os.unlink(tmp)  # never leave the temporary file behind (a full disk would keep it forever)
-        except OSError:
-            pass
-        if isinstance(e, OSError) and e.errno in (28, 122):  # ENOSPC, EDQUOT
-            raise OSError(e.errno, f"no space left on device while writing {path}") from e
-        raise
 
 
 def save_config(cfg: RunConfig, path: str | os.PathLike) -> None:
