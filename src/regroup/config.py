@@ -311,8 +311,9 @@ class DiagnosticsConfig:
     embedder: str = "auto"
     """auto | minilm | char-ngram | a local sentence-transformers path."""
     grad_conflict_every: Optional[int] = None
-    """Cosine between positive and negative samples' gradients, every K steps (0: off; None: 10 for the
-    built-in tiny model, off for a real model, where the measured gradients are large)."""
+    """Cosine between positive and negative samples' gradients, every K steps (0: off; None: every 10 steps
+    when the measured parameters hold <= 5M elements, as on the built-in tiny model, else off: the
+    diagnostic copies their gradients, gigabytes for a 7B model's lm_head)."""
     grad_conflict_samples: int = 32
     """Sub-batch size for the gradient-conflict measure."""
     grad_conflict_params: str = "lm_head|embed_tokens|lora_B"
