@@ -343,10 +343,11 @@ def test_accumulation_invariance(agg):
 
 
 @pytest.mark.parametrize("agg", ["seq_mean_token_mean", "token_mean"])
-@pytest.mark.parametrize("beta", [0.0, 0.04])
-def test_gspo_sequence_ratio_equals_trl(model_dir, tmp_path_factory, agg, beta):
+@pytest.mark.parametrize(("beta", "correction"), [(0.0, False), (0.04, False), (0.04, True)])
+def test_gspo_sequence_ratio_equals_trl(model_dir, tmp_path_factory, agg, beta, correction):
     trainer = _trainer(model_dir, tmp_path_factory, loss_type=TRL_LOSS_TYPES[agg], beta=beta,
-                       importance_sampling_level="sequence", epsilon=0.2, epsilon_high=0.28)
+                       importance_sampling_level="sequence", epsilon=0.2, epsilon_high=0.28,
+                       use_bias_correction_kl=correction)
     model = trainer.model
     tok = model_dir[1]
     inputs = _add_old_and_ref(model, _crafted_inputs(model.config.vocab_size, tok.pad_token_id))
@@ -362,7 +363,8 @@ def test_gspo_sequence_ratio_equals_trl(model_dir, tmp_path_factory, agg, beta):
     loss, met = call_policy_loss(
         _forward_logps(model, inputs), inputs["old_per_token_logps"], inputs["advantages"], mask,
         ref_logps=inputs.get("ref_per_token_logps"), beta=beta, eps_low=0.2, eps_high=0.28, agg=agg,
-        ratio_level="sequence", total_tokens=float(mask.sum()), total_sequences=B, max_completion_length=T,
+        ratio_level="sequence", kl_ratio_correction=correction, total_tokens=float(mask.sum()), total_sequences=B,
+        max_completion_length=T,
     )
     loss.backward()
     assert loss.item() == pytest.approx(trl_loss.item(), abs=ATOL)

@@ -235,7 +235,11 @@ def policy_loss(
             kl_term = beta * kl  # [B, T]
             if spec.kl_ratio_correction:
                 # Unbiased reverse-KL gradient from π_old samples (DeepSeek-V3.2; TRL use_bias_correction_kl).
-                kl_term = kl_term * torch.exp(logps - old_eff)  # [B, T]
+                # The correction uses the ratio of the configured level (GSPO: the sequence ratio, as TRL).
+                if spec.ratio_level == "sequence":
+                    kl_term = kl_term * sequence_ratio(logps, old_eff, on_policy)  # [B, T] * [B, 1]
+                else:
+                    kl_term = kl_term * torch.exp(logps - old_eff)  # [B, T]
             if weight is not None:
                 kl_term = kl_term * weight  # [B, T]
             per_token = per_token + kl_term

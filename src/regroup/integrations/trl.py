@@ -39,7 +39,7 @@ from regroup.algo.advantages import group_reward_stats
 from regroup.algo.losses import ANCHOR_RATIOS, LossInputs, LossSpec, LossTotals, policy_loss
 from regroup.batch import Sample
 from regroup.stages.advantages import GroupAdvantages
-from regroup.stages.anchors import is_verified
+from regroup.stages.anchors import AnchorInjector
 from regroup.stages.base import StepBatch, StepContext
 from regroup.stages.masking import DistinctivenessMasker
 from regroup.integrations.trl_helpers import (  # noqa: F401  (re-exported)
@@ -175,7 +175,7 @@ class RegroupGRPOTrainer(GRPOTrainer):
         self._regroup_inputs: list[dict[str, Any]] | None = None
         self._regroup_completions: list[Any] | None = None
         self._regroup_rewards_per_func: Tensor | None = None
-        self._regroup_anchor_cache: dict[tuple[str, str], float | None] = {}
+        self._regroup_anchor_cache: dict[str, float | None] = {}
         self._regroup_masker: DistinctivenessMasker | None = None
         if cfg.distinctiveness:
             scorer = build_scorer(cfg.scorer, **cfg.scorer_kwargs) if isinstance(cfg.scorer, str) else cfg.scorer
@@ -191,6 +191,11 @@ class RegroupGRPOTrainer(GRPOTrainer):
             self.regroup_num_variants = n
         super().__init__(*bound.args[1:], **bound.kwargs)
         self._regroup_check_settings()
+        # The native anchor stage's verification: one definition of a usable reference for both front-ends.
+        self._regroup_anchor_injector = AnchorInjector(
+            SimpleNamespace(source="reference", count=1, mode="replace", when=cfg.anchor_when, buffer_size=1),
+            self._regroup_reference_reward, self._regroup_anchor_ids,
+            correct_threshold=cfg.correct_reward, max_tokens=self.max_completion_length or 0)
 
     # --- set-up checks -------------------------------------------------------------------------------------
 
@@ -438,25 +443,31 @@ class RegroupGRPOTrainer(GRPOTrainer):
         return rewards, is_anchor
 
     def _regroup_anchor_for(self, row: Mapping[str, Any], skipped: Counter[str]) -> tuple[list[int], float] | None:
-        """The reference's completion ids and verified reward for `row`, or None (counted in `skipped`)."""
-        cfg = self.regroup
-        reference = row.get(cfg.reference_column)
+        """The reference's completion ids and verified reward for `row`, or None (counted in `skipped`).
+
+        The verdict — missing, over the length cap, below `correct_reward`, or ok — is the native anchor
+        stage's (`AnchorInjector.reference_verdict`), asked once per (prompt, reference)."""
+        reference = row.get(self.regroup.reference_column)
         if not isinstance(reference, str) or not reference.strip():
             skipped["missing"] += 1
             return None
+        problem = SimpleNamespace(id=repr((row["prompt"], reference)), solution=reference, row=row)
+        verdict = self._regroup_anchor_injector.reference_verdict(problem)
+        if verdict != "ok":
+            skipped["too_long" if verdict == "too_long" else "unverified"] += 1
+            return None
+        return self._regroup_anchor_ids(reference), self._regroup_anchor_cache[problem.id]
+
+    def _regroup_anchor_ids(self, reference: str) -> list[int]:
+        cfg = self.regroup
         suffix = cfg.anchor_suffix_ids if cfg.anchor_suffix_ids is not None else [self._tokenizer.eos_token_id]
-        ids = list(self._tokenizer(reference, add_special_tokens=False)["input_ids"]) + list(suffix)
-        if self.max_completion_length is not None and len(ids) > self.max_completion_length:
-            skipped["too_long"] += 1  # a cut reference is not a verified solution
-            return None
-        key = (repr(row["prompt"]), reference)
-        if key not in self._regroup_anchor_cache:
-            self._regroup_anchor_cache[key] = self._regroup_verify(row, reference, ids)
-        reward = self._regroup_anchor_cache[key]
-        if not is_verified(reward, cfg.correct_reward):
-            skipped["unverified"] += 1
-            return None
-        return ids, reward
+        return list(self._tokenizer(reference, add_special_tokens=False)["input_ids"]) + list(suffix)
+
+    def _regroup_reference_reward(self, reference: str, problem: Any) -> float | None:
+        """The anchor stage's reward function on a dataset row: TRL's reward functions, remembered."""
+        reward = self._regroup_verify(problem.row, reference, self._regroup_anchor_ids(reference))
+        self._regroup_anchor_cache[problem.id] = reward
+        return reward
 
     def _regroup_verify(self, row: Mapping[str, Any], reference: str, ids: list[int]) -> float | None:
         """The weighted reward TRL's reward functions give `reference` as the answer to the row's prompt."""

@@ -197,7 +197,7 @@ def anchor_slots(
             f"{tuple(rewards.shape)} must all be 1-D of the same length"
         )
     gids, var = group_ids.tolist(), variants.tolist()
-    correct = (rewards >= correct_reward).tolist()  # NaN >= x is False
+    correct = (torch.isfinite(rewards) & (rewards >= correct_reward)).tolist()  # NaN, inf: not correct
     last: dict[Any, int] = {}
     has_correct: dict[Any, bool] = {}
     for i, g in enumerate(gids):

@@ -31,27 +31,36 @@ class AnchorInjector:
         self.correct_threshold = correct_threshold
         self.max_tokens = max_tokens
         """Longest anchor in tokens (0: no cap): under a constant normaliser a long anchor would outweigh the group."""
-        self._reference_ok: dict[str, bool] = {}
+        self._verdict: dict[str, str] = {}
+        """question id -> reference verdict (see `reference_verdict`)."""
         self.buffer: OrderedDict[str, list[str]] = OrderedDict()  # question id -> recent correct responses
         self.totals = {"injected": 0, "rejected_reference": 0, "too_long": 0, "from_reference": 0, "from_self": 0}
         self.time_verifying = 0.0
 
     # -- sources ---------------------------------------------------------------------------------------
-    def _reference(self, problem) -> str | None:
-        if self.cfg.source == "self" or not problem.solution:
-            return None
-        if problem.id not in self._reference_ok:
+    def reference_verdict(self, problem) -> str:
+        """Whether the data's reference can be an anchor, decided once per question: "ok", "missing",
+        "too_long" (over `max_tokens`: a cut reference is not a verified solution) or "unverified"
+        (reward below `correct_threshold`). Both front-ends ask this one question."""
+        if not problem.solution:
+            return "missing"
+        if problem.id not in self._verdict:
             t0 = time.perf_counter()
             if self.max_tokens and len(self.encode_response(problem.solution)) > self.max_tokens:
-                ok = False
-                self.totals["too_long"] += 1  # a cut reference is not a verified solution
+                verdict = "too_long"
+                self.totals["too_long"] += 1
             else:
                 ok = is_verified(self.reward_fn(problem.solution, problem), self.correct_threshold)
-                if not ok:
-                    self.totals["rejected_reference"] += 1
-            self._reference_ok[problem.id] = ok
+                verdict = "ok" if ok else "unverified"
+                self.totals["rejected_reference"] += not ok
+            self._verdict[problem.id] = verdict
             self.time_verifying += time.perf_counter() - t0
-        return problem.solution if self._reference_ok[problem.id] else None
+        return self._verdict[problem.id]
+
+    def _reference(self, problem) -> str | None:
+        if self.cfg.source == "self":
+            return None
+        return problem.solution if self.reference_verdict(problem) == "ok" else None
 
     def _candidates(self, problem) -> list[tuple[str, str]]:
         """(text, source) anchors available for a question, reference first."""
@@ -121,11 +130,13 @@ class AnchorInjector:
             self.buffer.move_to_end(s.question_id)
 
     def state_dict(self) -> dict:
-        return {"buffer": dict(self.buffer), "reference_ok": dict(self._reference_ok), "totals": dict(self.totals)}
+        return {"buffer": dict(self.buffer), "reference_verdict": dict(self._verdict), "totals": dict(self.totals)}
 
     def load_state_dict(self, state: dict) -> None:
         self.buffer = OrderedDict(state.get("buffer", {}))
-        self._reference_ok = dict(state.get("reference_ok", {}))
+        self._verdict = dict(state.get("reference_verdict", {}))
+        for qid, ok in state.get("reference_ok", {}).items():  # checkpoints written before verdicts had reasons
+            self._verdict.setdefault(qid, "ok" if ok else "unverified")
         self.totals.update(state.get("totals", {}))
 
 
