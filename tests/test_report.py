@@ -255,3 +255,16 @@ def test_markdown_table_without_any_eval_has_one_cell_per_header(tmp_path):
     assert len(body) == 2
     assert {len(row) for row in table} == {len(header)}
     assert separator[0] == "---" and all(c == "---:" for c in separator[1:])
+
+
+def test_training_axes_have_integer_step_ticks_and_labels():
+    from matplotlib.figure import Figure
+
+    from regroup.report.plots import label_step_axes
+
+    ax = Figure().subplots()
+    ax.plot([1, 2, 3], [0.1, 0.5, 0.2])  # left alone, matplotlib ticks this at 1.0, 1.25, 1.5, ...
+    label_step_axes(ax, "mean reward")
+    ticks = [t for t in ax.get_xticks() if 1 <= t <= 3]
+    assert ticks and all(float(t).is_integer() for t in ticks)
+    assert ax.get_xlabel() == "optimizer step" and ax.get_ylabel() == "mean reward"
