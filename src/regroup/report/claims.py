@@ -24,6 +24,7 @@ from regroup.eval.passk import pass_at_k
 
 SUPPORTED, NOT_SUPPORTED, INDISTINGUISHABLE = "supported", "not supported", "indistinguishable at this scale"
 NO_SE, NOT_RUN = "no standard error (one seed, one problem)", "not run"
+NOT_MEASURED = "not measured (no common seed, problem with n >= k, or logged metric)"
 
 
 @dataclass
@@ -167,6 +168,8 @@ def judge(claim: Claim, regime: str, arms: Mapping[str, ArmResult]) -> Verdict:
     if claim.arm not in arms or claim.against not in arms:
         return Verdict(claim, regime, None, NOT_RUN)
     comparison = compare(arms[claim.arm], arms[claim.against], claim.measure)
+    if comparison.delta is None:
+        return Verdict(claim, regime, comparison, NOT_MEASURED)
     if claim.kind != "matches":
         return Verdict(claim, regime, comparison, direction_verdict(comparison.delta, comparison.se, claim.direction))
     if claim.reference is None or claim.reference not in arms:
@@ -174,8 +177,10 @@ def judge(claim: Claim, regime: str, arms: Mapping[str, ArmResult]) -> Verdict:
     gain = compare(arms[claim.against], arms[claim.reference], claim.measure)
     worse = direction_verdict(comparison.delta, comparison.se, 1)
     data_helps = direction_verdict(gain.delta, gain.se, 1)
-    if NOT_RUN in (worse, data_helps) or NO_SE in (worse, data_helps):
-        verdict = worse if worse in (NOT_RUN, NO_SE) else data_helps
+    if gain.delta is None:
+        verdict = NOT_MEASURED
+    elif NO_SE in (worse, data_helps):
+        verdict = NO_SE
     elif worse == NOT_SUPPORTED:
         verdict = NOT_SUPPORTED  # clearly below the arm trained on more data
     elif data_helps == SUPPORTED:
