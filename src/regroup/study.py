@@ -18,10 +18,12 @@ paper, grpo_matched) draw the same questions at the same steps and generate (N+1
 count (`train.epochs` stays 0: an equal-samples arm draws fewer questions per step, and must not run on
 to finish its epochs).
 
-Sizing (default settings): 20 optimizer steps of 64 samples for GRPO; the study's planned samples are
-28 GRPO-runs' worth per (regime, seed). At the README's measured 1.48 s per training step of 128
-samples (11.6 ms per sample) that is ~5.5 min of training per (regime, seed) and ~33 min over 2
-regimes × 3 seeds, plus 68 evaluations of 64 problems × 33 samples. This is an estimate from that one
+Sizing (default settings): GRPO trains 20 optimizer steps of 64 samples (1,280 samples); all arms
+together plan 21.5 GRPO runs' worth (27,520 samples) per (regime, seed), 165 k over 2 regimes × 3 seeds.
+At the README's measured 1.48 s per training step of 128 samples (11.6 ms per sample) that is ~32 min
+of training, plus 68 evaluations of 48 problems × 33 samples (~108 k samples; ~10 min if an evaluation
+sample costs half a training sample, which is an assumption), plus start-up, saving and the warm-up when
+it is not cached (~3 min): ~45-50 min for a 60-minute budget. These are estimates from that one
 measured rate, not a measured study time; `study.json` records the measured seconds.
 """
 
@@ -115,7 +117,7 @@ class StudySettings:
     """Passes over the training questions (the TA-GRPO paper's 2 epochs)."""
     data_multiplier: float = 2.5
     """Distinct questions of the grpo_data arm, relative to `questions` (TA-GRPO's "2.5x data" claim)."""
-    eval_problems: int = 64
+    eval_problems: int = 48
     """Held-out problems per regime, the same for every arm and the start."""
     eval_samples: int = 32
     """Samples per held-out problem at T = 1 (pass@1, pass@8, pass@32)."""
@@ -134,8 +136,9 @@ class StudySettings:
     regimes: tuple[str, ...] = ("mid", "sparse")
     arms: tuple[str, ...] | None = None
     """A subset of ARMS (None: all)."""
-    overrides: list[str] = field(default_factory=list)
-    """Extra dotted overrides for every run."""
+    overrides: list[str] = field(default_factory=lambda: ["diagnostics.diversity_every=5",
+                                                          "diagnostics.grad_conflict_every=5"])
+    """Extra dotted overrides for every run (default: the mechanism diagnostics 4 times in 20 steps)."""
 
     @property
     def steps(self) -> int:
@@ -165,6 +168,16 @@ class Arm:
     rename_only: bool = False
     description: str = ""
 
+
+PROTOCOLS = {  # protocol -> (held equal to GRPO, what differs)
+    "reference": ("—", "GRPO: `questions` distinct questions for `epochs` epochs, G samples each"),
+    "equal questions": ("questions per step, distinct questions, optimizer steps",
+                        "samples per question: (N+1)·G (TA-GRPO's paper protocol; grpo_matched's control); "
+                        "dynamic sampling draws extra questions to replace uniform groups"),
+    "equal samples": ("samples per step, optimizer steps, distinct questions in the pool",
+                      "questions per step: G·P / (samples per question), fewer for TA-GRPO (the demo's protocol)"),
+    "2.5x questions": ("epochs, questions and samples per step", "2.5x the distinct questions, so 2.5x the steps"),
+}
 
 ARMS = [
     Arm("grpo", "grpo.yaml", "reference", description="GRPO"),

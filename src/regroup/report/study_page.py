@@ -143,11 +143,18 @@ REGIME_HEADER = ["regime", "start and questions", "all-wrong groups at step 0 (p
                  "GRPO all-wrong groups, step 1 (mean over seeds)", f"sparse condition (≥ threshold)", "candidates tried"]
 
 
+PROTOCOL_HEADER = ["protocol", "held equal to GRPO", "differs"]
+
+
+def _protocol_rows(protocols: Mapping[str, tuple[str, str]]) -> list[list[str]]:
+    return [[name, same, differs] for name, (same, differs) in protocols.items()]
+
+
 def write_study_page(study_dir: Path, s: Any, arms: Sequence[Any], regimes: Sequence[Any],
                      results: Mapping[str, Mapping[str, ArmResult]], verdicts: Sequence[Verdict],
                      budgets: Mapping[str, Mapping[str, dict]], seconds: float) -> Path:
     """Write study_dir/study.html (self-contained) and study_dir/study.md; return the HTML path."""
-    from regroup.study import MECHANISMS, plan
+    from regroup.study import MECHANISMS, PROTOCOLS, plan
 
     planned = {a.name: plan(a, s) for a in arms}
     ks = s.ks
@@ -163,10 +170,12 @@ def write_study_page(study_dir: Path, s: Any, arms: Sequence[Any], regimes: Sequ
             "tr.better td{background:#f1faf2} tr.worse td{background:#fdf1f1}</style></head><body><main>",
             "<h1>regroup study: the papers' claims at the tiny model's scale</h1>", f"<p class=meta>{escape(intro)}</p>",
             "<h2>Regimes</h2>", _html_table(REGIME_HEADER, _regime_rows(regimes, s.sparse_min_all_wrong), left=2),
+            "<h2>Protocols</h2>", _html_table(PROTOCOL_HEADER, _protocol_rows(PROTOCOLS), left=3),
             "<h2>Verdicts</h2>", _html_table(VERDICT_HEADER, vrows, left=5, classes=classes),
             f"<p class=note>{escape(note)}</p>"]
     md = ["# regroup study: the papers' claims at the tiny model's scale", "", intro, "", "## Regimes", "",
-          markdown_table(REGIME_HEADER, _regime_rows(regimes, s.sparse_min_all_wrong)), "", "## Verdicts", "",
+          markdown_table(REGIME_HEADER, _regime_rows(regimes, s.sparse_min_all_wrong)), "", "## Protocols", "",
+          markdown_table(PROTOCOL_HEADER, _protocol_rows(PROTOCOLS)), "", "## Verdicts", "",
           markdown_table(VERDICT_HEADER, vrows), "", note, ""]
     for regime in regimes:
         name = regime.name
