@@ -268,3 +268,12 @@ def test_quick_study_runs(tmp_path, monkeypatch, one_thread):
     monkeypatch.chdir(tmp_path)  # the quick warm-up goes to ./runs/warmup-quick
     html = run_study(quick=True, out_root=str(tmp_path / "runs"), log=lambda m: None)
     _check_outputs(html, [a.name for a in ARMS], QUICK.seeds)
+
+
+def test_cli_has_a_study_subcommand(monkeypatch, tmp_path):
+    from regroup import cli
+
+    calls = []
+    monkeypatch.setattr("regroup.study.run_study", lambda **kw: calls.append(kw) or tmp_path / "study.html")
+    assert cli.main(["study", "--quick", "--out", str(tmp_path)]) == 0
+    assert calls and calls[0]["quick"] is True and calls[0]["out_root"] == str(tmp_path)

@@ -211,6 +211,9 @@ CLAIMS = [
     Claim("DaGRPO", "Anchors alone beat GRPO (pass@1): they rescue all-wrong groups", "dagrpo_anchor", "grpo", "pass@1"),
     Claim("DaGRPO", "Masked training has less gradient conflict (higher pos/neg gradient cosine; the logged "
           "diagnostic is measured on the unmasked batch)", "dagrpo_mask", "grpo", "grad_conflict/cosine"),
+    Claim("study control", "TA-GRPO's pools are less often uniform than matched sampling's pools of the same size "
+          "(rephrasing, not pool size, removes uniform groups)", "ta_grpo", "grpo_matched", "groups/uniform_frac",
+          direction=-1),
     Claim("study control", "TA-GRPO at equal samples beats GRPO (pass@1)", "ta_grpo_eqsamples", "grpo", "pass@1"),
     Claim("study control", "Difficulty-preserving rephrasings beat rule rephrasings (pass@1)", "ta_grpo_rename",
           "ta_grpo", "pass@1"),
