@@ -100,7 +100,7 @@ def make_trainer(recipe: str, rephrasings: int, size: Size, model_dir: Path, run
         "train.steps=1000", "train.checkpoint_every=0", "train.progress=false",
         "diagnostics.diversity_every=0", "diagnostics.grad_conflict_every=0",
     ]
-    return Trainer(load_config(ROOT / "configs" / f"{recipe}.yaml", overrides), run_dir, log=lambda m: None)
+    return Trainer.from_config(load_config(ROOT / "configs" / f"{recipe}.yaml", overrides), run_dir, log=lambda m: None)
 
 
 def measure_recipe(recipe: str, rephrasings: int, size: Size, model_dir: Path, run_dir: Path, params: int,

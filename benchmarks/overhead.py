@@ -34,7 +34,7 @@ def trainer_for(recipe: str, model_dir: str, run_dir: Path, steps: int, extra: l
         f"model.path={model_dir}", f"run_dir={run_dir}", "train.checkpoint_every=0", "train.progress=false",
         "diagnostics.diversity_every=0", "data.num_train=4000", *extra,
     ]
-    return Trainer(load_config(ROOT / "configs" / f"{recipe}.yaml", overrides), run_dir, log=lambda m: None)
+    return Trainer.from_config(load_config(ROOT / "configs" / f"{recipe}.yaml", overrides), run_dir, log=lambda m: None)
 
 
 def compare(variant: str, baseline: str, model_dir: str, tmp: Path, steps: int, skip: int, extra: list[str]) -> float:

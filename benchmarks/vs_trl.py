@@ -56,7 +56,7 @@ def main() -> None:
         f"train.steps={args.steps + args.warmup_steps + 5}", "train.checkpoint_every=0", "train.progress=false",
         "diagnostics.diversity_every=0", "data.num_train=2000",
     ])
-    ours = Trainer(regroup_cfg, tmp / "regroup", log=lambda m: None)
+    ours = Trainer.from_config(regroup_cfg, tmp / "regroup", log=lambda m: None)
 
     def reward(completions, prompts=None, **kw):
         out = []

@@ -39,7 +39,7 @@ def main(argv: list[str]) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))  # so `_dist_worker:digit_reward` imports
     from regroup.trainer import Trainer
 
-    trainer = Trainer(make_config(model_dir, run_dir, recipe, tuple(overrides)), run_dir, log=lambda m: None)
+    trainer = Trainer.from_config(make_config(model_dir, run_dir, recipe, tuple(overrides)), run_dir, log=lambda m: None)
     local, reduced = [], []
     reduce = trainer._reduce_metrics
 

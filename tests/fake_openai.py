@@ -7,7 +7,9 @@ Usage:
         client = ChatClient(srv.base_url, "fake-model", api_key_env="FAKE_KEY")
 
 Behaviours: `Answer(content)`, `Slow(seconds, then)`, `Status(code, retry_after)`, `RateLimit(s)`,
-`Malformed()`, `Partial()`, `Drop()`; `stop_listening()` / `start_listening()` / `down_for(s)` refuse
+`Malformed()`, `Partial()`, `Drop()`, `Trickle(interval)` (the whole reply, headers too, one byte at a
+time), `Hang(seconds)` (read the request, send nothing), `Huge(n_bytes, announce)` (a valid reply of
+that size, with or without Content-Length); `stop_listening()` / `start_listening()` / `down_for(s)` refuse
 connections and come back on the same port. Every request is recorded in `srv.requests`; a wrong or
 missing `Authorization: Bearer <api_key>` header gets 401 and `auth_ok=False` in the record.
 """
@@ -71,7 +73,32 @@ class Drop:
     """Close the connection without any reply."""
 
 
-Action = Answer | Slow | Status | Malformed | Partial | Drop
+@dataclass(frozen=True)
+class Trickle:
+    """Send the whole reply (status line and headers included) one byte every `interval` seconds."""
+
+    interval: float = 0.5
+    content: str = "SCORE: 5"
+    headers_first: bool = False  # True: status line and headers at once, only the body trickles
+
+
+@dataclass(frozen=True)
+class Hang:
+    """Read the request, then send nothing for `seconds` (or until the server stops), then close."""
+
+    seconds: float = 30.0
+
+
+@dataclass(frozen=True)
+class Huge:
+    """Reply 200 with a valid completion whose body is about `n_bytes` long; `announce=False` sends no
+    Content-Length (the body ends when the connection closes), so only counting what arrives catches it."""
+
+    n_bytes: int = 8 * 1024 * 1024
+    announce: bool = True
+
+
+Action = Answer | Slow | Status | Malformed | Partial | Drop | Trickle | Hang | Huge
 
 
 @dataclass
@@ -155,6 +182,41 @@ class _Handler(BaseHTTPRequestHandler):
             self._hang_up()
         elif isinstance(action, Drop):
             self._hang_up()
+        elif isinstance(action, Trickle):
+            payload = completion_json(action.content)
+            raw = (f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
+                   f"Connection: close\r\n\r\n").encode() + payload
+            start = len(raw) - len(payload) if action.headers_first else 0
+            try:
+                if start:
+                    self.wfile.write(raw[:start])
+                    self.wfile.flush()
+                for i in range(start, len(raw)):
+                    if self.server.fake._stopping.wait(action.interval):
+                        break
+                    self.wfile.write(raw[i : i + 1])
+                    self.wfile.flush()
+            except OSError:
+                pass  # the client gave up
+            self._hang_up()
+        elif isinstance(action, Hang):
+            self.server.fake._stopping.wait(action.seconds)
+            self._hang_up()
+        elif isinstance(action, Huge):
+            pad = max(0, action.n_bytes - len(completion_json("")))
+            payload = completion_json("x" * pad)
+            try:
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                if action.announce:
+                    self.send_header("Content-Length", str(len(payload)))
+                self.send_header("Connection", "close")
+                self.end_headers()
+                for i in range(0, len(payload), 1 << 16):
+                    self.wfile.write(payload[i : i + (1 << 16)])
+            except OSError:
+                pass  # the client stopped reading
+            self._hang_up()
         else:  # pragma: no cover - a test wrote an unknown behaviour
             raise TypeError(f"unknown fake behaviour {action!r}")
 
@@ -204,12 +266,14 @@ class FakeOpenAI:
         self._thread: threading.Thread | None = None
         self.port = 0
         self._timers: list[threading.Timer] = []
+        self._stopping = threading.Event()  # wakes Hang / Trickle handlers when the server closes
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def start_listening(self) -> None:
         """Bind (first time: a free port; later: the same port again) and serve in a thread."""
         if self._httpd is not None:
             return
+        self._stopping.clear()
         deadline = time.monotonic() + 5.0
         while True:
             try:
@@ -251,6 +315,7 @@ class FakeOpenAI:
     def __exit__(self, *exc: object) -> None:
         for t in self._timers:
             t.cancel()
+        self._stopping.set()
         self.stop_listening()
 
     # -- scripting ---------------------------------------------------------------------------------

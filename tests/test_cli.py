@@ -53,3 +53,11 @@ def test_rephrase_and_eval_commands(tiny_model_dir, tmp_path, capsys):
                  "--max-new-tokens", "6", "--checker", "task", "--out", str(tmp_path / "ev")]) == 0
     assert "average" in capsys.readouterr().out
     assert (tmp_path / "ev" / "summary.json").exists()
+
+
+def test_config_stages_prints_the_recipe(capsys):
+    root = Path(__file__).resolve().parents[1] / "configs"
+    assert main(["config", "--stages", "--config", str(root / "dagrpo.yaml"), "overlong.filter=true"]) == 0
+    out = capsys.readouterr().out.strip()
+    assert out.startswith("anchor_slots → sample → reward → anchors → advantages → mask → overlong_filter → loss[")
+    assert "agg seq_sum_constant" in out

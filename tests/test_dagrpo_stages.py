@@ -112,7 +112,7 @@ def test_masker_scores_the_mixed_group_and_masks_indistinct_samples():
     # pos 9-4=5 keep, pos 5-4=1 drop, neg 5-4=1 drop, unscored keep
     masker = DistinctivenessMasker(FixedScorer([9.0, 5.0, 4.0, None]), delta=3.0)
     adv = torch.tensor([0.866, 0.866, -0.866, -0.866])
-    keep, metrics = masker(samples, adv, torch.zeros(4, dtype=torch.long))
+    keep, metrics = masker.mask(samples, adv, torch.zeros(4, dtype=torch.long))
     assert keep.tolist() == [True, False, False, True]
     assert metrics["mask/pos_frac"] == 0.5 and metrics["mask/neg_frac"] == 0.5 and metrics["mask/unscored"] == 1.0
     assert [s.score for s in samples] == [9.0, 5.0, 4.0, None]

@@ -1,7 +1,7 @@
 """Two real processes (accelerate launch, gloo on CPU) train exactly what one process trains.
 
 The 2-process side runs `tests/_dist_worker.py` under `accelerate launch --multi_gpu --num_processes 2`
-with `Accelerator(cpu=True)` (what `setup.build_run` picks without CUDA); `--cpu` alone would silently
+with `Accelerator(cpu=True)` (what `setup.build_parts` picks without CUDA); `--cpu` alone would silently
 start one process, so the world size each rank saw is read back from the file it wrote. The
 1-process side runs the same config in this process. Both start from the same tiny random model.
 """
@@ -64,7 +64,7 @@ def _train_one(model_dir: str, run_dir: Path, recipe: str) -> list[dict]:
     import _dist_worker
     from regroup.trainer import Trainer
 
-    trainer = Trainer(_dist_worker.make_config(model_dir, str(run_dir), recipe), run_dir, log=lambda m: None)
+    trainer = Trainer.from_config(_dist_worker.make_config(model_dir, str(run_dir), recipe), run_dir, log=lambda m: None)
     assert trainer.world == 1
     trainer.train()
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -155,7 +155,7 @@ def test_shipped_accelerate_configs_load(name, kind, processes):
 
 
 class _DeepSpeedAccelerator:
-    """Just enough of an Accelerator running DeepSpeed for build_run (prepare returns its inputs)."""
+    """Just enough of an Accelerator running DeepSpeed for build_parts (prepare returns its inputs)."""
 
     num_processes, process_index, is_main_process, device = 2, 0, True, torch.device("cpu")
 
@@ -177,13 +177,13 @@ class _DeepSpeedAccelerator:
 ])
 def test_deepspeed_gets_one_micro_batch_per_step(tiny_model_dir, tmp_path, recipe, micro, per_rank):
     import _dist_worker
-    from regroup.setup import build_run
+    from regroup.setup import build_parts
 
     cfg = _dist_worker.make_config(tiny_model_dir, str(tmp_path), recipe, (f"grpo.micro_batch_size={micro}",))
     acc = _DeepSpeedAccelerator()
     if micro < per_rank:
         with pytest.raises(ValueError, match=f"micro_batch_size \\({micro}\\) must be >= the {per_rank} samples"):
-            build_run(cfg, tmp_path, accelerator=acc, log=lambda m: None)
+            build_parts(cfg, tmp_path, accelerator=acc, log=lambda m: None)
         return
-    build_run(cfg, tmp_path, accelerator=acc, log=lambda m: None)
+    build_parts(cfg, tmp_path, accelerator=acc, log=lambda m: None)
     assert acc.state.deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] == micro

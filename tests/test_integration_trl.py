@@ -247,10 +247,10 @@ RECIPES = {
 }
 RECIPE_METRICS = {
     "grpo": ["regroup/groups/frac_all_equal", "entropy", "clip_ratio/region_mean"],
-    "masks": ["regroup/mask/frac_masked", "regroup/mask/frac_pos_masked", "regroup/score/mean"],
+    "masks": ["regroup/mask/frac", "regroup/mask/pos_frac", "regroup/score/mean"],
     "anchors": ["regroup/anchor/frac_groups", "regroup/anchor/token_frac", "regroup/anchor/prob_mean"],
     "ta": ["regroup/groups/frac_all_wrong"],
-    "all": ["regroup/mask/frac_neg_masked", "regroup/anchor/frac_groups", "kl"],
+    "all": ["regroup/mask/neg_frac", "regroup/anchor/frac_groups", "kl"],
 }
 
 
@@ -399,7 +399,7 @@ def test_distinctiveness_mask_multiplies_advantages(tiny_model_dir, tmp_path):
         assert torch.allclose(out["advantages"], raw * keep, atol=1e-6)
         any_masked |= bool((~keep).any())
     assert any_masked  # the case is not vacuous
-    logged = [h["regroup/mask/frac_masked"] for h in trainer.state.log_history if "loss" in h]
+    logged = [h["regroup/mask/frac"] for h in trainer.state.log_history if "loss" in h]
     assert max(logged) > 0
 
 
@@ -526,3 +526,55 @@ def test_two_processes_pool_spanning_ranks(tiny_model_dir, tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("CHECKED rank0") == 2 and proc.stdout.count("CHECKED rank1") == 2, proc.stdout[-2000:]
+
+
+def test_both_front_ends_give_equal_advantages_masks_and_loss(tiny_model_dir, tmp_path):
+    """The same generation batch through the TRL adapter and through the native pipeline's stages and loss:
+    advantages, masks, anchor flags and the loss agree."""
+    from types import SimpleNamespace
+
+    from regroup.algo.losses import LossInputs, LossSpec, LossTotals, policy_loss
+    from regroup.batch import Sample
+    from regroup.stages.advantages import GroupAdvantages
+    from regroup.stages.base import StepBatch, StepContext, run_stages
+    from regroup.stages.masking import DistinctivenessMasker
+
+    tok = build_tokenizer()
+    cfg = RegroupTRLConfig(distinctiveness=True, scorer=_LengthScorer(), delta=3.0, anchors=True)
+    trainer = _trainer(tiny_model_dir, tmp_path, regroup=cfg, max_steps=1)
+    batches, rewards = _capture(trainer)
+    trainer.train()
+    (rows, out), (_, rpf) = batches[0], rewards[0]
+    last = trainer.regroup_last_batch
+    texts = tok.batch_decode(out["completion_ids"], skip_special_tokens=True)
+    samples = []
+    for i, row in enumerate(rows):
+        anchor = bool(out[IS_ANCHOR][i])
+        reward = float(last["rewards"][i])
+        samples.append(Sample(
+            group_id=int(last["group_ids"][i]), question_id=str(row["id"]), variant=0, is_anchor=anchor,
+            prompt_ids=[], ratio_prompt_ids=[], response_ids=[], reward=reward,
+            response_text=row["solution"] if anchor else texts[i],
+            problem=SimpleNamespace(question=row["prompt"], solution=row["solution"])))
+    native = StepBatch(step=0, samples=samples)
+    run_stages([GroupAdvantages("group", 1e-4), DistinctivenessMasker(_LengthScorer(), 3.0)], native,
+               StepContext(seed=0, num_generations=trainer.num_generations))
+    assert torch.equal(torch.tensor([s.is_anchor for s in samples]), last["is_anchor"].cpu())
+    torch.testing.assert_close(native.advantages, last["raw_advantages"].cpu().float(), atol=1e-6, rtol=0)
+    assert torch.equal(native.weights, out[SAMPLE_WEIGHT].float())
+    # the loss: the adapter's _compute_loss and policy_loss with the native LossSpec on the same tensors
+    model = trainer.model
+    inputs = {k: v for k, v in out.items()}
+    inputs["old_per_token_logps"] = None
+    trl_loss = float(trainer._compute_loss(model, inputs))
+    ids = torch.cat([out["prompt_ids"], out["completion_ids"]], 1)
+    att = torch.cat([out["prompt_mask"], out["completion_mask"]], 1)
+    logps, _, _ = trainer._get_per_token_logps_and_entropies(model, ids, att, out["completion_ids"].shape[1])
+    mask = out["completion_mask"]
+    spec = LossSpec(eps_low=trainer.epsilon_low, eps_high=trainer.epsilon_high, agg="token_mean",
+                    anchor_ratio="shaped", shaping_gamma=0.1)
+    loss, _ = policy_loss(logps, logps.detach(), LossInputs(
+        advantages=native.advantages * native.weights, loss_mask=mask, sample_weight=native.weights,
+        anchor_token_mask=out["completion_mask"].bool() & out[IS_ANCHOR].unsqueeze(1)), spec,
+        LossTotals(total_tokens=float(mask.sum()), total_sequences=len(rows), max_completion_length=mask.shape[1]))
+    assert float(loss) == pytest.approx(trl_loss, abs=1e-6)

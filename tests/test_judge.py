@@ -144,7 +144,8 @@ def test_cache_hit_avoids_requests_and_key_parts_matter(server, tmp_path):
     again = JudgeScorer(client_for(server), DiskCache(path))
     assert again.score_batch(items) == [8.0, 2.0]
     assert server.n_requests == 2
-    expected = {"scored": 0, "failed": 0, "cached": 2, "requests": 0, "unparseable": 0, "request_failures": 0}
+    expected = {"scored": 0, "failed": 0, "cached": 2, "requests": 0, "unparseable": 0, "request_failures": 0,
+                "retries": 0, "retry_after_waits": 0, "retry_after_capped": 0, "deadline_hits": 0, "oversize": 0}
     assert again.stats == expected
 
     # any change of model, prompt version, question, response or reference is a miss

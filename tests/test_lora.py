@@ -34,7 +34,7 @@ def named(model, adapters: bool) -> dict[str, torch.Tensor]:
 def test_lora_trains_only_adapters_against_the_base_reference(tiny_model_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    trainer = Trainer(lora_config(tiny_model_dir, tmp_path / "run"), tmp_path / "run", log=lambda m: None)
+    trainer = Trainer.from_config(lora_config(tiny_model_dir, tmp_path / "run"), tmp_path / "run", log=lambda m: None)
     assert hasattr(trainer.model, "peft_config") and trainer.reference.model is None  # no copy of the weights
     base0, lora0 = named(trainer.model, adapters=False), named(trainer.model, adapters=True)
     assert lora0 and all(not p.requires_grad for n, p in trainer.model.named_parameters() if "lora_" not in n)
@@ -61,7 +61,7 @@ def test_lora_trains_only_adapters_against_the_base_reference(tiny_model_dir, tm
 
 
 def test_lora_checkpoint_reloads_and_resumes_exactly(tiny_model_dir, tmp_path):
-    straight = Trainer(lora_config(tiny_model_dir, tmp_path / "a"), tmp_path / "a", log=lambda m: None)
+    straight = Trainer.from_config(lora_config(tiny_model_dir, tmp_path / "a"), tmp_path / "a", log=lambda m: None)
     straight.train()
     final = list_checkpoints(tmp_path / "a")[-1]
     assert (final / "adapter_model.safetensors").is_file() and (final / "adapter_config.json").is_file()
@@ -86,12 +86,12 @@ def test_lora_checkpoint_reloads_and_resumes_exactly(tiny_model_dir, tmp_path):
                                    atol=1e-5, rtol=0)
 
     # a run that stopped after its step-2 checkpoint resumes to the same adapters as the straight run
-    crashed = Trainer(lora_config(tiny_model_dir, tmp_path / "b"), tmp_path / "b", log=lambda m: None)
+    crashed = Trainer.from_config(lora_config(tiny_model_dir, tmp_path / "b"), tmp_path / "b", log=lambda m: None)
     for step in range(2):
         crashed.logger.log(step + 1, crashed.train_step(step))
         crashed.step = step + 1
     crashed.save()
-    resumed = Trainer(lora_config(tiny_model_dir, tmp_path / "b"), tmp_path / "b", resume=True, log=lambda m: None)
+    resumed = Trainer.from_config(lora_config(tiny_model_dir, tmp_path / "b"), tmp_path / "b", resume=True, log=lambda m: None)
     assert resumed.step == 2
     resumed.train()
     got = named(resumed.model, adapters=True)

@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from regroup.algo.losses import aggregate, clipped_pg_loss, kl_k3, policy_loss
+from regroup.algo.losses import aggregate, clipped_pg_loss, kl_k3
+from loss_call import call_policy_loss
 from regroup.algo.ratios import clip_ratio, importance_ratio, log_ratio, truncated_is_weight
 
 LOG = math.log
@@ -147,7 +148,7 @@ def _two_rows():
 def test_policy_loss_plain_grpo_and_metrics():
     logps, old, adv, mask = _two_rows()
     # per-token: row 0: −1.2, −1.0, −0.9 ; row 1: +0.8  -> Σ = −2.3, / 4 tokens = −0.575
-    loss, met = policy_loss(logps, old, adv, mask, **KW)
+    loss, met = call_policy_loss(logps, old, adv, mask, **KW)
     assert loss.item() == pytest.approx(-0.575)
     assert met["pg_loss"].item() == pytest.approx(-0.575)
     # clip: high at (0,0), low at (1,0): 1/4 each; ratio mean (1.5 + 1 + .9 + .5)/4 = 0.975
@@ -158,16 +159,16 @@ def test_policy_loss_plain_grpo_and_metrics():
     assert met["n_onpolicy_tokens"].item() == 4 and met["n_anchor_tokens"].item() == 0
     assert "kl_mean" not in met and "anchor_prob_mean" not in met
     # seq_mean_token_mean: row means (−3.1/3, 0.8) -> (−1.03333 + 0.8)/2 = −0.116667
-    loss2, _ = policy_loss(logps, old, adv, mask, agg="seq_mean_token_mean", **KW)
+    loss2, _ = call_policy_loss(logps, old, adv, mask, agg="seq_mean_token_mean", **KW)
     assert loss2.item() == pytest.approx((-3.1 / 3 + 0.8) / 2)
 
 
 def test_policy_loss_sample_weight_keeps_normaliser():
     logps, old, adv, mask = _two_rows()
     # DaGRPO mask drops row 1: Σ = −3.1 but still / 4 tokens (normaliser not reduced) = −0.775
-    loss, _ = policy_loss(logps, old, adv, mask, sample_weight=torch.tensor([1.0, 0.0]), **KW)
+    loss, _ = call_policy_loss(logps, old, adv, mask, sample_weight=torch.tensor([1.0, 0.0]), **KW)
     assert loss.item() == pytest.approx(-0.775)
-    loss_s, _ = policy_loss(
+    loss_s, _ = call_policy_loss(
         logps, old, adv, mask, sample_weight=torch.tensor([0.0, 1.0]), agg="seq_mean_token_mean", **KW
     )
     assert loss_s.item() == pytest.approx(0.8 / 2)
@@ -177,17 +178,17 @@ def test_policy_loss_kl_term_and_weight():
     logps, old, adv, mask = _two_rows()
     ref = logps.detach() + LOG(0.5)  # ref − logp = log .5 everywhere -> k3 = .5 + log 2 − 1 = 0.193147
     k3 = 0.5 + LOG(2) - 1
-    loss, met = policy_loss(logps, old, adv, mask, ref_logps=ref, beta=0.1, **KW)
+    loss, met = call_policy_loss(logps, old, adv, mask, ref_logps=ref, beta=0.1, **KW)
     assert loss.item() == pytest.approx(-0.575 + 0.1 * k3)
     assert met["kl_mean"].item() == pytest.approx(k3)
     assert met["pg_loss"].item() == pytest.approx(-0.575)
     # sample weight 0 on row 1 removes its PG and its KL token: (−3.1 + 3·0.1·k3)/4
-    loss_w, _ = policy_loss(
+    loss_w, _ = call_policy_loss(
         logps, old, adv, mask, ref_logps=ref, beta=0.1, sample_weight=torch.tensor([1.0, 0.0]), **KW
     )
     assert loss_w.item() == pytest.approx((-3.1 + 0.3 * k3) / 4)
     # TRL's use_bias_correction_kl: k3 · ratio; ratios of loss tokens 1.5, 1, .9, .5 -> Σ = 3.9
-    loss_c, _ = policy_loss(logps, old, adv, mask, ref_logps=ref, beta=0.1, kl_ratio_correction=True, **KW)
+    loss_c, _ = call_policy_loss(logps, old, adv, mask, ref_logps=ref, beta=0.1, kl_ratio_correction=True, **KW)
     assert loss_c.item() == pytest.approx((-2.3 + 0.1 * k3 * 3.9) / 4)
 
 
@@ -197,7 +198,7 @@ def test_policy_loss_is_weight_only_on_pg_on_policy_tokens():
     k3 = 0.5 + LOG(2) - 1
     w = torch.tensor([[2.0, 1.0, 1.0], [0.5, 1.0, 1.0]], dtype=torch.float64)
     # PG tokens: −1.2·2, −1, −.9, .8·.5 = −2.4 − 1.9 + .4 = −3.9; KL not weighted: + .1·k3·4
-    loss, met = policy_loss(logps, old, adv, mask, ref_logps=ref, beta=0.1, is_weight=w, **KW)
+    loss, met = call_policy_loss(logps, old, adv, mask, ref_logps=ref, beta=0.1, is_weight=w, **KW)
     assert loss.item() == pytest.approx((-3.9 + 0.4 * k3) / 4)
     assert met["is_weight_mean"].item() == pytest.approx((2 + 1 + 1 + 0.5) / 4)
 
@@ -210,7 +211,7 @@ def test_policy_loss_anchor_tokens_shaped_and_excluded_from_metrics():
     old[1, 0] = float("nan")  # π_old undefined for anchors: whatever is stored must not leak
     lp = logps.clone().requires_grad_()
     # anchor loss: −A·p/(p+γ) = 0.5/0.6 = 0.833333; others as before: −3.1 -> (−3.1 + 0.833333)/4
-    loss, met = policy_loss(lp, old, adv, mask, anchor_token_mask=anchor, shaping_gamma=0.1, **KW)
+    loss, met = call_policy_loss(lp, old, adv, mask, anchor_token_mask=anchor, shaping_gamma=0.1, **KW)
     assert loss.item() == pytest.approx((-3.1 + 0.5 / 0.6) / 4)
     # metrics over on-policy tokens only: row 0 ratios 1.5, 1, .9 -> mean 1.13333, high clip 1/3, low 0
     assert met["ratio_mean"].item() == pytest.approx(3.4 / 3)
@@ -230,7 +231,7 @@ def test_policy_loss_anchor_plain_ratio():
     anchor[1, 0] = True
     lp = logps.clone().requires_grad_()
     # plain: value −A·1 = 1, gradient −A = 1 (divided by 4 tokens)
-    loss, _ = policy_loss(lp, old, adv, mask, anchor_token_mask=anchor, anchor_ratio="plain", **KW)
+    loss, _ = call_policy_loss(lp, old, adv, mask, anchor_token_mask=anchor, anchor_ratio="plain", **KW)
     assert loss.item() == pytest.approx((-3.1 + 1.0) / 4)
     loss.backward()
     assert lp.grad[1, 0].item() == pytest.approx(0.25)
@@ -239,10 +240,10 @@ def test_policy_loss_anchor_plain_ratio():
 def test_policy_loss_errors():
     logps, old, adv, mask = _two_rows()
     with pytest.raises(ValueError, match="ref_logps"):
-        policy_loss(logps, old, adv, mask, beta=0.1, **KW)
+        call_policy_loss(logps, old, adv, mask, beta=0.1, **KW)
     with pytest.raises(ValueError, match="anchor_ratio"):
-        policy_loss(logps, old, adv, mask, anchor_ratio="luffy", **KW)
+        call_policy_loss(logps, old, adv, mask, anchor_ratio="luffy", **KW)
     with pytest.raises(ValueError, match="sample_weight"):
-        policy_loss(logps, old, adv, mask, sample_weight=torch.ones(3), **KW)
+        call_policy_loss(logps, old, adv, mask, sample_weight=torch.ones(3), **KW)
     with pytest.raises(ValueError, match="advantages"):
-        policy_loss(logps, old, torch.ones(3), mask, **KW)
+        call_policy_loss(logps, old, torch.ones(3), mask, **KW)

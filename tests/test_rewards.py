@@ -45,10 +45,12 @@ def test_extract_boxed(text, expected):
 
 
 def test_extract_boxed_is_linear():
-    text = "\\boxed{" * 50_000  # 350k chars of unclosed boxes
+    # 350k chars of unclosed boxes: linear is well under a second; a quadratic scan would take minutes.
+    # The bound is deliberately wide (a loaded CI machine), it only has to tell those two apart.
+    text = "\\boxed{" * 50_000
     start = time.perf_counter()
     assert extract_boxed(text) is None
-    assert time.perf_counter() - start < 1.0
+    assert time.perf_counter() - start < 30.0
 
 
 def test_extract_after_marker():
@@ -83,7 +85,7 @@ def test_marker_mode():
         assert c("no marker but \\boxed{12}", P("12")) == 1.0  # falls back to the box
 
 
-def test_pathological_inputs_finish_quickly():
+def test_pathological_inputs_end_in_counted_outcomes():
     with MathAnswerChecker(timeout_s=0.5, max_chars=20000) as c:
         c.warm_up()
         cases = [
@@ -94,12 +96,11 @@ def test_pathological_inputs_finish_quickly():
             "\\boxed{1}" + "x" * 1_000_000,  # 1 MB
         ]
         for text in cases:
-            start = time.perf_counter()
-            assert c(text, P("1")) == 0.0
-            assert time.perf_counter() - start < 0.5 + c.grace_s + 0.5, text[:40]
-        s = c.stats
-        assert s["checked"] == 5 and s["too_long"] == 1
-        assert s["timeouts"] + s["errors"] + s["no_answer"] >= 1  # the deep ones never silently "pass"
+            assert c(text, P("1")) == 0.0, text[:40]
+        s = c.pop_counts()
+        assert s["checked"] == 5 and s["too_long"] == 1 and s["extracted"] == 4 and s["correct"] == 0
+        assert s["wrong"] + s["timeout"] + s["error"] == 4  # every extracted answer ended in one outcome
+        assert s["timeout"] >= 1  # 9^{9^{9^9}} cannot finish in 0.5 s: a timeout, not a wrong answer
         assert c("\\boxed{2}", P("2")) == 1.0  # and the checker still works afterwards
 
 
@@ -107,21 +108,27 @@ def test_a_stuck_worker_is_killed_and_replaced():
     # SIGSTOP makes the worker deaf to its own alarm, like C code that never returns to Python.
     with MathAnswerChecker(timeout_s=0.3) as c:
         c.warm_up()
-        os.kill(c._worker.proc.pid, signal.SIGSTOP)
-        start = time.perf_counter()
+        stuck = c._slots[0].worker.proc
+        os.kill(stuck.pid, signal.SIGSTOP)
         assert c("\\boxed{2}", P("2")) == 0.0
-        assert time.perf_counter() - start < 0.3 + c.grace_s + 0.5
-        assert c.stats["timeouts"] == 1 and c.stats["restarts"] == 1
+        assert stuck.poll() is not None  # killed
+        counts = c.pop_counts()
+        assert (counts["timeout"], counts["restarts"], counts["wrong"]) == (1, 1, 0)
+        # The replacement is warmed (imported, one check done) before the next timed check: on a loaded
+        # machine its first check must not run under the 0.3 s limit while it is still importing.
+        c.warm_up()
         assert c("\\boxed{2}", P("2")) == 1.0
+        assert c.pop_counts()["correct"] == 1
 
 
 def test_a_dead_worker_is_replaced():
     with MathAnswerChecker(timeout_s=0.5) as c:
         c.warm_up()
-        old = c._worker.proc
+        old = c._slots[0].worker.proc
         old.kill()
         old.wait()
-        assert c("\\boxed{3}", P("3")) == 1.0 and c._worker.proc is not old
+        assert c("\\boxed{3}", P("3")) == 1.0 and c._slots[0].worker.proc is not old
+        assert c.pop_counts()["restarts"] == 1
 
 
 def test_threads_and_pickling(checker):
@@ -137,7 +144,7 @@ def test_threads_and_pickling(checker):
         t.join()
     assert results == [1.0] * 8
     copy = pickle.loads(pickle.dumps(checker))
-    assert copy._worker is None and copy.timeout_s == checker.timeout_s
+    assert all(s.worker is None for s in copy._slots) and copy.timeout_s == checker.timeout_s
     copy.close()
 
 
@@ -146,11 +153,16 @@ def test_junk_types_score_zero(checker):
     assert checker("\\boxed{1}", object()) == 0.0
 
 
-def test_checker_overhead_is_small(checker):
-    start = time.perf_counter()
-    for i in range(50):
-        checker(f"\\boxed{{{i}}}", P(str(i)))
-    assert (time.perf_counter() - start) / 50 < 0.05  # measured ~2 ms per call on 2 cores
+def test_checker_counts_every_outcome(checker):
+    checker.pop_counts()
+    responses = ["\\boxed{31}", "\\boxed{41}", "no box", "\\boxed{31}", None]  # pairs no other test checks
+    scores = [checker(r, P("31")) for r in responses]
+    assert scores == [1.0, 0.0, 0.0, 1.0, 0.0]
+    counts = checker.pop_counts()
+    assert counts == {"checked": 5, "extracted": 3, "no_answer": 1, "too_long": 0, "correct": 2, "wrong": 1,
+                      "timeout": 0, "error": 1, "cached": 1, "restarts": 0}
+    assert checker.pop_counts()["checked"] == 0  # popped
+    assert checker.stats["checked"] >= 5  # stats keep counting since creation
 
 
 def test_checker_arguments():
@@ -158,6 +170,8 @@ def test_checker_arguments():
         MathAnswerChecker(timeout_s=0)
     with pytest.raises(ValueError, match="max_chars"):
         MathAnswerChecker(max_chars=0)
+    with pytest.raises(ValueError, match="workers"):
+        MathAnswerChecker(workers=0)
 
 
 # -- combine / task_grader ----------------------------------------------------------------------------
@@ -187,3 +201,70 @@ def test_task_grader():
     assert isinstance(reward("#### 9", p), float)
     with pytest.raises(ValueError, match="no grade"):
         task_grader(object())
+
+
+# -- pool, hostile batches, counts of task_grader / combine --------------------------------------------
+
+HOSTILE = "\\boxed{9^{9^{9^9}}}"
+
+
+def test_twenty_copies_of_a_hostile_box_cost_one_timeout():
+    with MathAnswerChecker(timeout_s=0.3) as c:
+        c.warm_up()
+        assert c.check_many([HOSTILE] * 20, [P("1")] * 20) == [0.0] * 20
+        counts = c.pop_counts()
+        # every copy is reported as a timeout (not as wrong); only the first one was actually run
+        assert (counts["timeout"], counts["wrong"], counts["cached"]) == (20, 0, 19)
+        # a timeout is not remembered across calls (a loaded machine can cause one); a finished check is
+        assert c(HOSTILE, P("1")) == 0.0 and c.pop_counts()["cached"] == 0
+        assert c("\\boxed{7}", P("7")) == c("\\boxed{7}", P("7")) == 1.0 and c.pop_counts()["cached"] == 1
+
+
+def test_a_pool_checks_distinct_hostile_answers_in_parallel_and_counts_each_timeout():
+    hostile = [f"\\boxed{{9^{{9^{{9^{{{k}}}}}}}}}" for k in range(5, 13)]  # 8 distinct towers, each too slow
+    easy = [f"\\boxed{{{i}}}" for i in range(4)]
+    with MathAnswerChecker(timeout_s=0.3, workers=4) as c:
+        c.warm_up()
+        assert all(s.worker is not None and s.worker.ready for s in c._slots) and len(c._slots) == 4
+        pids = {s.worker.proc.pid for s in c._slots}
+        scores = c.check_many(hostile + easy, [P("1")] * len(hostile) + [P(str(i)) for i in range(4)])
+        assert scores == [0.0] * len(hostile) + [1.0] * 4
+        counts = c.pop_counts()
+        assert (counts["timeout"], counts["correct"], counts["wrong"], counts["cached"]) == (8, 4, 0, 0)
+        assert len(pids) == 4  # four processes
+
+
+def test_a_correct_but_slow_answer_is_a_timeout_not_wrong():
+    # 9,951 ones summed: correct, but parsing it takes longer than this limit.
+    long_sum = "\\boxed{" + "+".join(["1"] * 9951) + "}"
+    with MathAnswerChecker(timeout_s=0.3) as c:
+        c.warm_up()
+        assert c(long_sum, P("9951")) == 0.0
+        counts = c.pop_counts()
+        assert (counts["extracted"], counts["timeout"], counts["wrong"], counts["correct"]) == (1, 1, 0, 0)
+
+
+def test_task_grader_counts():
+    from regroup.tasks import get_task
+
+    reward = task_grader(get_task("arithmetic"))
+    p = P("9")
+    assert [reward(r, p) for r in ("#### 9", "#### 8", "no answer at all")] == [1.0, 0.0, 0.0]
+    assert reward.pop_counts() == {"checked": 3, "correct": 1, "wrong": 2, "error": 0, "extracted": 2, "no_answer": 1}
+    assert reward.pop_counts()["checked"] == 0
+
+
+def test_combine_sums_its_parts_counts_and_scores_batches():
+    from regroup.rewards import pop_counts, score_many
+    from regroup.tasks import get_task
+
+    task_reward = task_grader(get_task("arithmetic"))
+    with MathAnswerChecker(marker="####", timeout_s=2.0, workers=2) as math_reward:
+        both = combine([(task_reward, 1.0), (math_reward, 0.5)])
+        responses = ["#### 9", "#### 8", "nothing"]
+        assert score_many(both, responses, [P("9")] * 3) == [1.5, 0.0, 0.0]
+        assert both("#### 9", P("9")) == 1.5
+        counts = pop_counts(both)
+        assert counts["checked"] == 8 and counts["correct"] == 4  # 4 responses x 2 parts
+        assert counts["no_answer"] == 2 and counts["timeout"] == 0
+        assert pop_counts(both)["checked"] == 0 and pop_counts(lambda r, p: 1.0) == {}

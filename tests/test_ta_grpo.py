@@ -42,10 +42,19 @@ def _trainer(tiny_model_dir, tmp_path, anchor):
         "grpo.num_generations=3", "rollout.max_new_tokens=10", "train.steps=1", "grpo.beta=0.0",
         "diagnostics.diversity_every=0", f"ta.ratio_anchor={anchor}", "optim.max_grad_norm=1e9",
     ])
-    return Trainer(cfg, tmp_path, log=lambda m: None)
+    return Trainer.from_config(cfg, tmp_path, log=lambda m: None)
 
 
-def _trainer_gradient(trainer, samples):
+def _collect_with_rewards(trainer):
+    """Step 0's batch with mixed rewards set by hand, advantages recomputed by the recipe's own stage."""
+    batch, _ = trainer.collect(0)
+    _set_rewards(batch.samples)
+    batch.advantages = None
+    next(s for s in trainer.recipe.stages if s.name == "advantages")(batch, trainer.ctx)
+    return batch
+
+
+def _trainer_gradient(trainer, batch):
     grads = {}
 
     def capture(loss_total):
@@ -54,7 +63,7 @@ def _trainer_gradient(trainer, samples):
         return {}
 
     trainer._optimizer_step = capture
-    trainer.update(samples)
+    trainer.update(batch)
     return grads
 
 
@@ -82,14 +91,14 @@ def _set_rewards(samples):
 
 def test_original_ratio_gradient_is_minus_A_logp_of_q0(tiny_model_dir, tmp_path):
     trainer = _trainer(tiny_model_dir, tmp_path, "original")
-    samples, _ = trainer.collect(0)
-    _set_rewards(samples)
+    batch = _collect_with_rewards(trainer)
+    samples = batch.samples
     assert {s.variant for s in samples} == {0, 1, 2, 3}
     q0 = {s.question_id: trainer._encode(s.problem.question) for s in samples}
     # every sample, whichever variant produced it, is scored on q0's prompt
     assert all(s.ratio_prompt_ids == q0[s.question_id] for s in samples)
     assert any(s.prompt_ids != s.ratio_prompt_ids for s in samples)
-    ours = _trainer_gradient(trainer, samples)
+    ours = _trainer_gradient(trainer, batch)
     expected = _reference_gradient(trainer, [s for s in samples], [q0[s.question_id] for s in samples])
     for name in expected:
         torch.testing.assert_close(ours[name], expected[name], atol=1e-6, rtol=1e-4)
@@ -97,10 +106,10 @@ def test_original_ratio_gradient_is_minus_A_logp_of_q0(tiny_model_dir, tmp_path)
 
 def test_own_ratio_reproduces_per_prompt_ratios(tiny_model_dir, tmp_path):
     trainer = _trainer(tiny_model_dir, tmp_path, "own")
-    samples, _ = trainer.collect(0)
-    _set_rewards(samples)
+    batch = _collect_with_rewards(trainer)
+    samples = batch.samples
     assert all(s.ratio_prompt_ids == s.prompt_ids for s in samples)
-    ours = _trainer_gradient(trainer, samples)
+    ours = _trainer_gradient(trainer, batch)
     expected = _reference_gradient(trainer, samples, [s.prompt_ids for s in samples])
     for name in expected:
         torch.testing.assert_close(ours[name], expected[name], atol=1e-6, rtol=1e-4)

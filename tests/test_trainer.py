@@ -11,6 +11,7 @@ import torch
 
 from regroup.checkpoint import list_checkpoints
 from regroup.config import load_config
+from regroup.stages.base import StepBatch
 from regroup.trainer import Trainer
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -31,7 +32,7 @@ def weights(model):
 
 def test_train_writes_metrics_checkpoints_and_config(tiny_model_dir, tmp_path):
     cfg = small_config(tiny_model_dir, tmp_path / "run", "grpo.yaml", "train.steps=3")
-    Trainer(cfg, tmp_path / "run", log=lambda m: None).train()
+    Trainer.from_config(cfg, tmp_path / "run", log=lambda m: None).train()
     lines = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [l["step"] for l in lines] == [1, 2, 3]
     for key in ["reward/mean", "groups/uniform_frac", "groups/all_correct_frac", "groups/all_wrong_frac",
@@ -48,16 +49,16 @@ def test_train_writes_metrics_checkpoints_and_config(tiny_model_dir, tmp_path):
 
 
 def test_resume_is_bit_identical(tiny_model_dir, tmp_path):
-    straight = Trainer(small_config(tiny_model_dir, tmp_path / "a"), tmp_path / "a", log=lambda m: None)
+    straight = Trainer.from_config(small_config(tiny_model_dir, tmp_path / "a"), tmp_path / "a", log=lambda m: None)
     straight.train()
     # a run "killed" after step 3: step 2 was checkpointed, step 3 is lost
-    crashed = Trainer(small_config(tiny_model_dir, tmp_path / "b"), tmp_path / "b", log=lambda m: None)
+    crashed = Trainer.from_config(small_config(tiny_model_dir, tmp_path / "b"), tmp_path / "b", log=lambda m: None)
     for step in range(3):
         crashed.logger.log(step + 1, crashed.train_step(step))
         crashed.step = step + 1
         if crashed.step == 2:
             crashed.save()
-    resumed = Trainer(small_config(tiny_model_dir, tmp_path / "b"), tmp_path / "b", resume=True, log=lambda m: None)
+    resumed = Trainer.from_config(small_config(tiny_model_dir, tmp_path / "b"), tmp_path / "b", resume=True, log=lambda m: None)
     assert resumed.step == 2
     resumed.train()
     a, b = weights(straight.model), weights(resumed.model)
@@ -79,7 +80,7 @@ def test_nonfinite_loss_skips_the_update(tiny_model_dir, tmp_path, monkeypatch):
         calls["n"] += 1
         return loss * float("nan"), metrics
 
-    trainer = Trainer(small_config(tiny_model_dir, tmp_path / "r"), tmp_path / "r", log=lambda m: None)
+    trainer = Trainer.from_config(small_config(tiny_model_dir, tmp_path / "r"), tmp_path / "r", log=lambda m: None)
     before = weights(trainer.model)
     monkeypatch.setattr(trainer_module, "policy_loss", poisoned)
     metrics = trainer.train_step(0)
@@ -99,7 +100,7 @@ def test_micro_batch_accumulation_is_invariant(tiny_model_dir, tmp_path, agg):
     for mb in (16, 1):
         cfg = small_config(tiny_model_dir, tmp_path / f"{agg}{mb}", "grpo.yaml", f"grpo.micro_batch_size={mb}",
                            f"grpo.loss_agg={agg}", "optim.max_grad_norm=1e9")
-        trainer = Trainer(cfg, tmp_path / f"{agg}{mb}", log=lambda m: None)
+        trainer = Trainer.from_config(cfg, tmp_path / f"{agg}{mb}", log=lambda m: None)
         trainer.train_step(0)
         results.append(weights(trainer.model))
     for k in results[0]:
@@ -108,8 +109,8 @@ def test_micro_batch_accumulation_is_invariant(tiny_model_dir, tmp_path, agg):
 
 @pytest.mark.parametrize("recipe", ["ta_grpo.yaml", "grpo_matched.yaml", "dagrpo.yaml", "dagrpo_mask_only.yaml", "dagrpo_ta.yaml"])
 def test_every_recipe_runs(tiny_model_dir, tmp_path, recipe):
-    cfg = small_config(tiny_model_dir, tmp_path / "run", recipe, "train.steps=2", "grpo.prompts_per_step=2")
-    trainer = Trainer(cfg, tmp_path / "run", log=lambda m: None)
+    cfg = small_config(tiny_model_dir, tmp_path / "run", recipe, "train.steps=2", "grpo.prompts_per_step=2", "anchors.max_tokens=64")
+    trainer = Trainer.from_config(cfg, tmp_path / "run", log=lambda m: None)
     metrics = trainer.train()
     assert metrics["skipped_nonfinite"] == 0.0
     if cfg.ta.enabled:
@@ -118,3 +119,133 @@ def test_every_recipe_runs(tiny_model_dir, tmp_path, recipe):
         assert "mask/pos_frac" in metrics and "mask/neg_frac" in metrics
     if cfg.anchors.enabled:
         assert metrics["anchor/count"] == 2.0  # one reference anchor per question, always
+
+
+# ---- training semantics the papers use, and the stages the issues added -----------------------------------
+
+
+def test_mini_batches_make_k_optimizer_steps_with_pi_old_from_before_the_first(tiny_model_dir, tmp_path, monkeypatch):
+    """grpo.mini_batches=2: two optimizer steps per rollout; the first equals a one-step update on its half,
+    and the second sees ratios != 1 (pi_old was computed once, before the first step)."""
+    cfg = small_config(tiny_model_dir, tmp_path / "mb", "grpo.yaml", "grpo.mini_batches=2", "optim.max_grad_norm=1e9")
+    trainer = Trainer.from_config(cfg, tmp_path / "mb", log=lambda m: None)
+    batch, _ = trainer.collect(0)
+    for i, s in enumerate(batch.samples):  # a random model earns no reward: set mixed rewards by hand
+        s.reward = float(i % 3 == 0)
+    batch.advantages = None
+    next(s for s in trainer.recipe.stages if s.name == "advantages")(batch, trainer.ctx)
+    n = len(batch.samples)
+    grads, ratios = [], []
+    real_step = trainer._optimizer_step
+
+    def capture(loss_total):
+        grads.append({k: p.grad.clone() for k, p in trainer.model.named_parameters() if p.grad is not None})
+        return real_step(loss_total)
+
+    import regroup.trainer as trainer_module
+
+    real_loss = trainer_module.policy_loss
+
+    def spy(logps, old, inputs, spec, totals):
+        ratios.append(float((logps.detach() - old).abs().max()))
+        return real_loss(logps, old, inputs, spec, totals)
+
+    monkeypatch.setattr(trainer, "_optimizer_step", capture)
+    monkeypatch.setattr(trainer_module, "policy_loss", spy)
+    metrics = trainer.update(batch)
+    assert len(grads) == 2 and trainer.scheduler.last_epoch == 2
+    assert ratios[0] == 0.0 and ratios[-1] > 0.0  # pi_theta moved between the mini-batches
+    assert "clip/low_frac" in metrics
+
+    # the first mini-batch alone, through a fresh trainer with one mini-batch
+    monkeypatch.setattr(trainer_module, "policy_loss", real_loss)
+    cfg1 = small_config(tiny_model_dir, tmp_path / "one", "grpo.yaml", "optim.max_grad_norm=1e9")
+    single = Trainer.from_config(cfg1, tmp_path / "one", log=lambda m: None)
+    half = StepBatch(step=0, samples=batch.samples[: n // 2], advantages=batch.advantages[: n // 2])
+    one = []
+    monkeypatch.setattr(single, "_optimizer_step", lambda lt: one.append(
+        {k: p.grad.clone() for k, p in single.model.named_parameters() if p.grad is not None}) or {})
+    single.update(half)
+    for k in one[0]:
+        torch.testing.assert_close(grads[0][k], one[0][k], atol=1e-7, rtol=1e-5)
+
+
+def test_epochs_stop_after_whole_passes(tiny_model_dir, tmp_path):
+    cfg = small_config(tiny_model_dir, tmp_path / "ep", "grpo.yaml", "data.num_train=10", "train.epochs=2",
+                       "train.steps=100")
+    trainer = Trainer.from_config(cfg, tmp_path / "ep", log=lambda m: None)
+    assert trainer.total_steps == 5  # ceil(2 passes x 10 questions / 4 per step)
+    trainer.train()
+    assert trainer.step == 5 and trainer.stream.epoch * 10 + trainer.stream.position == 20  # exactly two passes
+
+
+def test_samples_log_and_eval_during_training(tiny_model_dir, tmp_path):
+    cfg = small_config(tiny_model_dir, tmp_path / "ev", "grpo.yaml", "train.steps=2", "train.eval_every=2",
+                       "train.eval_limit=4", "train.eval_n=2", "train.sample_every=2")
+    Trainer.from_config(cfg, tmp_path / "ev", log=lambda m: None).train()
+    lines = [json.loads(l) for l in (tmp_path / "ev" / "metrics.jsonl").read_text().splitlines()]
+    assert "eval/pass@1" in lines[1] and "eval/pass@1" not in lines[0]
+    assert 0.0 <= lines[1]["eval/pass@2"] <= 1.0
+    records = [json.loads(l) for l in (tmp_path / "ev" / "samples.jsonl").read_text().splitlines()]
+    assert {r["step"] for r in records} == {1, 2}
+    assert all({"question", "response", "reward", "advantage"} <= set(r) for r in records)
+
+
+@pytest.mark.parametrize("extra", [
+    ("dynamic_sampling.enabled=true", "dynamic_sampling.max_rounds=2"),
+    ("overlong.filter=true", "overlong.soft_punish=true", "overlong.buffer=4"),
+    ("grpo.importance_level=sequence", "grpo.num_iterations=2"),
+])
+def test_new_variants_train_and_resume_exactly(tiny_model_dir, tmp_path, extra):
+    extra = (*extra, "rewards=[_dist_worker:digit_reward]")  # mixed groups from a random model
+    straight = Trainer.from_config(small_config(tiny_model_dir, tmp_path / "a", "grpo.yaml", *extra), tmp_path / "a", log=lambda m: None)
+    last = straight.train()
+    assert last["skipped_nonfinite"] == 0.0
+    crashed = Trainer.from_config(small_config(tiny_model_dir, tmp_path / "b", "grpo.yaml", *extra), tmp_path / "b", log=lambda m: None)
+    for step in range(2):
+        crashed.logger.log(step + 1, crashed.train_step(step))
+        crashed.step = step + 1
+    crashed.save()
+    resumed = Trainer.from_config(small_config(tiny_model_dir, tmp_path / "b", "grpo.yaml", *extra), tmp_path / "b",
+                                  resume=True, log=lambda m: None)
+    resumed.train()
+    a, b = weights(straight.model), weights(resumed.model)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    if "dynamic_sampling.enabled=true" in extra:
+        assert "dynamic/kept_groups" in last
+
+
+def test_recipe_stage_lists():
+    from regroup.recipes import build_recipe, describe
+    from regroup.tasks import get_task
+
+    def names(recipe, *extra):
+        cfg = load_config(CONFIGS / recipe, list(extra))
+        return build_recipe(cfg, get_task("arithmetic"), lambda t: [1] * len(t), "/tmp/unused").names
+
+    assert names("grpo.yaml") == ["sample", "reward", "advantages"]
+    assert names("ta_grpo.yaml") == ["variants", "sample", "reward", "advantages"]
+    assert names("dagrpo.yaml") == ["anchor_slots", "sample", "reward", "anchors", "advantages", "mask"]
+    assert names("dagrpo_ta.yaml") == ["variants", "anchor_slots", "sample", "reward", "anchors", "advantages", "mask"]
+    assert names("grpo.yaml", "dynamic_sampling.enabled=true", "overlong.filter=true", "overlong.soft_punish=true") == [
+        "sample", "reward", "overlong_penalty", "dynamic_sampling", "advantages", "overlong_filter"]
+    cfg = load_config(CONFIGS / "grpo.yaml", ["grpo.importance_level=sequence"])
+    assert "sequence (GSPO)" in describe(build_recipe(cfg, get_task("arithmetic"), lambda t: [1], "/tmp/unused"))
+
+
+def test_report_to_tensorboard_through_accelerate(tiny_model_dir, tmp_path):
+    from regroup.config import ConfigError
+
+    with pytest.raises(ConfigError, match="did you mean 'tensorboard'"):
+        small_config(tiny_model_dir, tmp_path / "x", "grpo.yaml", "train.report_to=[tensorbord]")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cfg = small_config(tiny_model_dir, tmp_path / "tb", "grpo.yaml", "train.steps=2", "train.report_to=[tensorboard]",
+                       "train.sample_every=1")
+    Trainer.from_config(cfg, tmp_path / "tb", log=lambda m: None).train()
+    events = list((tmp_path / "tb").rglob("events.out.tfevents.*"))
+    assert events, "no TensorBoard event file"
+    acc = EventAccumulator(str(events[0].parent))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("reward/mean")] == [1, 2]
+    assert (tmp_path / "tb" / "metrics.jsonl").exists()  # the JSONL stays the report's source

@@ -24,7 +24,8 @@ from transformers import Qwen3Config, Qwen3ForCausalLM  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from regroup.algo.advantages import group_advantages  # noqa: E402
-from regroup.algo.losses import AGG_MODES, TRL_LOSS_TYPES, policy_loss  # noqa: E402
+from regroup.algo.losses import AGG_MODES, TRL_LOSS_TYPES  # noqa: E402
+from loss_call import call_policy_loss  # noqa: E402
 from regroup.models.tiny import build_tokenizer  # noqa: E402
 
 B, P, T = 8, 5, 7  # sequences, prompt length, completion length (= max_completion_length)
@@ -207,7 +208,7 @@ def test_loss_and_gradients_equal_trl(model_dir, tmp_path_factory, agg, kl, eps)
 
     model.zero_grad()
     mask = inputs["completion_mask"]
-    loss, met = policy_loss(
+    loss, met = call_policy_loss(
         _forward_logps(model, inputs),
         inputs["old_per_token_logps"],
         inputs["advantages"],
@@ -263,7 +264,7 @@ def test_trl_gradient_accumulation_equals_whole_batch(model_dir, tmp_path_factor
 
     model.zero_grad()
     mask = full["completion_mask"]
-    loss, _ = policy_loss(
+    loss, _ = call_policy_loss(
         _forward_logps(model, full),
         full["old_per_token_logps"],
         full["advantages"],
@@ -308,7 +309,7 @@ def test_accumulation_invariance(agg):
 
     def loss_of(rows: slice) -> torch.Tensor:
         lp = torch.log_softmax(logits[rows], -1).gather(-1, tokens[rows, :, None]).squeeze(-1)  # [b, T]
-        loss, _ = policy_loss(
+        loss, _ = call_policy_loss(
             lp, old[rows], adv[rows], mask[rows], ref_logps=ref[rows], beta=0.05, agg=agg,
             sample_weight=sample_weight[rows], anchor_token_mask=anchor[rows], is_weight=is_weight[rows],
             eps_high=0.28, **totals,
@@ -328,11 +329,44 @@ def test_accumulation_invariance(agg):
     # a micro-batch-local normaliser would break it: e.g. token_mean over the first 4 rows alone
     if agg == "token_mean":
         local = sum(
-            policy_loss(
+            call_policy_loss(
                 torch.log_softmax(logits[r], -1).gather(-1, tokens[r, :, None]).squeeze(-1), old[r], adv[r],
                 mask[r], agg=agg, total_tokens=float(mask[r].sum()), total_sequences=4, max_completion_length=T,
             )[0].item()
             for r in (slice(0, 4), slice(4, 8))
         )
-        whole = policy_loss(lp0, old, adv, mask, agg=agg, **totals)[0].item()
+        whole = call_policy_loss(lp0, old, adv, mask, agg=agg, **totals)[0].item()
         assert abs(local - whole) > 1e-3
+
+
+# ---- GSPO: sequence-level ratio and clip against TRL's importance_sampling_level="sequence" ---------------
+
+
+@pytest.mark.parametrize("agg", ["seq_mean_token_mean", "token_mean"])
+@pytest.mark.parametrize("beta", [0.0, 0.04])
+def test_gspo_sequence_ratio_equals_trl(model_dir, tmp_path_factory, agg, beta):
+    trainer = _trainer(model_dir, tmp_path_factory, loss_type=TRL_LOSS_TYPES[agg], beta=beta,
+                       importance_sampling_level="sequence", epsilon=0.2, epsilon_high=0.28)
+    model = trainer.model
+    tok = model_dir[1]
+    inputs = _add_old_and_ref(model, _crafted_inputs(model.config.vocab_size, tok.pad_token_id))
+    if beta == 0.0:
+        inputs.pop("ref_per_token_logps")
+    model.zero_grad()
+    trl_loss = trainer._compute_loss(model, inputs)
+    trl_loss.backward()
+    trl_grads = _grads(model)
+
+    model.zero_grad()
+    mask = inputs["completion_mask"]
+    loss, met = call_policy_loss(
+        _forward_logps(model, inputs), inputs["old_per_token_logps"], inputs["advantages"], mask,
+        ref_logps=inputs.get("ref_per_token_logps"), beta=beta, eps_low=0.2, eps_high=0.28, agg=agg,
+        ratio_level="sequence", total_tokens=float(mask.sum()), total_sequences=B, max_completion_length=T,
+    )
+    loss.backward()
+    assert loss.item() == pytest.approx(trl_loss.item(), abs=ATOL)
+    for g_ours, g_trl in zip(_grads(model), trl_grads):
+        assert torch.allclose(g_ours, g_trl, atol=ATOL)
+    # the clipped sequence ratios differ from 1: the crafted old log-probs make the clip act
+    assert met["clip_frac"].item() > 0

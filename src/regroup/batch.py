@@ -41,6 +41,8 @@ class Sample:
     """Fine-grained score in [1, 10] for DaGRPO masking; None = not scored."""
     problem: Any = field(default=None, repr=False)
     """The original Problem (grading and scoring go against q0's answer and reference)."""
+    question_text: str | None = None
+    """The question this response answered (q0 or a rephrasing); None = the problem's own question."""
 
 
 @dataclass
@@ -55,11 +57,8 @@ class RolloutBatch:
     behaviour_logps: torch.Tensor  # [B, T] sampler log-probs (0 where unknown)
     has_behaviour_logps: torch.Tensor  # [B] bool
     rewards: torch.Tensor  # [B] float, NaN = unscored
-    scores: torch.Tensor  # [B] float, NaN = unscored
     group_ids: torch.Tensor  # [B] long
-    variants: torch.Tensor  # [B] long
     is_anchor: torch.Tensor  # [B] bool
-    truncated: torch.Tensor  # [B] bool
 
     @property
     def completion_length(self) -> int:
@@ -103,9 +102,6 @@ def collate(samples: list[Sample], pad_id: int, completion_length: int | None = 
         behaviour_logps=behaviour,
         has_behaviour_logps=torch.tensor([s.behaviour_logps is not None for s in samples]),
         rewards=torch.tensor([nan if s.reward is None or not math.isfinite(s.reward) else s.reward for s in samples], dtype=torch.float32),
-        scores=torch.tensor([nan if s.score is None else s.score for s in samples], dtype=torch.float32),
         group_ids=torch.tensor([s.group_id for s in samples], dtype=torch.long),
-        variants=torch.tensor([s.variant for s in samples], dtype=torch.long),
         is_anchor=torch.tensor([s.is_anchor for s in samples], dtype=torch.bool),
-        truncated=torch.tensor([s.truncated for s in samples], dtype=torch.bool),
     )

@@ -14,6 +14,7 @@ temporary and trash folders a crashed writer left behind are removed by the next
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -92,36 +93,74 @@ def _remove_leftovers(root: Path) -> None:
             shutil.rmtree(p, ignore_errors=True)
 
 
+class DiskFullError(OSError):
+    """No space left on the device while a run wrote a file; the message names the path."""
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """True for the ways a full disk reaches Python: ENOSPC / EDQUOT, torch's `[enforce fail at
+    inline_container.cc...]` (its zip writer) and safetensors' `StorageFull` / `os error 28`."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(exc)
+    return any(s in text for s in ("enforce fail at inline_container", "No space left", "StorageFull",
+                                   "os error 28", "Errno 28"))
+
+
 def save_checkpoint(run_dir, step: int, model, tokenizer, trainer_state: dict, keep: int = 2) -> Path:
-    """Write checkpoint `step` atomically and keep only the newest `keep`."""
+    """Write checkpoint `step` atomically and keep only the newest `keep` (see `_retain`)."""
     root = checkpoint_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     _remove_leftovers(root)
     final = root / f"step-{step:06d}"
     tmp = root / f".tmp-step-{step:06d}-{os.getpid()}"
     tmp.mkdir()
-    model.save_pretrained(tmp, safe_serialization=True)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(tmp)
-    torch.save(trainer_state, tmp / STATE)
-    files = {p.relative_to(tmp).as_posix(): _sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
-    (tmp / MANIFEST).write_text(json.dumps({"step": step, "files": files}, indent=1))
-    _fsync_tree(tmp)
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        torch.save(trainer_state, tmp / STATE)
+        files = {p.relative_to(tmp).as_posix(): _sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
+        (tmp / MANIFEST).write_text(json.dumps({"step": step, "files": files}, indent=1))
+        _fsync_tree(tmp)
+    except Exception as e:
+        shutil.rmtree(tmp, ignore_errors=True)  # a half checkpoint is no use and holds the space a retry needs
+        if is_disk_full(e):
+            raise DiskFullError(errno.ENOSPC, f"no space left on device while writing {final}") from e
+        raise
     if final.exists():  # a re-save of the same step (after resuming past a corrupt one): replace it
         _discard(final)
     os.replace(tmp, final)
     _fsync_dir(root)  # the rename itself must survive a power loss
-    for old in list_checkpoints(run_dir)[:-keep]:
+    for old in _retain(list_checkpoints(run_dir), step, keep):
         _discard(old)
     return final
 
 
+def checkpoint_step(path: Path) -> int | None:
+    """The step number of a `step-N` folder name (None for any other name)."""
+    number = path.name.removeprefix("step-")
+    return int(number) if path.name.startswith("step-") and number.isdigit() else None
+
+
+def _retain(checkpoints: list[Path], written: int, keep: int) -> list[Path]:
+    """The checkpoints to delete after step `written` was saved: all but the newest `keep` at or below it.
+
+    Folders of a step above `written` are never deleted here: the run resumed below them because none
+    of them verified (the newest valid checkpoint is always the one resumed from), and each is replaced
+    by the re-save of its step. Counting them would delete the just-written checkpoint at once.
+    """
+    older = [p for p in checkpoints if checkpoint_step(p) <= written]
+    return older[:-keep] if keep > 0 else []
+
+
 def list_checkpoints(run_dir) -> list[Path]:
-    """Final-named checkpoint folders, oldest first (temporary ones are ignored)."""
+    """Final-named checkpoint folders, oldest first by step number (temporary ones are ignored)."""
     root = checkpoint_dir(run_dir)
     if not root.is_dir():
         return []
-    return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step-"))
+    found = [p for p in root.iterdir() if p.is_dir() and checkpoint_step(p) is not None]
+    return sorted(found, key=checkpoint_step)
 
 
 def verify_checkpoint(path: Path) -> None:

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-import time
+import warnings
 from pathlib import Path
 
 
@@ -48,7 +49,15 @@ def cmd_warmup(args) -> int:
 
 # -------------------------------------------------------------------------------------------- train
 def default_run_dir(recipe: str) -> Path:
-    return Path("runs") / f"{recipe}-{time.strftime('%Y%m%d-%H%M%S')}"
+    """runs/<recipe>-<time>, created now (a run started in the same second gets -2, -3, ...)."""
+    from regroup.rundir import new_run_dir
+
+    return new_run_dir("runs", recipe)
+
+
+def _is_main_process() -> bool:
+    """Rank 0 (or no distributed launch): the process that locks the run folder and writes to it."""
+    return int(os.environ.get("RANK", "0")) == 0
 
 
 def progress_callback(total: int, desc: str, enabled: bool, start: int = 0):
@@ -67,31 +76,44 @@ def progress_callback(total: int, desc: str, enabled: bool, start: int = 0):
 
 
 def cmd_train(args) -> int:
-    from regroup.config import ConfigError, apply_overrides, config_from_dict, load_config
-    from regroup.trainer import Trainer
+    from regroup.config import ConfigError, apply_overrides, check_resume_overrides, config_from_dict, load_config
+    from regroup.rundir import claim_run_dir
 
-    try:
-        if args.resume:
-            import yaml
+    if args.resume and args.config:
+        raise ConfigError("--config and --resume cannot be combined: a resumed run keeps the config saved in its folder")
+    if args.resume and args.overwrite:
+        raise ConfigError("--resume and --overwrite cannot be combined: one continues the run, the other discards it")
+    if args.resume:
+        import yaml
 
-            run_dir = Path(args.resume)
-            saved = run_dir / "config.yaml"
-            if not saved.exists():
-                raise ConfigError(f"--resume {run_dir}: no config.yaml there")
+        run_dir = Path(args.resume)
+        saved = run_dir / "config.yaml"
+        if not saved.exists():
+            raise ConfigError(f"--resume {run_dir}: no config.yaml there")
+        check_resume_overrides(args.overrides)
+        try:
             data = yaml.safe_load(saved.read_text())
-            cfg = config_from_dict(apply_overrides(data, args.overrides) if isinstance(data, dict) else data)
-        else:
-            cfg = load_config(args.config, args.overrides)
-            run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg.recipe)
-            cfg.run_dir = str(run_dir)
-    except ConfigError as e:
-        _log(f"config error: {e}")
-        return 2
-    trainer = Trainer(cfg, run_dir, resume=bool(args.resume), log=_log)
-    bar, on_step = progress_callback(cfg.train.steps, cfg.recipe, cfg.train.progress and trainer.is_main, trainer.step)
-    trainer.train(on_step=on_step)
-    bar.close()
-    trainer.acc.end_training()
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{saved}: invalid YAML: {e}") from None
+        cfg = config_from_dict(apply_overrides(data, args.overrides) if isinstance(data, dict) else data)
+        mode = "resume"
+    else:
+        cfg = load_config(args.config, args.overrides)
+        run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg.recipe)
+        cfg.run_dir = str(run_dir)
+        mode = "overwrite" if args.overwrite else "fresh"
+    lock = claim_run_dir(run_dir, mode, log=_log, lock=_is_main_process())
+    try:
+        from regroup.trainer import Trainer
+
+        trainer = Trainer.from_config(cfg, run_dir, resume=bool(args.resume), log=_log)
+        bar, on_step = progress_callback(cfg.train.steps, cfg.recipe, cfg.train.progress and trainer.is_main, trainer.step)
+        trainer.train(on_step=on_step)
+        bar.close()
+        trainer.acc.end_training()
+    finally:
+        if lock is not None:
+            lock.release()
     if trainer.is_main:
         _log(f"run folder: {run_dir}")
     return 0
@@ -99,10 +121,19 @@ def cmd_train(args) -> int:
 
 # --------------------------------------------------------------------------------------------- eval
 def cmd_eval(args) -> int:
+    from regroup.config import ConfigError, check_readable
     from regroup.eval.runner import format_table, run_eval_cli
 
+    if not Path(args.model).is_dir():
+        raise ConfigError(f"--model: no such model folder: {args.model}")
+    model_files = ("config.json", "adapter_config.json")
+    if not any((Path(args.model) / f).is_file() for f in model_files) and not any(Path(args.model).glob("*.gguf")):
+        raise ConfigError(f"--model: {args.model} has no config.json (not a Hugging Face model folder)")
+    for path in args.data or []:  # before the model loads
+        check_readable("--data", path)
+
     rows = run_eval_cli(
-        args.model, args.data, args.out, n=args.n, ks=[int(k) for k in args.k.split(",")],
+        args.model, args.data, args.out, n=args.n, ks=args.k,
         temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
         question_field=args.question_field, answer_field=args.answer_field, checker=args.checker,
     )
@@ -112,10 +143,16 @@ def cmd_eval(args) -> int:
 
 # ------------------------------------------------------------------------------------------ rephrase
 def cmd_rephrase(args) -> int:
+    from regroup.config import ConfigError
     from regroup.rephrase.run import run_rephrase
 
-    summary = run_rephrase(args.data, args.out, args.n, args.rewriter, base_url=args.base_url, model=args.model,
-                           api_key_env=args.api_key_env, cache_dir=args.cache_dir, concurrency=args.concurrency)
+    try:
+        summary = run_rephrase(args.data, args.out, args.n, args.rewriter, base_url=args.base_url, model=args.model,
+                               api_key_env=args.api_key_env, cache_dir=args.cache_dir, concurrency=args.concurrency,
+                               timeout_s=args.timeout)
+    except ConfigError as e:  # e.g. a key pasted into --api-key-env: one line, the value never printed
+        _log(f"config error: {e}")
+        return 2
     totals = summary.get("totals", summary)
     print(json.dumps(totals, indent=2))
     return 0
@@ -147,83 +184,210 @@ def cmd_report(args) -> int:
 
 
 def cmd_config(args) -> int:
-    from regroup.config import field_docs
+    from regroup.config import field_docs, load_config
 
+    if args.stages:
+        import tempfile
+
+        from regroup.recipes import build_recipe, describe
+        from regroup.tasks import get_task
+
+        cfg = load_config(args.config, args.overrides)
+        with tempfile.TemporaryDirectory() as scratch:  # a judge or rewriter would put its cache here
+            print(describe(build_recipe(cfg, get_task(cfg.data.task), lambda text: [0] * len(text), scratch)))
+        return 0
     for key, default, doc in field_docs():
         print(f"{key:38s} {default:28s} {doc}")
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="regroup", description="GRPO, DaGRPO and TA-GRPO for verifiable rewards")
-    sub = parser.add_subparsers(dest="command", required=True)
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad argument in one line (no usage block) and exits 2."""
 
-    p = sub.add_parser("warmup", help="warm-start the built-in tiny model with SFT")
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _positive_ints(text: str) -> list[int]:
+    try:
+        values = [int(k) for k in text.split(",") if k.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
+    return values
+
+
+def _number(kind, rule_text: str):
+    """An argparse type: an int or float within a config NumericRule ("count", "every", "fraction", ...)."""
+    from regroup.config import NumericRule, above, at_least
+
+    rule = {"count": at_least(1), "zero_or_more": at_least(0), "positive": above(0.0),
+            "zero_or_positive": at_least(0.0), "fraction": NumericRule(0.0, 1.0, low_open=True)}[rule_text]
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got {text!r}") from None
+        if not rule.ok(value):
+            raise argparse.ArgumentTypeError(f"must be {rule.describe()}, got {text!r}")
+        return value
+
+    return parse
+
+
+def _rewriter_name(text: str) -> str:
+    import difflib
+
+    known = ["rules", "openai", "dataset"]
+    if text in known or ":" in text:
+        return text
+    close = difflib.get_close_matches(text, known, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise argparse.ArgumentTypeError(f"unknown rewriter {text!r}{hint}; known: {', '.join(known)} or 'package.module:object'")
+
+
+def _recipe_list(text: str) -> str:
+    import difflib
+
+    from regroup.demo import RECIPES
+
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in RECIPES]
+    if unknown or not names:
+        close = difflib.get_close_matches(unknown[0], RECIPES, n=1) if unknown else []
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise argparse.ArgumentTypeError(f"unknown recipe(s) {', '.join(unknown) or repr(text)}{hint}; "
+                                         f"known recipes: {', '.join(RECIPES)}")
+    return ",".join(names)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show the full traceback of an error")
+    parser = _Parser(prog="regroup", description="GRPO, DaGRPO and TA-GRPO for verifiable rewards", parents=[common])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("warmup", parents=[common], help="warm-start the built-in tiny model with SFT")
     p.add_argument("--out", default="runs/warmup")
-    p.add_argument("--steps", type=int, default=0, help="override the number of SFT steps")
-    p.add_argument("--schedule-steps", type=int, default=0)
-    p.add_argument("--num-eval", type=int, default=0)
+    p.add_argument("--steps", type=_number(int, "zero_or_more"), default=0, help="override the number of SFT steps")
+    p.add_argument("--schedule-steps", type=_number(int, "zero_or_more"), default=0)
+    p.add_argument("--num-eval", type=_number(int, "zero_or_more"), default=0)
     p.set_defaults(fn=cmd_warmup)
 
-    p = sub.add_parser("train", help="train with a recipe: regroup train --config configs/grpo.yaml key=value ...")
+    p = sub.add_parser("train", parents=[common], help="train with a recipe: regroup train --config configs/grpo.yaml key=value ...")
     p.add_argument("--config", help="YAML recipe in configs/")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest valid checkpoint")
+    p.add_argument("--overwrite", action="store_true",
+                   help="discard the checkpoints and metrics of an earlier run in the same run_dir")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. optim.lr=1e-4 train.steps=20")
     p.set_defaults(fn=cmd_train)
 
-    p = sub.add_parser("eval", help="evaluate a local HF model on benchmark files")
+    p = sub.add_parser("eval", parents=[common], help="evaluate a local HF model on benchmark files")
     p.add_argument("--model", required=True)
     p.add_argument("--data", required=True, nargs="+")
     p.add_argument("--out", default="runs/eval")
-    p.add_argument("--n", type=int, default=32)
-    p.add_argument("--k", default="1,4,8,32")
-    p.add_argument("--temperature", type=float, default=0.6)
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--max-new-tokens", type=int, default=512)
+    p.add_argument("--n", type=_number(int, "count"), default=32)
+    p.add_argument("--k", default=[1, 4, 8, 32], type=_positive_ints, help="comma-separated k of pass@k")
+    p.add_argument("--temperature", type=_number(float, "zero_or_positive"), default=0.6)
+    p.add_argument("--top-p", type=_number(float, "fraction"), default=0.95)
+    p.add_argument("--max-new-tokens", type=_number(int, "count"), default=512)
     p.add_argument("--question-field", default="question")
     p.add_argument("--answer-field", default="answer")
     p.add_argument("--checker", choices=["task", "math"], default="math")
     p.set_defaults(fn=cmd_eval)
 
-    p = sub.add_parser("rephrase", help="add N problem-equivalent variants per question (TA-GRPO)")
+    p = sub.add_parser("rephrase", parents=[common], help="add N problem-equivalent variants per question (TA-GRPO)")
     p.add_argument("--data", required=True)
     p.add_argument("--out", required=True)
-    p.add_argument("--n", type=int, default=3)
-    p.add_argument("--rewriter", default="rules", help="rules | openai | dataset | pkg.mod:obj")
+    p.add_argument("--n", type=_number(int, "zero_or_more"), default=3)
+    p.add_argument("--rewriter", default="rules", type=_rewriter_name, help="rules | openai | dataset | pkg.mod:obj")
     p.add_argument("--base-url")
     p.add_argument("--model")
     p.add_argument("--api-key-env", default="OPENAI_API_KEY", help="NAME of the variable holding the key")
     p.add_argument("--cache-dir")
-    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--concurrency", type=_number(int, "count"), default=16)
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds per request in all, retries included")
     p.set_defaults(fn=cmd_rephrase)
 
-    p = sub.add_parser("demo", help="warm up, train every recipe from the same start, evaluate, report")
+    p = sub.add_parser("demo", parents=[common], help="warm up, train every recipe from the same start, evaluate, report")
     p.add_argument("--quick", action="store_true", help="a ~3-minute smoke version")
-    p.add_argument("--seeds", type=int, default=1)
+    p.add_argument("--seeds", type=_number(int, "count"), default=1)
     p.add_argument("--out", default="runs")
-    p.add_argument("--recipes", default=None, help="comma-separated subset of recipes")
+    p.add_argument("--recipes", default=None, type=_recipe_list, help="comma-separated subset of recipes")
     p.set_defaults(fn=cmd_demo)
 
-    p = sub.add_parser("study", help="the papers' claims in miniature: every arm, two regimes, 3 seeds, verdicts")
+    p = sub.add_parser("study", parents=[common], help="the papers' claims in miniature: every arm, two regimes, 3 seeds, verdicts")
     p.add_argument("--quick", action="store_true", help="a few-minute plumbing version (not evidence)")
     p.add_argument("--out", default="runs")
     p.set_defaults(fn=cmd_study)
 
-    p = sub.add_parser("report", help="build report.html / report.md from finished runs")
+    p = sub.add_parser("report", parents=[common], help="build report.html / report.md from finished runs")
     p.add_argument("runs", nargs="+")
     p.add_argument("--out", default=None)
     p.set_defaults(fn=cmd_report)
 
-    p = sub.add_parser("config", help="list every config key with its default and meaning")
+    p = sub.add_parser("config", parents=[common], help="list every config key with its default and meaning")
+    p.add_argument("--stages", action="store_true", help="print the stage list and loss spec a config builds")
+    p.add_argument("--config", help="recipe YAML (with --stages)")
+    p.add_argument("overrides", nargs="*", help="dotted key=value overrides (with --stages)")
     p.set_defaults(fn=cmd_config)
     return parser
+
+
+def user_error(exc: BaseException) -> str | None:
+    """The one line to show for an error the user can fix (config, data, folders, disk), or None for a bug."""
+    from regroup.checkpoint import is_disk_full
+    from regroup.config import ConfigError
+    from regroup.data import DataError
+    from regroup.rundir import RunDirError
+
+    if isinstance(exc, ConfigError):
+        return f"config error: {exc}"
+    if isinstance(exc, DataError):
+        return f"data error: {exc}"
+    if isinstance(exc, RunDirError):
+        return f"error: {exc}"
+    if is_disk_full(exc):
+        text = (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
+        return f"error: {text}" if text.startswith("no space left") else f"error: no space left on device ({text[:200]})"
+    if isinstance(exc, OSError):
+        where = f" {exc.filename}" if exc.filename else ""
+        return f"error: {exc.strerror or exc}{':' if where else ''}{where}"
+    return None
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    """Our own warnings (a skipped metrics line, a rewritten file) as one line each on stderr."""
+    from regroup.metrics import MetricsFileWarning
+
+    if issubclass(category, MetricsFileWarning):
+        _log(f"warning: {message}")
+    else:
+        _default_showwarning(message, category, filename, lineno, file, line)
+
+
+_default_showwarning = warnings.showwarning
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if getattr(args, "out", "x") is None and args.command == "report":
         args.out = args.runs[0]
-    return args.fn(args)
+    debug = getattr(args, "debug", False)
+    previous, warnings.showwarning = warnings.showwarning, _show_warning
+    try:
+        return args.fn(args)
+    except Exception as exc:
+        line = user_error(exc)
+        if line is None or debug:
+            raise
+        _log(line)
+        return 2
+    finally:
+        warnings.showwarning = previous
 
 
 if __name__ == "__main__":

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import difflib
 import inspect
+import math
 import os
 import types
 import typing
@@ -74,8 +76,6 @@ class DataConfig:
     """JSONL / JSON / Parquet / CSV file or HF dataset folder. None: generate from the task."""
     num_train: int = 20000
     """Questions to generate when `train_file` is None."""
-    num_eval: int = 256
-    """Held-out questions generated for evaluation (a different seed from training)."""
     question_field: str = "question"
     """Column holding the question."""
     answer_field: str = "answer"
@@ -219,7 +219,7 @@ class ScorerConfig:
     concurrency: int = 32
     """Concurrent judge requests."""
     timeout_s: float = 60.0
-    """Per-request timeout."""
+    """Seconds per judge request in all: every attempt, backoff and Retry-After wait included."""
     max_retries: int = 4
     """Retries per request before it is recorded as failed."""
     cache_dir: Optional[str] = None
@@ -336,7 +336,11 @@ class TrainConfig:
     threads: int = 0
     """torch CPU threads (0: leave torch's default)."""
     eval_every: int = 0
-    """Evaluate on the held-out set every K steps (0: only by `regroup eval`/demo)."""
+    """Evaluate on held-out questions (data.eval_file, else the task's held-out set) every K steps (0: off)."""
+    eval_n: int = 4
+    """Samples per held-out question when evaluating during training (pass@1 and pass@eval_n are logged)."""
+    eval_limit: int = 64
+    """Held-out questions evaluated during training."""
     epochs: int = 0
     """Stop after this many passes over the training questions, walked in order per epoch (0: use `steps`)."""
     sample_every: int = 10
@@ -374,51 +378,305 @@ class RunConfig:
         return dataclasses.asdict(self)
 
     def validate(self) -> None:
-        """Cross-field rules (types were checked on load)."""
-        g, o = self.grpo, self.optim
-        positive = {
-            "grpo.num_generations": g.num_generations, "grpo.prompts_per_step": g.prompts_per_step,
-            "grpo.num_iterations": g.num_iterations, "grpo.micro_batch_size": g.micro_batch_size,
-            "grpo.samples_multiplier": g.samples_multiplier, "train.steps": self.train.steps,
-            "rollout.max_new_tokens": self.rollout.max_new_tokens, "rollout.batch_size": self.rollout.batch_size,
-            "train.keep_checkpoints": self.train.keep_checkpoints, "anchors.count": self.anchors.count,
-        }
-        for key, value in positive.items():
-            if value < 1:
-                raise ConfigError(f"{key} must be >= 1, got {value}")
+        """Every numeric field against its rule in NUMERIC_RULES, then the cross-field rules, then the
+        named pieces (rewards, scorer, rephraser) and the files the run will read. No model is touched."""
+        for key, rule in NUMERIC_RULES.items():
+            rule.check(key, get_dotted(self, key))
+        g = self.grpo
         if g.num_generations < 2 and not self.ta.enabled:
             raise ConfigError("grpo.num_generations must be >= 2: a group of one has no advantage signal")
-        for key, value in {"grpo.eps_low": g.eps_low, "grpo.eps_high": g.eps_high, "grpo.beta": g.beta,
-                           "optim.lr": o.lr, "rollout.temperature": self.rollout.temperature,
-                           "optim.warmup_steps": o.warmup_steps, "train.checkpoint_every": self.train.checkpoint_every}.items():
-            if value < 0:
-                raise ConfigError(f"{key} must be >= 0, got {value}")
-        if g.eps_low >= 1:
-            raise ConfigError(f"grpo.eps_low must be < 1, got {g.eps_low}")
-        if not 0 < self.rollout.top_p <= 1:
-            raise ConfigError(f"rollout.top_p must be in (0, 1], got {self.rollout.top_p}")
-        if self.ta.enabled and self.ta.n_variants < 1:
-            raise ConfigError("ta.n_variants must be >= 1 when ta.enabled")
         if self.anchors.enabled and self.anchors.mode == "replace" and self.anchors.count >= g.num_generations:
             raise ConfigError(
                 f"anchors.count ({self.anchors.count}) must be < grpo.num_generations ({g.num_generations}) "
                 "with anchors.mode=replace: no on-policy sample would be left"
             )
-        if self.mask.enabled and self.mask.delta < 0:
-            raise ConfigError(f"mask.delta must be >= 0, got {self.mask.delta}")
-        if self.model.lora.enabled and self.model.lora.r < 1:
-            raise ConfigError(f"model.lora.r must be >= 1, got {self.model.lora.r}")
-        for spec in self.rewards.functions:
-            name, _, weight = spec.partition("*")
-            if weight:
-                try:
-                    float(weight)
-                except ValueError:
-                    raise ConfigError(f"rewards: weight of {name!r} is not a number: {weight!r}") from None
-        if self.data.train_file is not None and not os.path.exists(self.data.train_file):
-            raise ConfigError(f"data.train_file: no such file or folder: {self.data.train_file}")
+        if self.overlong.soft_punish and self.overlong.buffer >= self.rollout.max_new_tokens:
+            raise ConfigError(f"overlong.buffer ({self.overlong.buffer}) must be < rollout.max_new_tokens "
+                              f"({self.rollout.max_new_tokens}) with overlong.soft_punish")
+        check_pieces(self)
+        for key in ("data.train_file", "data.eval_file"):
+            check_readable(key, get_dotted(self, key))
         if self.model.path is not None and not os.path.isdir(self.model.path):
             raise ConfigError(f"model.path: no such model folder: {self.model.path}")
+        from regroup.net.redact import check_key_env_name  # a key pasted where its variable's name goes
+
+        check_key_env_name(self.ta.api_key_env, "ta.api_key_env")
+        check_key_env_name(self.mask.scorer.api_key_env, "mask.scorer.api_key_env")
+        for name in self.train.report_to:
+            if name not in TRACKERS:
+                raise ConfigError(f"train.report_to: unknown tracker {name!r}{_did_you_mean(name, TRACKERS)}; "
+                                  f"known: {', '.join(TRACKERS)}")
+        if self.rollout.tis_cap > 0 and self.ta.enabled and self.ta.ratio_anchor == "original":
+            raise ConfigError(
+                "rollout.tis_cap > 0 with ta.ratio_anchor=original would divide pi_old(o|q0) by the sampler's "
+                "pi(o|q_n), a ratio of two different prompts; set rollout.tis_cap=0 or ta.ratio_anchor=own")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Rules: one per numeric field (a test fails when a new int/float field has none)
+# ----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NumericRule:
+    """A finite number in [low, high] (an end is open when `*_open`); None means unbounded on that side."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+
+    def describe(self) -> str:
+        parts = []
+        if self.low is not None:
+            parts.append(f"{'>' if self.low_open else '>='} {self.low:g}")
+        if self.high is not None:
+            parts.append(f"{'<' if self.high_open else '<='} {self.high:g}")
+        return "a finite number " + " and ".join(parts) if parts else "a finite number"
+
+    def ok(self, value: float) -> bool:
+        if isinstance(value, float) and not math.isfinite(value):
+            return False
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        return not (self.high is not None and (value >= self.high if self.high_open else value > self.high))
+
+    def check(self, key: str, value) -> None:
+        if value is not None and not self.ok(value):
+            raise ConfigError(f"{key} must be {self.describe()}, got {value!r}")
+
+
+def at_least(low: float, high: float | None = None) -> NumericRule:
+    return NumericRule(low=low, high=high)
+
+
+def above(low: float, high: float | None = None) -> NumericRule:
+    return NumericRule(low=low, high=high, low_open=True)
+
+
+FINITE = NumericRule()
+FRACTION = NumericRule(0.0, 1.0)
+SEED = at_least(0, 2**31 - 1)  # numpy seeds must be < 2**32, and seeds are summed (data.seed + seed)
+COUNT = at_least(1, 2**31 - 1)
+EVERY = at_least(0, 2**31 - 1)  # "every K steps", 0: off
+
+NUMERIC_RULES: dict[str, NumericRule] = {
+    "seed": SEED,
+    "model.lora.r": COUNT,
+    "model.lora.alpha": COUNT,
+    "model.lora.dropout": NumericRule(0.0, 1.0, high_open=True),
+    "data.num_train": COUNT,
+    "data.seed": SEED,
+    "data.eval_seed": SEED,
+    "data.max_prompt_tokens": COUNT,
+    "rollout.temperature": above(0.0, 100.0),  # 0 would divide the logits by zero
+    "rollout.top_p": NumericRule(0.0, 1.0, low_open=True),
+    "rollout.max_new_tokens": COUNT,
+    "rollout.batch_size": COUNT,
+    "rollout.tis_cap": at_least(0.0),
+    "rollout.vllm_gpu_memory_utilization": NumericRule(0.0, 1.0, low_open=True),
+    "rollout.vllm_max_model_len": at_least(0, 2**31 - 1),
+    "rollout.vllm_tensor_parallel_size": at_least(1, 1024),
+    "grpo.num_generations": COUNT,
+    "grpo.prompts_per_step": COUNT,
+    "grpo.num_iterations": at_least(1, 1000),
+    "grpo.micro_batch_size": COUNT,
+    "grpo.eps_low": NumericRule(0.0, 1.0, high_open=True),  # the clip floor 1 - eps_low must stay > 0
+    "grpo.eps_high": at_least(0.0),
+    "grpo.beta": at_least(0.0),
+    "grpo.adv_eps": above(0.0),  # a uniform group has std 0: the division needs a positive epsilon
+    "grpo.samples_multiplier": at_least(1, 1000),
+    "grpo.mini_batches": COUNT,
+    "optim.lr": above(0.0, 1.0),
+    "optim.weight_decay": FRACTION,
+    "optim.beta1": NumericRule(0.0, 1.0, high_open=True),
+    "optim.beta2": NumericRule(0.0, 1.0, high_open=True),
+    "optim.warmup_steps": at_least(0, 2**31 - 1),
+    "optim.min_lr_ratio": FRACTION,
+    "optim.max_grad_norm": above(0.0),  # <= 0 freezes (0) or reverses (< 0) the update
+    "ta.n_variants": at_least(1, 1000),
+    "mask.delta": at_least(0.0),
+    "mask.scorer.concurrency": at_least(1, 4096),
+    "mask.scorer.timeout_s": above(0.0),
+    "mask.scorer.max_retries": at_least(0, 100),
+    "anchors.count": COUNT,
+    "anchors.gamma": above(0.0),
+    "anchors.buffer_size": COUNT,
+    "anchors.max_tokens": at_least(0, 2**31 - 1),
+    "dynamic_sampling.max_rounds": at_least(0, 1000),
+    "overlong.buffer": COUNT,
+    "overlong.penalty": at_least(0.0),
+    "rewards.correct_threshold": FINITE,
+    "rewards.workers": at_least(1, 1024),
+    "diagnostics.diversity_every": EVERY,
+    "diagnostics.grad_conflict_every": EVERY,
+    "diagnostics.grad_conflict_samples": at_least(2, 2**31 - 1),
+    "train.steps": COUNT,
+    "train.checkpoint_every": EVERY,
+    "train.keep_checkpoints": COUNT,
+    "train.threads": at_least(0, 4096),
+    "train.eval_every": EVERY,
+    "train.epochs": at_least(0, 2**31 - 1),
+    "train.sample_every": EVERY,
+    "train.eval_n": COUNT,
+    "train.eval_limit": COUNT,
+}
+
+
+def get_dotted(cfg, key: str):
+    """The value of dotted `key` in a config object."""
+    for part in key.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def numeric_keys(cls=None, prefix: str = "") -> list[str]:
+    """Dotted keys of every int / float (optional or not) field, recursively."""
+    cls = cls or RunConfig
+    keys = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        hint = hints[f.name]
+        if dataclasses.is_dataclass(hint):
+            keys += numeric_keys(hint, prefix + f.name + ".")
+            continue
+        args = [a for a in get_args(hint) if a is not type(None)] if get_origin(hint) in (typing.Union, types.UnionType) else [hint]
+        if any(a in (int, float) for a in args):
+            keys.append(prefix + f.name)
+    return keys
+
+
+# ----------------------------------------------------------------------------------------------------
+# Named pieces and files, checked before any model loads
+# ----------------------------------------------------------------------------------------------------
+
+BUILTIN_REWARDS = ("task", "math")
+BUILTIN_SCORERS = ("step", "judge", "similarity")
+BUILTIN_TASK_NAMES = ("arithmetic",)
+TRACKERS = ("tensorboard", "wandb", "trackio", "comet_ml", "aim", "mlflow", "clearml", "dvclive", "swanlab")
+"""The experiment trackers accelerate's tracker API knows (`train.report_to`)."""
+
+
+def _did_you_mean(name: str, known) -> str:
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _import_callable(key: str, path: str) -> None:
+    """Import a dotted `pkg.mod:obj` and check it is callable; ConfigError naming `key` otherwise."""
+    from regroup.registry import load_dotted
+
+    try:
+        obj = load_dotted(path)
+    except ValueError as e:
+        raise ConfigError(f"{key}: {e}") from None
+    except Exception as e:  # the user's module failed while importing
+        raise ConfigError(f"{key}: importing {path!r} failed: {type(e).__name__}: {e}") from None
+    if not callable(obj):
+        raise ConfigError(f"{key}: {path!r} is a {type(obj).__name__}, not callable")
+
+
+def parse_reward_spec(spec: str) -> tuple[str, float]:
+    """`name` or `name*weight` -> (name, finite weight); ConfigError otherwise."""
+    name, star, weight = spec.partition("*")
+    name = name.strip()
+    if not star:
+        return name, 1.0
+    try:
+        value = float(weight)
+    except ValueError:
+        raise ConfigError(f"rewards: weight of {name!r} is not a number: {weight!r}") from None
+    if not math.isfinite(value):
+        raise ConfigError(f"rewards: weight of {name!r} must be a finite number, got {weight!r}")
+    return name, value
+
+
+def check_pieces(cfg: "RunConfig") -> None:
+    """Reward, scorer, rephraser and task names exist (dotted paths import), and the pieces bound to the
+    built-in task are not used on external data it does not describe."""
+    task = cfg.data.task
+    user_task = ":" in task
+    if not user_task and task not in BUILTIN_TASK_NAMES:
+        raise ConfigError(f"data.task: unknown task {task!r}; known: {', '.join(BUILTIN_TASK_NAMES)} or "
+                          f"'package.module:object'{_did_you_mean(task, BUILTIN_TASK_NAMES)}")
+    if user_task:
+        _import_task(task)
+    # External data that the task does not own: the task's grader, step scorer and rules know only its format.
+    foreign = cfg.data.train_file is not None and not user_task
+    if not cfg.rewards.functions:
+        raise ConfigError("rewards: no reward function; give at least one, e.g. rewards=[math]")
+    for spec in cfg.rewards.functions:
+        name, _ = parse_reward_spec(spec)
+        if ":" in name:
+            _import_callable(f"rewards: {name!r}", name)
+        elif name not in BUILTIN_REWARDS:
+            raise ConfigError(f"rewards: unknown reward {name!r}; known: {', '.join(BUILTIN_REWARDS)} or "
+                              f"'package.module:function'{_did_you_mean(name, BUILTIN_REWARDS)}")
+        elif name == "task" and foreign:
+            raise ConfigError(f"rewards: 'task' grades the built-in {task} task's answers and cannot grade "
+                              f"data.train_file; use rewards=[math] (or a 'package.module:function')")
+    scorer = cfg.mask.scorer.name
+    if ":" not in scorer and scorer not in BUILTIN_SCORERS:
+        raise ConfigError(f"mask.scorer.name: unknown scorer {scorer!r}; known: {', '.join(BUILTIN_SCORERS)} or "
+                          f"'package.module:object'{_did_you_mean(scorer, BUILTIN_SCORERS)}")
+    if cfg.mask.enabled:
+        if ":" in scorer:
+            _import_callable("mask.scorer.name", scorer)
+        elif scorer == "step" and foreign:
+            raise ConfigError(f"mask.scorer.name: 'step' scores the built-in {task} task's steps and would score "
+                              "every response of data.train_file alike; use mask.scorer.name=judge or similarity")
+    if cfg.ta.enabled:
+        if cfg.ta.rephraser == "rules" and foreign:
+            raise ConfigError(f"ta.rephraser: 'rules' rewrites the built-in {task} task's questions only; with "
+                              "data.train_file use ta.rephraser=openai, or dataset (variants stored in the data)")
+        if cfg.ta.rephraser == "dataset":
+            _check_variants(cfg)
+
+
+def _import_task(task: str) -> None:
+    from regroup.registry import load_dotted
+
+    try:
+        load_dotted(task)
+    except ValueError as e:
+        raise ConfigError(f"data.task: {e}") from None
+    except Exception as e:
+        raise ConfigError(f"data.task: importing {task!r} failed: {type(e).__name__}: {e}") from None
+
+
+def _check_variants(cfg: "RunConfig") -> None:
+    """ta.rephraser=dataset needs data that stores variants (a `variants` column or index/sub_index rows)."""
+    if cfg.data.train_file is None:
+        raise ConfigError("ta.rephraser: 'dataset' takes the variants stored in data.train_file, and none is set "
+                          "(generated questions have no stored variants); use ta.rephraser=rules")
+    check_readable("data.train_file", cfg.data.train_file)
+    from regroup.data import DataError, peek_columns
+
+    try:
+        columns = peek_columns(cfg.data.train_file)
+    except DataError as e:
+        raise ConfigError(f"data.train_file: {e}") from None
+    if "variants" not in columns and not {"index", "sub_index"} <= columns:
+        raise ConfigError(f"ta.rephraser: 'dataset' needs stored variants, but {cfg.data.train_file} has no "
+                          f"'variants' column and no index/sub_index rows (columns: {', '.join(sorted(columns))}); "
+                          "add them with `regroup rephrase`, or use ta.rephraser=openai")
+
+
+def check_readable(key: str, path: str | None) -> None:
+    """A data file (or datasets folder) that exists and can be read."""
+    if path is None:
+        return
+    if not os.path.exists(path):
+        raise ConfigError(f"{key}: no such file or folder: {path}")
+    if os.path.isdir(path):
+        if not os.access(path, os.R_OK | os.X_OK):
+            raise ConfigError(f"{key}: folder {path} is not readable")
+        return
+    try:
+        with open(path, "rb") as f:
+            f.read(1)
+    except OSError as e:
+        raise ConfigError(f"{key}: cannot read {path}: {e.strerror or e}") from None
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -443,7 +701,8 @@ def _check_value(value: Any, hint: Any, key: str) -> Any:
     if origin is Literal:
         choices = get_args(hint)
         if value not in choices:
-            raise ConfigError(f"{key}: must be one of {', '.join(map(repr, choices))}; got {value!r}")
+            hint_text = _did_you_mean(value, [str(c) for c in choices]) if isinstance(value, str) else ""
+            raise ConfigError(f"{key}: must be one of {', '.join(map(repr, choices))}; got {value!r}{hint_text}")
         return value
     if origin is list:
         (item,) = get_args(hint)
@@ -530,6 +789,10 @@ def apply_overrides(data: dict, overrides: list[str] | tuple[str, ...]) -> dict:
     """Set each `dotted.key=value` in the nested mapping `data` (in place; also returned)."""
     for text in overrides:
         keys, value = parse_override(text)
+        if isinstance(data.get("rewards"), (list, str)) and (keys[0] == "rewards" and len(keys) > 1):
+            data["rewards"] = {"functions": data["rewards"]}  # the `rewards: [..]` shorthand, now with a sub-key
+        if keys == ["rewards"] and isinstance(value, (list, str)) and isinstance(data.get("rewards"), dict):
+            keys = ["rewards", "functions"]  # `rewards=[math]` keeps the section's other keys
         node = data
         for k in keys[:-1]:
             node = node.setdefault(k, {})
@@ -537,6 +800,23 @@ def apply_overrides(data: dict, overrides: list[str] | tuple[str, ...]) -> dict:
                 raise ConfigError(f"override {text!r}: {k} is not a section")
         node[keys[-1]] = value
     return data
+
+
+RESUME_OVERRIDABLE = ("train.steps", "train.checkpoint_every", "train.keep_checkpoints", "train.progress",
+                      "train.threads", "train.eval_every", "train.sample_every", "train.tensorboard", "train.wandb",
+                      "train.report_to")
+"""Keys a `--resume` may change: each is read afresh by the resumed process. Any other key would be written
+to config.yaml while the restored optimizer, scheduler, data and RNG states go on with the saved value."""
+
+
+def check_resume_overrides(overrides: list[str] | tuple[str, ...]) -> None:
+    """Refuse a `--resume` override of a key that would not take effect (ConfigError naming it)."""
+    for text in overrides:
+        key = ".".join(parse_override(text)[0])
+        if key not in RESUME_OVERRIDABLE:
+            raise ConfigError(f"--resume cannot change {key}: the run's saved optimizer, scheduler and data state "
+                              f"would go on with its old value; start a new run for that (keys a resume may change: "
+                              f"{', '.join(RESUME_OVERRIDABLE)})")
 
 
 def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
@@ -560,11 +840,20 @@ def write_atomic(path: str | os.PathLike, text: str) -> None:
     """Write a file so that a crash leaves either the old or the new content, never a torn one."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:
+        try:
+            os.unlink(tmp)  # never leave the temporary file behind (a full disk would keep it forever)
+        except OSError:
+            pass
+        if isinstance(e, OSError) and e.errno in (28, 122):  # ENOSPC, EDQUOT
+            raise OSError(e.errno, f"no space left on device while writing {path}") from e
+        raise
 
 
 def save_config(cfg: RunConfig, path: str | os.PathLike) -> None:

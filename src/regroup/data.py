@@ -447,3 +447,16 @@ def save_problems(problems: Iterable[Problem], path: str | os.PathLike[str]) -> 
         except OSError:
             pass
         raise
+
+
+def peek_columns(path: str | os.PathLike[str], max_rows: int = 1000) -> set[str]:
+    """The field names found in the first `max_rows` rows of a data file (config-time checks, e.g. that a
+    file has stored variants); raises DataError when the file cannot be read at all."""
+    path = os.fspath(path)
+    columns: set[str] = set()
+    for count, (_, row) in enumerate(_rows(path)):
+        if count >= max_rows:
+            break
+        if isinstance(row, Mapping):
+            columns.update(str(k) for k in row)
+    return columns

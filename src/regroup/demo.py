@@ -83,7 +83,9 @@ def run_demo(quick: bool = False, seeds: int = 1, out_root: str = "runs", recipe
     from tqdm.auto import tqdm
 
     from regroup.config import load_config
+    from regroup.checkpoint import list_checkpoints
     from regroup.report import build_report
+    from regroup.rundir import claim_run_dir, new_run_dir
     from regroup.setup import heldout_problems
     from regroup.tasks import get_task
     from regroup.trainer import Trainer
@@ -94,8 +96,7 @@ def run_demo(quick: bool = False, seeds: int = 1, out_root: str = "runs", recipe
     unknown = [n for n in names if not (CONFIG_DIR / f"{n}.yaml").exists()]
     if unknown:
         raise ValueError(f"unknown recipe(s) {unknown}; available: {RECIPES}")
-    demo_dir = Path(out_root) / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
-    demo_dir.mkdir(parents=True, exist_ok=True)
+    demo_dir = new_run_dir(out_root, "demo")  # exclusive: two demos started in the same second get two folders
     started = time.perf_counter()
 
     warm = Path(settings.warmup_dir)
@@ -128,15 +129,16 @@ def run_demo(quick: bool = False, seeds: int = 1, out_root: str = "runs", recipe
                                                                             "train.progress=false"]
         cfg = load_config(CONFIG_DIR / f"{name}.yaml", overrides)
         t0 = time.perf_counter()
-        trainer = Trainer(cfg, run_dir, log=log)
 
         def on_step(step, m, name=name):
             overall.update(1)
             overall.set_postfix_str(f"{name} step {step} reward {m.get('reward/mean', float('nan')):.2f}")
 
-        trainer.train(on_step=on_step)
+        with claim_run_dir(run_dir, "fresh", log=log):
+            trainer = Trainer.from_config(cfg, run_dir, log=log)
+            trainer.train(on_step=on_step)
         train_seconds = time.perf_counter() - t0
-        final = sorted((run_dir / "checkpoints").glob("step-*"))[-1]
+        final = list_checkpoints(run_dir)[-1]
         summary = evaluate_model(str(final), problems, run_dir / "eval", settings, seed=0)
         (run_dir / "eval_before").mkdir(exist_ok=True)
         for name_ in ("summary.json", "per_problem.jsonl"):  # per-problem results allow a paired SE

@@ -7,7 +7,8 @@ import torch
 from regroup.batch import RolloutBatch
 
 
-def response_logps(model, batch: RolloutBatch, temperature: float = 1.0, with_entropy: bool = False):
+def response_logps(model, batch: RolloutBatch, temperature: float = 1.0, with_entropy: bool = False,
+                   shared_prefix: bool = False):
     """log pi(o_t | prompt, o_<t) for every response token, from logits divided by the sampling
     temperature (as TRL scores them). Returns (logps [B, T], entropy [B, T] or None)."""
     t = batch.completion_length

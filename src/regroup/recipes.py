@@ -1,50 +1,72 @@
-"""A recipe is the list of pieces a run switches on, decided once at start-up from the config.
+"""A recipe is an ordered list of stages plus a loss spec, built once at start-up from the config.
 
-| recipe       | variants (TA §3) | anchors (Da §2b) | masks (Da §2a) | ratio prompt |
-|--------------|------------------|------------------|----------------|--------------|
-| grpo         | –                | –                | –              | own          |
-| grpo_matched | – ((N+1)·G of q0)| –                | –              | own          |
-| ta_grpo      | rephraser        | –                | –              | q0 (original)|
-| dagrpo       | –                | injector         | masker         | own          |
-| dagrpo_ta    | rephraser        | injector         | masker         | q0 (original)|
+This module is the ONLY reader of feature flags. The trainer (and the TRL adapter) run whatever stages
+the recipe lists, in order, and call the loss with its spec; neither asks which algorithm it runs.
 
-The trainer calls whatever is present, in a fixed order; it never asks which algorithm it runs.
+| recipe           | stages (in order)                                                                  | loss spec |
+|------------------|------------------------------------------------------------------------------------|-----------|
+| grpo             | sample, reward, advantages                                                         | token ratio |
+| grpo_matched     | sample ((N+1)·G of q0), reward, advantages                                         | token ratio |
+| ta_grpo          | variants, sample (ratios on q0), reward, advantages                                | token ratio on (q0, o) |
+| dagrpo           | anchor_slots, sample, reward, anchors, advantages, mask                           | anchor-shaped |
+| dagrpo_ta        | variants, anchor_slots, sample (q0), reward, anchors, advantages, mask            | both |
+| + dynamic_sampling | … reward, [anchors], dynamic_sampling, advantages …                               | |
+| + overlong       | … reward, overlong_penalty, …, advantages, overlong_filter                          | |
+| + GSPO           | unchanged                                                                          | sequence ratio |
+
+`describe(recipe)` prints the list; `regroup config --stages` shows it for a config.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from regroup.stages.anchors import AnchorInjector
-from regroup.stages.masking import DistinctivenessMasker
-from regroup.stages.rephrasing import VariantProvider
+from regroup.algo.losses import LossSpec
 
 
 @dataclass
 class Recipe:
-    reward_fn: object
-    """(response, problem) -> float | None."""
-    variants: VariantProvider | None = None
-    anchors: AnchorInjector | None = None
-    masker: DistinctivenessMasker | None = None
+    stages: list = field(default_factory=list)
+    """Stage objects in the order they run each step (see `regroup.stages.base`)."""
+    loss: LossSpec = field(default_factory=LossSpec)
+    reward_fn: object = None
+    """(response, problem) -> float | None: the verifiable reward the stages use (eval uses it too)."""
     ratio_on_original: bool = False
-    """Compute every ratio (and the KL) on (q0, o) — TA-GRPO's anchored ratio (SPEC §3.4)."""
+    """Every ratio and KL on (q0, o) — TA-GRPO's anchored ratio (SPEC §3.4); needed by the IS check."""
+
+    @property
+    def names(self) -> list[str]:
+        return [s.name for s in self.stages]
+
+    def collect_stages(self) -> list:
+        """The stages before the first filter: what a dynamic-sampling refill runs on new questions."""
+        for i, s in enumerate(self.stages):
+            if getattr(s, "is_filter", False):
+                return self.stages[:i]
+        return list(self.stages)
 
 
-def build_reward_fn(specs: list[str], task):
+def describe(recipe: Recipe) -> str:
+    spec = recipe.loss
+    ratio = "sequence (GSPO)" if spec.ratio_level == "sequence" else "token"
+    return (" → ".join(recipe.names) + f" → loss[{ratio} ratio, agg {spec.agg}, beta {spec.beta}, "
+            f"clip {spec.eps_low}/{spec.eps_high}, anchors {spec.anchor_ratio}]")
+
+
+def build_reward_fn(specs: list[str], task, workers: int = 1, correct_threshold: float = 1.0):
     """`task`, `math`, or `pkg.mod:fn`, each optionally `*weight`; several are summed with weights."""
+    from regroup.registry import load_dotted
     from regroup.rewards import combine, task_grader
     from regroup.rewards.math_verify import MathAnswerChecker
-    from regroup.registry import load_dotted
 
     parts = []
     for spec in specs:
         name, _, weight = spec.partition("*")
         if name == "task":
-            fn = task_grader(task)
+            fn = task_grader(task, correct_threshold=correct_threshold)
         elif name == "math":
-            fn = MathAnswerChecker()
+            fn = MathAnswerChecker(workers=workers)
         else:
             fn = load_dotted(name)
         parts.append((fn, float(weight) if weight else 1.0))
@@ -81,15 +103,47 @@ def build_scorer(cfg, task, run_dir: Path):
     return _build(s.name)
 
 
+def loss_spec(cfg) -> LossSpec:
+    g = cfg.grpo
+    return LossSpec(eps_low=g.eps_low, eps_high=g.eps_high, beta=g.beta, kl_ratio_correction=g.kl_ratio_correction,
+                    agg=g.loss_agg, ratio_level=g.importance_level, anchor_ratio=cfg.anchors.ratio,
+                    shaping_gamma=cfg.anchors.gamma)
+
+
 def build_recipe(cfg, task, encode_response, run_dir) -> Recipe:
+    """The stages and loss spec `cfg` switches on, in the order of `regroup.stages.base`'s diagram."""
+    from regroup.stages.advantages import GroupAdvantages
+    from regroup.stages.anchors import AnchorInjector, InjectAnchors, ReserveAnchorSlots
+    from regroup.stages.dynamic_sampling import DynamicSampling
+    from regroup.stages.masking import DistinctivenessMasker
+    from regroup.stages.overlong import OverlongFilter, OverlongPenalty
+    from regroup.stages.rephrasing import VariantProvider
+    from regroup.stages.rewarding import RewardResponses
+    from regroup.stages.sampling import SampleResponses
+
     run_dir = Path(run_dir)
-    reward_fn = build_reward_fn(cfg.rewards.functions, task)
-    recipe = Recipe(reward_fn=reward_fn)
+    reward_fn = build_reward_fn(cfg.rewards.functions, task, cfg.rewards.workers, cfg.rewards.correct_threshold)
+    ratio_on_original = cfg.ta.enabled and cfg.ta.ratio_anchor == "original"
+    stages: list = []
     if cfg.ta.enabled:
-        recipe.variants = VariantProvider(build_rephraser(cfg, task, run_dir), cfg.ta.n_variants)
-        recipe.ratio_on_original = cfg.ta.ratio_anchor == "original"
+        stages.append(VariantProvider(build_rephraser(cfg, task, run_dir), cfg.ta.n_variants))
+    injector = None
     if cfg.anchors.enabled:
-        recipe.anchors = AnchorInjector(cfg.anchors, reward_fn, encode_response)
-    if cfg.mask.enabled:
-        recipe.masker = DistinctivenessMasker(build_scorer(cfg, task, run_dir), cfg.mask.delta)
-    return recipe
+        injector = AnchorInjector(cfg.anchors, reward_fn, encode_response,
+                                  correct_threshold=cfg.rewards.correct_threshold,
+                                  max_tokens=cfg.anchors.max_tokens or cfg.rollout.max_new_tokens)
+        stages.append(ReserveAnchorSlots(injector))
+    stages += [SampleResponses(ratio_on_original), RewardResponses(reward_fn)]
+    o = cfg.overlong
+    if o.soft_punish:
+        stages.append(OverlongPenalty(cfg.rollout.max_new_tokens, o.buffer, o.penalty))
+    if injector is not None:
+        stages.append(InjectAnchors(injector))
+    if cfg.dynamic_sampling.enabled:
+        stages.append(DynamicSampling(cfg.grpo.prompts_per_step, cfg.dynamic_sampling.max_rounds))
+    stages.append(GroupAdvantages(cfg.grpo.adv_scale, cfg.grpo.adv_eps))
+    if cfg.mask.enabled:  # SPEC §2a: masks after advantages, over G_mix
+        stages.append(DistinctivenessMasker(build_scorer(cfg, task, run_dir), cfg.mask.delta, cfg.mask.scorer.question))
+    if o.filter:
+        stages.append(OverlongFilter())
+    return Recipe(stages=stages, loss=loss_spec(cfg), reward_fn=reward_fn, ratio_on_original=ratio_on_original)

@@ -1,4 +1,6 @@
-"""Everything a run needs, built once from the config: accelerator, data, model, optimizer, sampler."""
+"""The builder: everything a run needs, built once from the config — accelerator, data, model, tokenizer,
+reference, optimizer, schedule, sampler and task (`build_parts`). The trainer receives these parts and
+builds nothing itself, so tests and front-ends can inject their own."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import torch
 
 @dataclass
 class RunParts:
+    cfg: object
     accelerator: object
     model: object
     tokenizer: object
@@ -72,24 +75,37 @@ def build_sampler(rollout_cfg, model, tokenizer):
     return VLLMSampler(model, tokenizer, rollout_cfg)
 
 
-def build_run(cfg, run_dir: Path, accelerator=None, log=print) -> RunParts:
+def train_steps(cfg, num_problems: int) -> int:
+    """Optimizer-step budget: `train.steps`, or `train.epochs` passes over the questions (each rollout
+    batch makes `grpo.mini_batches` optimizer steps, counted here as one training step)."""
+    if cfg.train.epochs:
+        return max(1, -(-cfg.train.epochs * num_problems // cfg.grpo.prompts_per_step))
+    return cfg.train.steps
+
+
+def build_parts(cfg, run_dir: Path, accelerator=None, log=print) -> RunParts:
     from accelerate import Accelerator
 
     from regroup.models.load import ReferenceModel, load_policy, load_tokenizer
     from regroup.tasks import get_task
-    from regroup.trainer import lr_lambda
+    from regroup.schedule import lr_lambda
+    from regroup.stages.groups import samples_per_question
 
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     # Without CUDA, cpu=True: under `accelerate launch --multi_gpu` the processes then join over gloo.
-    acc = accelerator or Accelerator(cpu=not torch.cuda.is_available())
+    from regroup.metrics import tracker_names
+
+    trackers = tracker_names(cfg.train)
+    acc = accelerator or Accelerator(cpu=not torch.cuda.is_available(), log_with=trackers or None,
+                                     project_dir=str(run_dir) if trackers else None)
     ds_plugin = getattr(getattr(acc, "state", None), "deepspeed_plugin", None)
     if ds_plugin is not None:
         # DeepSpeed steps its optimizer inside every accelerator.backward while gradients sync, and
         # the update loop syncs on each micro-batch: one micro-batch per step keeps the update exact.
         g = cfg.grpo
-        per_question = g.num_generations * g.samples_multiplier + (g.num_generations * cfg.ta.n_variants if cfg.ta.enabled else 0)
-        per_question += cfg.anchors.count if cfg.anchors.enabled and cfg.anchors.mode == "add" else 0
+        per_question = samples_per_question(g.num_generations, g.samples_multiplier, cfg.ta.n_variants if cfg.ta.enabled else 0,
+                                            cfg.anchors.count if cfg.anchors.enabled and cfg.anchors.mode == "add" else 0)
         per_rank = g.prompts_per_step // acc.num_processes * per_question
         if g.micro_batch_size < per_rank:
             raise ValueError(f"under DeepSpeed, grpo.micro_batch_size ({g.micro_batch_size}) must be >= the {per_rank} "
@@ -108,9 +124,9 @@ def build_run(cfg, run_dir: Path, accelerator=None, log=print) -> RunParts:
     o = cfg.optim
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=o.lr,
                                   betas=(o.beta1, o.beta2), weight_decay=o.weight_decay)
-    total = cfg.train.steps * cfg.grpo.num_iterations
+    total = train_steps(cfg, len(problems)) * cfg.grpo.num_iterations * cfg.grpo.mini_batches
     # Not prepared by accelerate: it would step the schedule once per process.
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(o.warmup_steps, total, o.schedule, o.min_lr_ratio))
     model, optimizer = acc.prepare(model, optimizer)
     sampler = build_sampler(cfg.rollout, acc.unwrap_model(model), tokenizer)
-    return RunParts(acc, model, tokenizer, reference, optimizer, scheduler, sampler, task, problems)
+    return RunParts(cfg, acc, model, tokenizer, reference, optimizer, scheduler, sampler, task, problems)

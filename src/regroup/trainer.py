@@ -1,10 +1,12 @@
-"""The training loop, and only the loop: collect → reward → (anchors) → advantages → (masks) → update →
-log → checkpoint. Which pieces run is the recipe's business (`regroup.recipes`), decided at start-up.
+"""The training loop, and only the loop: run the recipe's stages on a step batch → update with the recipe's
+loss spec → log → checkpoint. Which stages run is the recipe's business (`regroup.recipes`); the trainer
+never asks which algorithm it runs.
 
 Data parallelism (accelerate): every process draws the same global batch of questions and samples its
-own contiguous slice of whole groups; rewards are gathered so advantages are those of one process;
-loss normalisers are global totals and each rank's loss is multiplied by the world size (DDP averages
-gradients), so the update equals the single-process one. Only rank 0 writes logs and checkpoints.
+own contiguous slice of whole groups; stages that need the whole batch (advantages, dynamic sampling)
+gather through the step context; loss normalisers are global totals and each rank's loss is multiplied
+by the world size (DDP averages gradients), so the update equals the single-process one. Only rank 0
+writes logs and checkpoints.
 """
 
 from __future__ import annotations
@@ -17,50 +19,36 @@ from pathlib import Path
 
 import torch
 
-from regroup.algo.advantages import group_advantages
-from regroup.algo.losses import policy_loss
+from regroup.algo.losses import LossInputs, LossTotals, policy_loss
 from regroup.algo.ratios import truncated_is_weight
-from regroup.batch import RolloutBatch, Sample, collate
+from regroup.batch import RolloutBatch, collate
 from regroup.checkpoint import (
     latest_valid_checkpoint, load_model_weights, load_trainer_state, rng_state, save_checkpoint, set_rng_state,
 )
-from regroup.config import RunConfig, save_config
+from regroup.config import save_config
 from regroup.data_stream import QuestionStream
 from regroup.logprobs import response_logps
-from regroup.metrics import MetricsLogger
+from regroup.metrics import MetricsLogger, tracker_names
 from regroup.models.prompting import encode_prompt, encode_response
-from regroup.recipes import build_recipe
 from regroup.rollout.base import SamplingParams
-from regroup.stages.diagnostics import build_embedder, group_diversity, reward_diagnostics
+from regroup.sample_log import SampleLog
+from regroup.setup import train_steps
+from regroup.stages.base import StepBatch, StepContext, load_stage_states, run_stages, stage_states
+from regroup.stages.diagnostics import SignalWatch, build_embedder, group_diversity, reward_diagnostics
 from regroup.stages.grad_conflict import gradient_conflict
-from regroup.stages.groups import expand_groups, sampling_seed
-
 
 PROMPT_CACHE_SIZE = 8192
 
 
-def lr_lambda(warmup_steps: int, total_steps: int, schedule: str, min_ratio: float):
-    """Linear warm-up from lr/(warmup+1) (never a step at lr 0), then cosine to min_ratio·lr or constant."""
-
-    def fn(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / (warmup_steps + 1)
-        if schedule == "constant":
-            return 1.0
-        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
-        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-    return fn
-
-
 class Trainer:
-    def __init__(self, cfg: RunConfig, run_dir: str | Path, *, resume: bool = False, accelerator=None, log=print):
-        from regroup.setup import build_run
+    """`Trainer(parts, recipe, run_dir)`: parts from `regroup.setup.build_parts`, recipe from
+    `regroup.recipes.build_recipe`; `Trainer.from_config(cfg, run_dir)` builds both."""
 
-        self.cfg = cfg
+    def __init__(self, parts, recipe, run_dir: str | Path, *, resume: bool = False, log=print):
+        cfg = self.cfg = parts.cfg
+        self.parts, self.recipe = parts, recipe
         self.run_dir = Path(run_dir)
         self.log = log
-        parts = build_run(cfg, self.run_dir, accelerator=accelerator, log=log)
         self.acc = parts.accelerator
         self.model, self.tokenizer, self.reference = parts.model, parts.tokenizer, parts.reference
         self.optimizer, self.scheduler, self.sampler = parts.optimizer, parts.scheduler, parts.sampler
@@ -70,19 +58,35 @@ class Trainer:
         if cfg.grpo.prompts_per_step % self.world:
             raise ValueError(f"grpo.prompts_per_step ({cfg.grpo.prompts_per_step}) must divide by the {self.world} processes")
         self.pad_id = self.tokenizer.pad_token_id
-        self.recipe = build_recipe(cfg, self.task, lambda text: encode_response(self.tokenizer, text), self.run_dir)
         self.stream = QuestionStream(self.problems, cfg.data.seed + cfg.seed)
+        self.total_steps = train_steps(cfg, len(self.problems))
         self.embedder = build_embedder(cfg.diagnostics.embedder) if cfg.diagnostics.diversity_every else None
+        d = cfg.diagnostics
+        # Off for real models by default: it copies the measured parameters' gradients (GBs on a 7B model).
+        self.grad_conflict_every = d.grad_conflict_every if d.grad_conflict_every is not None else (10 if cfg.model.path is None else 0)
+        self.watch = SignalWatch()
         self._prompt_ids: dict[str, list[int]] = {}
+        self.ctx = self._context()
         self.step = 0
         if self.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             save_config(cfg, self.run_dir / "config.yaml")
-        self.logger = MetricsLogger(self.run_dir, cfg.train.tensorboard, cfg.train.wandb, cfg.to_dict(), enabled=self.is_main)
+        self.logger = MetricsLogger(self.run_dir, cfg.to_dict(), enabled=self.is_main, warn=log, accelerator=self.acc,
+                                    trackers=tracker_names(cfg.train))
+        self.sample_log = SampleLog(self.run_dir, cfg.train.sample_every, enabled=self.is_main, tb_writer=self.logger.tensorboard_writer())
         if resume:
             self._resume()
 
-    # ------------------------------------------------------------------------------------------ rollout
+    @classmethod
+    def from_config(cls, cfg, run_dir: str | Path, *, resume: bool = False, accelerator=None, log=print) -> "Trainer":
+        from regroup.recipes import build_recipe
+        from regroup.setup import build_parts
+
+        parts = build_parts(cfg, Path(run_dir), accelerator=accelerator, log=log)
+        recipe = build_recipe(cfg, parts.task, lambda text: encode_response(parts.tokenizer, text), run_dir)
+        return cls(parts, recipe, run_dir, resume=resume, log=log)
+
+    # ------------------------------------------------------------------------------------------ context
     def _encode(self, text: str) -> list[int]:
         """Prompt ids of a question, remembered for the recent questions (bounded: a long run over a large
         data set would otherwise keep every prompt it ever saw)."""
@@ -94,48 +98,17 @@ class Trainer:
             del self._prompt_ids[next(iter(self._prompt_ids))]
         return ids
 
-    def collect(self, step: int) -> tuple[list[Sample], dict]:
-        """Sample this process's groups for `step` and reward them; anchors join here."""
-        cfg, recipe = self.cfg, self.recipe
-        questions = self.stream.next_batch(cfg.grpo.prompts_per_step)
-        per_rank = len(questions) // self.world
-        first = self.rank * per_rank
-        local = questions[first : first + per_rank]
-        group_ids = [step * cfg.grpo.prompts_per_step + first + i for i in range(per_rank)]
-        variants = recipe.variants.variants(local) if recipe.variants else None
-        reserved = recipe.anchors.reserved_slots(local) if recipe.anchors else None
-        slots = expand_groups([p.question for p in local], variants, group_ids, cfg.grpo.num_generations,
-                              cfg.grpo.samples_multiplier, reserved)
-        rows = [(slot, j) for slot in slots for j in range(slot.num_samples)]
-        seeds = [sampling_seed(cfg.seed, step, s.group_id, s.variant) * 64 + j for s, j in rows]
-        params = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.max_new_tokens, n=1)
+    def _context(self) -> StepContext:
+        cfg = self.cfg
+        return StepContext(
+            seed=cfg.seed, num_generations=cfg.grpo.num_generations, samples_multiplier=cfg.grpo.samples_multiplier,
+            n_variants=cfg.ta.n_variants if cfg.ta.enabled else 0, world=self.world, rank=self.rank,
+            sampler=self.sampler,
+            sampling_params=SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.max_new_tokens, n=1),
+            encode_prompt=self._encode, encode_response=lambda text: encode_response(self.tokenizer, text),
+            gather=self._gather, global_sum=self._global_sum, warn=self.log,
+        )
 
-        t0 = time.perf_counter()
-        completions = self.sampler.generate([self._encode(s.text) for s, _ in rows], params, seed=seeds)
-        t1 = time.perf_counter()
-        samples = []
-        for (slot, _), c in zip(rows, completions):
-            problem = local[slot.question_index]
-            own_prompt = self._encode(slot.text)
-            samples.append(Sample(
-                group_id=slot.group_id, question_id=problem.id, variant=slot.variant, is_anchor=False,
-                prompt_ids=own_prompt,
-                ratio_prompt_ids=self._encode(problem.question) if recipe.ratio_on_original else own_prompt,
-                response_ids=c.token_ids, response_text=c.text, behaviour_logps=c.logps, truncated=c.truncated,
-                reward=recipe.reward_fn(c.text, problem), problem=problem,
-            ))
-        metrics = {}
-        if recipe.anchors:
-            samples, anchor_metrics = recipe.anchors.inject(samples, local, group_ids, [self._encode(p.question) for p in local])
-            recipe.anchors.observe(samples)
-            metrics.update(anchor_metrics)
-        t2 = time.perf_counter()
-        generated = sum(len(c.token_ids) for c in completions)
-        metrics.update({"time/rollout": t1 - t0, "time/reward": t2 - t1, "tokens/generated": float(generated),
-                        "tokens_per_s": generated / max(t1 - t0, 1e-9)})
-        return samples, metrics
-
-    # ------------------------------------------------------------------------------------------- update
     def _gather(self, tensor: torch.Tensor) -> torch.Tensor:
         """Concatenate a 1-D tensor across processes (variable lengths allowed), rank order."""
         if self.world == 1:
@@ -154,86 +127,133 @@ class Trainer:
 
         return float(reduce(torch.tensor([value], dtype=torch.float64, device=self.acc.device), reduction="sum"))
 
-    def advantages(self, batch: RolloutBatch) -> torch.Tensor:
-        """SPEC §1 advantages over the whole (all-process) batch, this process's rows."""
-        all_rewards, all_groups = self._gather(batch.rewards), self._gather(batch.group_ids)
-        adv = group_advantages(all_rewards, all_groups, self.cfg.grpo.adv_scale, self.cfg.grpo.adv_eps)  # [B_all]
-        offsets = self._gather(torch.tensor([len(batch)])).tolist()
-        start = sum(offsets[: self.rank])
-        return adv[start : start + len(batch)]
+    # ------------------------------------------------------------------------------------------ collect
+    def _draw(self, step: int, round_: int) -> StepBatch:
+        """This process's slice of the next global batch of questions; group ids unique within the step."""
+        pps = self.cfg.grpo.prompts_per_step
+        questions = self.stream.next_batch(pps)
+        per_rank = pps // self.world
+        first = self.rank * per_rank
+        rounds = self.cfg.dynamic_sampling.max_rounds + 1 if self.cfg.dynamic_sampling.enabled else 1
+        base = (step * rounds + round_) * pps
+        return StepBatch(step=step, problems=questions[first : first + per_rank],
+                         group_ids=[base + first + i for i in range(per_rank)])
 
-    def _micro_batches(self, n: int) -> list[slice]:
+    def collect(self, step: int) -> tuple[StepBatch, dict]:
+        """Run the recipe's stages for `step`: sample, reward, and whatever the recipe adds, up to masks."""
+        collect_stages = self.recipe.collect_stages()
+
+        def refill(round_: int) -> StepBatch:  # dynamic sampling draws more questions through the same stages
+            extra = self._draw(step, round_)
+            run_stages(collect_stages, extra, self.ctx)
+            return extra
+
+        self.ctx.refill = refill
+        batch = self._draw(step, 0)
+        metrics = run_stages(self.recipe.stages, batch, self.ctx)
+        return batch, metrics
+
+    # ------------------------------------------------------------------------------------------- update
+    def _micro_batches(self, rows: range) -> list[slice]:
         size = self.cfg.grpo.micro_batch_size
-        return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+        return [slice(i, min(i + size, rows.stop)) for i in range(rows.start, rows.stop, size)]
 
     def _logps_no_grad(self, model_fn, batch: RolloutBatch) -> torch.Tensor:
         with torch.no_grad():
-            return torch.cat([model_fn(batch.select(mb)) for mb in self._micro_batches(len(batch))])  # [B, T]
+            return torch.cat([model_fn(batch.select(mb)) for mb in self._micro_batches(range(len(batch)))])  # [B, T]
 
-    def update(self, samples: list[Sample]) -> dict:
+    def _mini_batches(self, n: int) -> list[range]:
+        """`grpo.mini_batches` contiguous row ranges, one optimizer step each (advantages were computed over
+        whole groups before the split, so a group may span two mini-batches)."""
+        k = self.cfg.grpo.mini_batches
+        bounds = [round(i * n / k) for i in range(k + 1)]
+        return [range(bounds[i], bounds[i + 1]) for i in range(k)]
+
+    def update(self, step_batch: StepBatch) -> dict:
         cfg, g = self.cfg, self.cfg.grpo
-        batch = collate(samples, self.pad_id)
-        advantages = self.advantages(batch)  # [B]
-        metrics = {"adv/abs_mean": float(advantages.abs().mean())}
-        sample_weight = None
-        if self.recipe.masker:  # SPEC §2a: masks after advantages, over G_mix
-            keep, mask_metrics = self.recipe.masker(samples, advantages, batch.group_ids)
-            sample_weight = keep.float()  # [B]
-            metrics.update(mask_metrics)
-        if batch.is_anchor.any():
-            anchor_adv = advantages[batch.is_anchor]
-            metrics["anchor/adv_mean"] = float(anchor_adv.mean())
-        batch = self._to_device(batch)
-        d = cfg.diagnostics
-        conflict_every = d.grad_conflict_every if d.grad_conflict_every is not None else (10 if cfg.model.path is None else 0)
-        if conflict_every and self.step % conflict_every == 0:
+        samples = step_batch.samples
+        if self._global_sum(float(len(samples))) == 0:
+            self.log(f"step {step_batch.step + 1}: no samples left to train on (every group filtered); update skipped")
+            return {"skipped_empty": 1.0}
+        if not samples:  # another process has samples: join its collectives with a zero-weight row
+            return self._empty_update()
+        batch = self._to_device(collate(samples, self.pad_id))
+        advantages = step_batch.advantages.to(self.acc.device)  # [B]
+        weights = None if step_batch.weights is None else step_batch.weights.to(self.acc.device)  # [B]
+        metrics: dict = {}
+        if self.grad_conflict_every and self.step % self.grad_conflict_every == 0:
+            d = cfg.diagnostics
             metrics.update(gradient_conflict(
-                self.acc.unwrap_model(self.model), batch, advantages.to(self.acc.device),
+                self.acc.unwrap_model(self.model), batch, advantages,
                 param_pattern=d.grad_conflict_params, max_samples=d.grad_conflict_samples, temperature=cfg.rollout.temperature))
-        advantages = advantages.to(self.acc.device)
-        sample_weight = sample_weight.to(self.acc.device) if sample_weight is not None else None
         anchor_tokens = batch.completion_mask.bool() & ~batch.sampled_mask  # [B, T] forced (off-policy) tokens
-        total_tokens = self._global_sum(float(batch.completion_mask.sum()))
-        total_sequences = int(self._global_sum(float(len(batch))))
         temperature = cfg.rollout.temperature
 
         def score(model, mb):
-            return response_logps(model, mb, temperature)[0]
+            return response_logps(model, mb, temperature, shared_prefix=g.shared_prefix)[0]
 
-        old_logps = self._logps_no_grad(lambda mb: score(self.model, mb), batch) if g.num_iterations > 1 else None
+        # pi_old is computed once per rollout, before the first update, whenever it can differ from pi_theta.
+        needs_old = g.num_iterations > 1 or g.mini_batches > 1
+        old_logps = self._logps_no_grad(lambda mb: score(self.model, mb), batch) if needs_old else None
         ref_logps = self._logps_no_grad(lambda mb: self.reference(lambda m: score(m, mb)), batch) if self.reference else None
 
         sums: dict[str, float] = {}
+        minis = self._mini_batches(len(batch))
         for iteration in range(g.num_iterations):
-            micro = self._micro_batches(len(batch))
-            loss_total = 0.0
-            for k, mb in enumerate(micro):
-                part = batch.select(mb)
-                sync = k == len(micro) - 1
-                context = self.acc.no_sync(self.model) if (not sync and self.world > 1) else nullcontext()
-                with context:
-                    logps, entropy = response_logps(self.model, part, temperature, with_entropy=iteration == 0)
-                    old = logps.detach() if old_logps is None else old_logps[mb]  # mu = 1: ratio is 1 (TRL)
-                    is_weight = None
-                    if cfg.rollout.tis_cap > 0 and bool(part.has_behaviour_logps.all()):
-                        is_weight = truncated_is_weight(old, part.behaviour_logps, cfg.rollout.tis_cap)
-                    loss, loss_metrics = policy_loss(
-                        logps, old, advantages[mb], part.completion_mask,
-                        ref_logps=None if ref_logps is None else ref_logps[mb], beta=g.beta,
-                        eps_low=g.eps_low, eps_high=g.eps_high, agg=g.loss_agg,
-                        total_tokens=total_tokens, total_sequences=total_sequences,
-                        max_completion_length=cfg.rollout.max_new_tokens,
-                        sample_weight=None if sample_weight is None else sample_weight[mb],
-                        anchor_token_mask=anchor_tokens[mb] if bool(anchor_tokens[mb].any()) else None,
-                        anchor_ratio=cfg.anchors.ratio, shaping_gamma=cfg.anchors.gamma, is_weight=is_weight,
-                        kl_ratio_correction=g.kl_ratio_correction,
-                    )
-                    self.acc.backward(loss * self.world)  # DDP averages over ranks; normalisers are global
-                loss_total += float(loss.detach())
-                if iteration == 0:
-                    self._accumulate(sums, part, entropy, loss_metrics, anchor_tokens[mb], logps.detach())
-            metrics.update(self._optimizer_step(loss_total))
+            for rows in minis:
+                part_all = batch.select(slice(rows.start, rows.stop))
+                totals = LossTotals(
+                    total_tokens=self._global_sum(float(part_all.completion_mask.sum())),
+                    total_sequences=int(self._global_sum(float(len(part_all)))),
+                    max_completion_length=cfg.rollout.max_new_tokens,
+                )
+                micro = self._micro_batches(rows)
+                loss_total = 0.0
+                for k, mb in enumerate(micro):
+                    part = batch.select(mb)
+                    sync = k == len(micro) - 1
+                    context = self.acc.no_sync(self.model) if (not sync and self.world > 1) else nullcontext()
+                    with context:
+                        logps, entropy = response_logps(self.model, part, temperature, with_entropy=iteration == 0,
+                                                        shared_prefix=g.shared_prefix)
+                        old = logps.detach() if old_logps is None else old_logps[mb]  # mu = 1, one mini-batch: ratio 1 (TRL)
+                        inputs = LossInputs(
+                            advantages=advantages[mb], loss_mask=part.completion_mask,
+                            ref_logps=None if ref_logps is None else ref_logps[mb],
+                            sample_weight=None if weights is None else weights[mb],
+                            anchor_token_mask=anchor_tokens[mb] if bool(anchor_tokens[mb].any()) else None,
+                            is_weight=self._is_weight(old, part),
+                        )
+                        loss, loss_metrics = policy_loss(logps, old, inputs, self.recipe.loss, totals)
+                        self.acc.backward(loss * self.world)  # DDP averages over ranks; normalisers are global
+                    loss_total += float(loss.detach())
+                    if iteration == 0:
+                        self._accumulate(sums, part, entropy, loss_metrics, anchor_tokens[mb], logps.detach())
+                metrics.update(self._optimizer_step(loss_total))
         metrics.update(self._finish_sums(sums))
+        return metrics
+
+    def _is_weight(self, old: torch.Tensor, part: RolloutBatch) -> torch.Tensor | None:
+        """Truncated IS weight [b, T] per row: rows without sampler log-probs (anchors) get weight 1.
+
+        The sampler scored each response on the prompt it answered; config validation refuses
+        `rollout.tis_cap > 0` with ratios on q0, where π_old(o|q0)/π_sampler(o|q_n) would compare two prompts.
+        """
+        cap = self.cfg.rollout.tis_cap
+        if cap <= 0 or not bool(part.has_behaviour_logps.any()):
+            return None
+        weight = truncated_is_weight(old, part.behaviour_logps, cap)  # [b, T]
+        return torch.where(part.has_behaviour_logps.unsqueeze(1), weight, torch.ones_like(weight))  # [b, T]
+
+    def _empty_update(self) -> dict:
+        """This process kept no sample (dynamic sampling): a zero-loss forward/backward on a two-token row
+        for every optimizer step the others make, so DDP's all-reduce and the schedule stay in step."""
+        row = torch.full((1, 2), self.pad_id, dtype=torch.long, device=self.acc.device)
+        metrics: dict = {}
+        for _ in range(self.cfg.grpo.num_iterations * self.cfg.grpo.mini_batches):
+            logits = self.model(input_ids=row, attention_mask=torch.ones_like(row), use_cache=False).logits
+            self.acc.backward(logits.float().sum() * 0.0)
+            metrics = self._optimizer_step(0.0)
         return metrics
 
     def _optimizer_step(self, loss_total: float) -> dict:
@@ -283,13 +303,14 @@ class Trainer:
     # ------------------------------------------------------------------------------------------- loop
     def train_step(self, step: int) -> dict:
         t0 = time.perf_counter()
-        samples, metrics = self.collect(step)
-        metrics.update(reward_diagnostics(samples))
+        batch, metrics = self.collect(step)
+        metrics.update(reward_diagnostics(batch.samples))
         every = self.cfg.diagnostics.diversity_every
         if self.embedder is not None and every and (step + 1) % every == 0:  # logged steps K, 2K, ...
-            metrics["diversity"] = group_diversity(samples, self.embedder)
+            metrics["diversity"] = group_diversity(batch.samples, self.embedder)
+        self.sample_log.maybe_log(step + 1, batch)
         t1 = time.perf_counter()
-        metrics.update(self.update(samples))
+        metrics.update(self.update(batch))
         self.sampler.sync_weights(self.acc.unwrap_model(self.model))
         metrics["time/update"] = time.perf_counter() - t1
         metrics["time/step"] = time.perf_counter() - t0
@@ -316,20 +337,36 @@ class Trainer:
         totals, counts = reduce(both, reduction="sum").cpu().tolist()
         return {k: total if k in summed else total / count for k, total, count in zip(keys, totals, counts)}
 
+    def _finished(self) -> bool:
+        return self.step >= self.total_steps
+
     def train(self, on_step=None) -> dict:
-        """Run to cfg.train.steps; returns the last step's metrics."""
+        """Run to `train.steps` (or `train.epochs` passes over the questions); returns the last step's metrics."""
         metrics: dict = {}
         every = self.cfg.train.checkpoint_every
-        while self.step < self.cfg.train.steps:
+        eval_every = self.cfg.train.eval_every
+        while not self._finished():
             metrics = self.train_step(self.step)
             self.step += 1
+            if eval_every and self.step % eval_every == 0:
+                metrics.update(self.evaluate())
+            for line in self.watch.observe(self.step, metrics):
+                if self.is_main:
+                    self.log(line)
             self.logger.log(self.step, metrics)
             if on_step is not None and self.is_main:
                 on_step(self.step, metrics)
-            if (every and self.step % every == 0) or self.step == self.cfg.train.steps:
+            if (every and self.step % every == 0) or self._finished():
                 self.save()
         self.logger.close()
+        self.sample_log.close()
         return metrics
+
+    def evaluate(self) -> dict:
+        """Held-out evaluation during training (`train.eval_every`), logged as `eval/*` metrics."""
+        from regroup.eval.during_training import evaluate_during_training
+
+        return evaluate_during_training(self)
 
     # ------------------------------------------------------------------------------------ checkpoints
     def state(self) -> dict:
@@ -339,7 +376,8 @@ class Trainer:
             "scheduler": self.scheduler.state_dict(),
             "rng": rng_state(),
             "stream": self.stream.state_dict(),
-            "anchors": self.recipe.anchors.state_dict() if self.recipe.anchors else None,
+            "stages": stage_states(self.recipe.stages),
+            "watch": self.watch.state_dict(),
         }
 
     def save(self) -> Path | None:
@@ -362,8 +400,11 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.stream.load_state_dict(state["stream"])
-        if self.recipe.anchors and state.get("anchors"):
-            self.recipe.anchors.load_state_dict(state["anchors"])
+        stages = state.get("stages")
+        if stages is None and state.get("anchors"):  # checkpoints written before stages had names
+            stages = {"anchors": state["anchors"]}
+        load_stage_states(self.recipe.stages, stages)
+        self.watch.load_state_dict(state.get("watch") or {})
         set_rng_state(state["rng"])
         self.step = state["step"]
         self.sampler.sync_weights(self.acc.unwrap_model(self.model))

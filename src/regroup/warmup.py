@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from regroup.models.prompting import encode_prompt, encode_response
+from regroup.schedule import lr_lambda
 from regroup.models.tiny import TinyModelConfig, build_model, build_tokenizer
 
 BAND = {"heldout_pass1": (0.25, 0.65), "group_mixed": (0.30, 1.0), "group_all_correct": (0.05, 1.0),
@@ -142,11 +143,7 @@ def warmup(out_dir: str | Path, cfg: WarmupConfig | None = None, *, task=None, l
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     warm = max(1, int(cfg.warmup_frac * cfg.schedule_steps))
 
-    def schedule(step: int) -> float:
-        if step < warm:
-            return (step + 1) / warm
-        progress_ = (step - warm) / max(1, cfg.schedule_steps - warm)
-        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress_)))
+    schedule = lr_lambda(warm, cfg.schedule_steps, "cosine", cfg.min_lr_ratio, peak_in_warmup=True)
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     model.train()

@@ -150,7 +150,7 @@ def test_grader_and_step_score_on_random_text(response, which):
     g, s = grade(response, p), step_score(response, p)
     assert g in (0.0, 1.0)
     assert isinstance(s, float) and math.isfinite(s) and 1.0 <= s <= 10.0
-    assert time.perf_counter() - start < 0.5
+    assert time.perf_counter() - start < 10.0  # no hang; wide on purpose (loaded CI), it is ~1 ms
 
 
 @pytest.fixture(scope="module")
@@ -174,4 +174,65 @@ def test_math_checker_on_random_text(checker, inner, answer, boxed):
     start = time.perf_counter()
     value = checker(response, Problem("f", "q", answer or "0"))
     assert value in (0.0, 1.0)
-    assert time.perf_counter() - start < checker.timeout_s + checker.grace_s + 0.5
+    # no hang: a check is cut at timeout_s + grace_s; the wide margin covers a replacement worker's start
+    assert time.perf_counter() - start < checker.timeout_s + checker.grace_s + 30.0
+
+
+# -- every numeric config field with its bad values ---------------------------------------------------
+
+def _numeric_cases():
+    """(dotted key, bad value as YAML) for every numeric field: nan, ±inf, and the values just past each
+    bound of its rule (0 where it must be positive, -1 where it must be >= 0, a huge value past an upper bound)."""
+    from regroup.config import NUMERIC_RULES, numeric_keys
+
+    def text(x: float) -> str:
+        return str(int(x)) if float(x).is_integer() and abs(x) < 2**53 else repr(float(x))
+
+    cases = []
+    for key in numeric_keys():
+        rule = NUMERIC_RULES[key]
+        bad = [".nan", ".inf", "-.inf"]
+        if rule.low is not None:
+            bad.append(text(rule.low) if rule.low_open else text(rule.low - 1))
+            bad.append("-1e30")
+        if rule.high is not None:
+            bad.append(text(rule.high) if rule.high_open else text(rule.high + 1))
+            bad.append("1e30" if rule.high < 1e30 else "1e300")
+        cases += [(key, value) for value in dict.fromkeys(bad)]
+    return cases
+
+
+NUMERIC_CASES = _numeric_cases()
+
+
+def test_the_numeric_fuzz_covers_every_field():
+    from regroup.config import numeric_keys
+
+    assert {key for key, _ in NUMERIC_CASES} == set(numeric_keys())
+    assert len(NUMERIC_CASES) > 4 * len(numeric_keys())
+
+
+@pytest.mark.parametrize("key, value", NUMERIC_CASES, ids=[f"{k}={v}" for k, v in NUMERIC_CASES])
+def test_every_numeric_field_rejects_its_bad_values(key, value):
+    from regroup.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [f"{key}={value}"])
+    assert str(err.value).startswith(key), err.value
+
+
+def test_every_numeric_field_accepts_its_bounds():
+    """The rules are not stricter than they say: each closed bound itself loads (where no cross-field rule
+    forbids it), so the bad values above fail for the right reason."""
+    from regroup.config import NUMERIC_RULES, load_config
+
+    cross_field = {"grpo.num_generations": 1, "anchors.count": 2 ** 31 - 1}  # a group of one; count < G
+    checked = 0
+    for key, rule in NUMERIC_RULES.items():
+        for bound, is_open in ((rule.low, rule.low_open), (rule.high, rule.high_open)):
+            if bound is None or is_open or cross_field.get(key) == bound:
+                continue
+            value = int(bound) if float(bound).is_integer() and abs(bound) < 2**53 else bound
+            load_config(None, [f"{key}={value}"])
+            checked += 1
+    assert checked > 40

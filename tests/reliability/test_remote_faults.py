@@ -79,7 +79,9 @@ class FaultyJudge:
 
 
 def make_client(srv, **kw):
-    opts = dict(api_key_env=ENV, timeout_s=0.25, max_retries=10, backoff_s=0.02, max_backoff_s=0.2, concurrency=8)
+    # each attempt 0.25 s at most; the whole call (10 retries included) has a 60 s deadline
+    opts = dict(api_key_env=ENV, timeout_s=60.0, attempt_timeout_s=0.25, max_retries=10, backoff_s=0.02,
+                max_backoff_s=0.2, concurrency=8)
     opts.update(kw)
     return ChatClient(srv.base_url, "judge", **opts)
 
@@ -114,7 +116,10 @@ def test_judge_fault_sequence_every_item_answered_or_recorded(tmp_path, monkeypa
         assert judge.stats == {
             "scored": n - len(doomed), "failed": len(doomed), "cached": 0,
             "requests": n, "unparseable": 0, "request_failures": len(doomed),
+            "retries": st["retries"], "retry_after_waits": st["retry_after_waits"], "retry_after_capped": 0,
+            "deadline_hits": 0, "oversize": 0,
         }
+        assert st["retry_after_waits"] == st["errors"]["http_429"]  # every 429 of the fake carries Retry-After
 
         # cache intact: consistent file, every answer right, failures recorded apart, not as answers
         assert sqlite3.connect(cache_path).execute("PRAGMA integrity_check").fetchone()[0] == "ok"

@@ -30,7 +30,7 @@ pytestmark = pytest.mark.reliability
 
 def build(model_dir, run_dir, recipe="grpo.yaml", *extra) -> Trainer:
     cfg = load_config(h.CONFIGS / recipe, h.small_overrides(model_dir, run_dir, *extra))
-    return Trainer(cfg, run_dir, log=lambda m: None)
+    return Trainer.from_config(cfg, run_dir, log=lambda m: None)
 
 
 def weights(model) -> dict[str, torch.Tensor]:
@@ -105,20 +105,17 @@ def test_unscorable_rewards_get_zero_advantage(tiny_model_dir, tmp_path, figures
     trainer = build(tiny_model_dir, tmp_path, "grpo.yaml", "rewards=[reliability_helpers:flaky_reward]",
                     "train.steps=3", "grpo.num_generations=6")
     seen: list[tuple[list, torch.Tensor, torch.Tensor]] = []
-    collect, advantages = trainer.collect, trainer.advantages
+    stage = next(s for s in trainer.recipe.stages if s.name == "advantages")
+    compute = stage.__call__
 
-    def recording_collect(step):
-        samples, metrics = collect(step)
-        seen.append((samples, None, None))
-        return samples, metrics
+    def recording_advantages(batch, ctx):
+        metrics = compute(batch, ctx)
+        group_ids = torch.tensor([s.group_id for s in batch.samples])
+        seen.append((list(batch.samples), group_ids, batch.advantages.clone()))
+        return metrics
 
-    def recording_advantages(batch):
-        adv = advantages(batch)  # [B]
-        samples, _, _ = seen[-1]
-        seen[-1] = (samples, batch.group_ids.clone(), adv.clone())
-        return adv
-
-    trainer.collect, trainer.advantages = recording_collect, recording_advantages
+    trainer.recipe.stages[trainer.recipe.stages.index(stage)] = recording_advantages
+    recording_advantages.name = "advantages"
     before = weights(trainer.model)
     trainer.train()
 
@@ -178,8 +175,11 @@ def test_judge_failing_half_the_time_and_going_down(tiny_model_dir, tmp_path, mo
             tiny_model_dir, tmp_path, "dagrpo.yaml", f"train.steps={steps}", "mask.scorer.name=judge",
             f"mask.scorer.base_url={srv.base_url}", f"mask.scorer.api_key_env={KEY_ENV}",
             f"mask.scorer.timeout_s={timeout_s}", "mask.scorer.max_retries=2", "mask.scorer.concurrency=32",
+            "anchors.max_tokens=64",  # the references are longer than the 16 generated tokens
         )
-        masker = trainer.recipe.masker = RecordingMasker(trainer.recipe.masker)
+        stage = next(s for s in trainer.recipe.stages if s.name == "mask")
+        masker = RecordingMasker(stage.mask)
+        stage.mask = masker  # the stage scores and masks through it
         down_after = steps // 2
 
         def on_step(step, m):

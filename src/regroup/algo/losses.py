@@ -11,11 +11,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from dataclasses import dataclass
+
 from regroup.algo.anchors import plain_anchor_pg_loss, shaped_pg_loss
+from regroup.algo.gspo import sequence_clipped_pg_loss, sequence_ratio
 from regroup.algo.ratios import clip_ratio, importance_ratio
 
 AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_sum_constant")
 ANCHOR_RATIOS = ("shaped", "plain")
+RATIO_LEVELS = ("token", "sequence")
 # regroup aggregation mode -> the TRL GRPOTrainer `loss_type` that computes the same loss.
 TRL_LOSS_TYPES = {"token_mean": "dapo", "seq_mean_token_mean": "grpo", "seq_sum_constant": "dr_grpo"}
 
@@ -104,31 +108,62 @@ def aggregate(
     return masked.sum() / (total_sequences * max_completion_length)
 
 
+@dataclass(frozen=True)
+class LossSpec:
+    """What the policy loss is made of, decided once by the recipe (the front-ends only fill in tensors).
+
+    - ratio term: `ratio_level` "token" (PPO, SPEC §1) or "sequence" (GSPO: one length-normalised ratio per
+      response, clipped as a whole; `regroup.algo.gspo`); anchor tokens use `anchor_ratio` ("shaped":
+      −A·p/(p+γ), SPEC §2b.3 / LUFFY; "plain": π_old := sg(π_θ));
+    - PG term: −min(r·A, clip(r, 1−eps_low, 1+eps_high)·A);
+    - KL term: `beta`·k3 against the reference, times the ratio when `kl_ratio_correction` (TRL's
+      use_bias_correction_kl);
+    - aggregation: `agg` (token_mean | seq_mean_token_mean | seq_sum_constant) with whole-batch totals.
+    """
+
+    eps_low: float = 0.2
+    eps_high: float = 0.2
+    beta: float = 0.0
+    kl_ratio_correction: bool = False
+    agg: str = "token_mean"
+    ratio_level: str = "token"
+    anchor_ratio: str = "shaped"
+    shaping_gamma: float = 0.1
+
+
+@dataclass
+class LossInputs:
+    """The tensors of one micro-batch the loss reads besides the log-probs."""
+
+    advantages: Tensor  # [B] or [B, T]
+    loss_mask: Tensor  # [B, T] 1 on response tokens
+    ref_logps: Tensor | None = None  # [B, T] frozen reference (needed when beta != 0)
+    sample_weight: Tensor | None = None  # [B] masks and weights (normaliser NOT reduced)
+    anchor_token_mask: Tensor | None = None  # [B, T] forced off-policy (anchor) tokens
+    is_weight: Tensor | None = None  # [B, T] truncated IS weight of sampler mismatch
+
+
+@dataclass(frozen=True)
+class LossTotals:
+    """Whole-optimizer-batch normalisers (all micro-batches, all processes)."""
+
+    total_tokens: float
+    total_sequences: int
+    max_completion_length: int
+
+
 def policy_loss(
     logps: Tensor,
     old_logps: Tensor,
-    advantages: Tensor,
-    loss_mask: Tensor,
-    *,
-    ref_logps: Tensor | None = None,
-    beta: float = 0.0,
-    eps_low: float = 0.2,
-    eps_high: float = 0.2,
-    agg: str = "token_mean",
-    total_tokens: float,
-    total_sequences: int,
-    max_completion_length: int,
-    sample_weight: Tensor | None = None,
-    anchor_token_mask: Tensor | None = None,
-    anchor_ratio: str = "shaped",
-    shaping_gamma: float = 0.1,
-    is_weight: Tensor | None = None,
-    kl_ratio_correction: bool = False,
+    inputs: LossInputs,
+    spec: LossSpec,
+    totals: LossTotals,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """The full GRPO / DaGRPO / TA-GRPO policy loss of one micro-batch, aggregated with whole-batch totals.
+    """The full GRPO / DaGRPO / TA-GRPO / GSPO policy loss of one micro-batch, aggregated with whole-batch totals.
 
     Per loss token (`loss_mask` True):
-    - on-policy token: PPO-clip loss (SPEC §1), times `is_weight` (truncated IS) when given;
+    - on-policy token: PPO-clip loss (SPEC §1) on the token ratio, or on the response's GSPO sequence ratio
+      (`spec.ratio_level="sequence"`), times `is_weight` (truncated IS) when given;
     - anchor token (`anchor_token_mask` True, forced off-policy expert token): `−A·p/(p+γ)` with
       `anchor_ratio="shaped"` (SPEC §2b.3, LUFFY, no clipping), or `−A·exp(logp − sg(logp))` with "plain";
     - plus `beta · KL_k3(π_θ ‖ π_ref)` on every loss token when `beta != 0` (requires `ref_logps`);
@@ -145,6 +180,12 @@ def policy_loss(
     `anchor_token_mask` is given), `kl_mean` (mean k3 over loss tokens; only when `ref_logps` is given),
     `is_weight_mean` (over on-policy loss tokens; only when `is_weight` is given).
     """
+    advantages, loss_mask = inputs.advantages, inputs.loss_mask
+    ref_logps, sample_weight, is_weight = inputs.ref_logps, inputs.sample_weight, inputs.is_weight
+    anchor_token_mask = inputs.anchor_token_mask
+    beta, anchor_ratio, agg = spec.beta, spec.anchor_ratio, spec.agg
+    if spec.ratio_level not in RATIO_LEVELS:
+        raise ValueError(f"ratio_level must be one of {RATIO_LEVELS}, got {spec.ratio_level!r}")
     if anchor_ratio not in ANCHOR_RATIOS:
         raise ValueError(f"anchor_ratio must be one of {ANCHOR_RATIOS}, got {anchor_ratio!r}")
     if logps.shape != old_logps.shape or logps.shape != loss_mask.shape:
@@ -163,14 +204,18 @@ def policy_loss(
     # π_old is undefined on anchor and padding tokens; use π_θ there (ratio 1) so that whatever the
     # caller stored cannot produce inf/NaN in the unselected branch (0·inf = NaN in backward).
     old_eff = torch.where(on_policy, old_logps, logps.detach())  # [B, T]
-    pg, is_low, is_high = clipped_pg_loss(logps, old_eff, advantages, eps_low, eps_high)  # [B, T] x3
+    if spec.ratio_level == "sequence":
+        # GSPO: every token of a response carries its sequence ratio (anchor tokens are left out of it).
+        pg, is_low, is_high = sequence_clipped_pg_loss(logps, old_eff, advantages, on_policy, spec.eps_low, spec.eps_high)
+    else:
+        pg, is_low, is_high = clipped_pg_loss(logps, old_eff, advantages, spec.eps_low, spec.eps_high)  # [B, T] x3
     if is_weight is not None:
         if is_weight.shape != mask.shape:
             raise ValueError(f"is_weight shape {tuple(is_weight.shape)} does not match loss_mask {tuple(mask.shape)}")
         pg = torch.where(on_policy, pg * is_weight.detach(), pg)  # [B, T]
     if anchor_token_mask is not None:
         if anchor_ratio == "shaped":
-            anchor_loss = shaped_pg_loss(logps, advantages, shaping_gamma)  # [B, T]
+            anchor_loss = shaped_pg_loss(logps, advantages, spec.shaping_gamma)  # [B, T]
         else:
             anchor_loss = plain_anchor_pg_loss(logps, advantages)  # [B, T]
         pg = torch.where(anchor, anchor_loss, pg)  # [B, T]
@@ -188,20 +233,21 @@ def policy_loss(
         kl = kl_k3(logps, ref_logps)  # [B, T]
         if beta != 0.0:
             kl_term = beta * kl  # [B, T]
-            if kl_ratio_correction:
+            if spec.kl_ratio_correction:
                 # Unbiased reverse-KL gradient from π_old samples (DeepSeek-V3.2; TRL use_bias_correction_kl).
                 kl_term = kl_term * torch.exp(logps - old_eff)  # [B, T]
             if weight is not None:
                 kl_term = kl_term * weight  # [B, T]
             per_token = per_token + kl_term
 
-    totals = dict(
-        total_tokens=total_tokens, total_sequences=total_sequences, max_completion_length=max_completion_length
-    )
-    loss = aggregate(per_token, mask, agg, **totals)
+    norm = dict(total_tokens=totals.total_tokens, total_sequences=totals.total_sequences,
+                max_completion_length=totals.max_completion_length)
+    loss = aggregate(per_token, mask, agg, **norm)
 
     with torch.no_grad():
         ratio = torch.exp(logps - old_eff)  # [B, T]
+        if spec.ratio_level == "sequence":
+            ratio = sequence_ratio(logps.detach(), old_eff, on_policy).expand_as(logps)  # [B, T]
         n_on = on_policy.sum()
         denom = n_on.clamp(min=1).to(logps.dtype)
 
@@ -209,7 +255,7 @@ def policy_loss(
             return torch.where(on_policy, x.to(logps.dtype), torch.zeros_like(logps)).sum() / denom
 
         metrics: dict[str, Tensor] = {
-            "pg_loss": aggregate(pg.detach(), mask, agg, **totals),
+            "pg_loss": aggregate(pg.detach(), mask, agg, **norm),
             "clip_low_frac": on_mean(is_low),
             "clip_high_frac": on_mean(is_high),
             "clip_frac": on_mean(is_low | is_high),

@@ -24,6 +24,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -34,15 +35,19 @@ from trl import GRPOTrainer
 from trl.data_utils import is_conversational
 from trl.trainer.utils import is_async_callable, use_adapter
 
-from regroup.algo.advantages import group_advantages, group_reward_stats
-from regroup.algo.distinctiveness import distinctiveness_mask, mask_stats
-from regroup.algo.losses import ANCHOR_RATIOS, policy_loss
+from regroup.algo.advantages import group_reward_stats
+from regroup.algo.losses import ANCHOR_RATIOS, LossInputs, LossSpec, LossTotals, policy_loss
+from regroup.batch import Sample
+from regroup.stages.advantages import GroupAdvantages
+from regroup.stages.anchors import is_verified
+from regroup.stages.base import StepBatch, StepContext
+from regroup.stages.masking import DistinctivenessMasker
 from regroup.integrations.trl_helpers import (  # noqa: F401  (re-exported)
     ANCHOR_MASK, ANCHOR_MODES, ANCHOR_WHEN, GROUP_ID, IS_ANCHOR, LOSS_AGG, Q0_PROMPT, RATIO_ANCHORS, SAMPLE_WEIGHT, VARIANT,
     PooledRepeatSampler, _pad_right, anchor_slots, completion_text, expand_variants, loss_totals,
     prompt_question,
 )
-from regroup.scorers import ScoreItem, Scorer, build_scorer
+from regroup.scorers import Scorer, build_scorer
 
 __all__ = [
     "ANCHOR_MASK",
@@ -171,12 +176,10 @@ class RegroupGRPOTrainer(GRPOTrainer):
         self._regroup_completions: list[Any] | None = None
         self._regroup_rewards_per_func: Tensor | None = None
         self._regroup_anchor_cache: dict[tuple[str, str], float | None] = {}
-        self._regroup_scorer: Scorer | None = None
+        self._regroup_masker: DistinctivenessMasker | None = None
         if cfg.distinctiveness:
-            if isinstance(cfg.scorer, str):
-                self._regroup_scorer = build_scorer(cfg.scorer, **cfg.scorer_kwargs)
-            else:
-                self._regroup_scorer = cfg.scorer
+            scorer = build_scorer(cfg.scorer, **cfg.scorer_kwargs) if isinstance(cfg.scorer, str) else cfg.scorer
+            self._regroup_masker = DistinctivenessMasker(scorer, cfg.delta)
 
         bound = inspect.signature(GRPOTrainer.__init__).bind(self, *args, **kwargs)
         if cfg.ta_pooling:
@@ -200,7 +203,6 @@ class RegroupGRPOTrainer(GRPOTrainer):
                 f"{sorted(LOSS_AGG)}; got loss_type={self.loss_type!r}"
             )
         refused = {
-            "importance_sampling_level": (self.importance_sampling_level != "token", "'token'"),
             "delta (two-sided clipping)": (args.delta is not None, "None"),
             "top_entropy_quantile": (self.top_entropy_quantile != 1.0, "1.0"),
             "off_policy_mask_threshold": (self.off_policy_mask_threshold is not None, "None"),
@@ -344,19 +346,22 @@ class RegroupGRPOTrainer(GRPOTrainer):
         if cfg.anchors:
             rewards, is_anchor = self._regroup_anchors(inputs, out, rewards, group_ids, variants, local)
 
-        raw_adv = group_advantages(rewards, group_ids, scale=self.scale_rewards, eps=cfg.adv_eps)  # [B]
+        # The same stages as the native trainer, on the global batch (TRL has already gathered it).
+        step = StepBatch(step=int(self.state.global_step), samples=[
+            Sample(group_id=int(g), question_id=str(int(g)), variant=int(v), is_anchor=bool(a), prompt_ids=[],
+                   ratio_prompt_ids=[], response_ids=[], response_text="", reward=None if math.isnan(r) else r)
+            for g, v, a, r in zip(group_ids.tolist(), variants.tolist(), is_anchor.tolist(), rewards.tolist())])
+        whole = StepContext(seed=self.args.seed, num_generations=self.num_generations)  # one "process": the global batch
+        GroupAdvantages(self.scale_rewards, cfg.adv_eps)(step, whole)
+        raw_adv = step.advantages.to(device=device, dtype=out["advantages"].dtype)  # [B]
         weight = torch.ones(total, dtype=raw_adv.dtype, device=device)  # [B]
         scores = None
         if cfg.distinctiveness:
             scores = self._regroup_scores(inputs, out, is_anchor[local])  # [B]
-            keep = distinctiveness_mask(raw_adv, scores, group_ids, cfg.delta)  # [B]
-            weight = keep.to(raw_adv.dtype)
-            for key, value in mask_stats(raw_adv, keep).items():
-                if key.startswith("frac"):
-                    self._metrics[mode][f"regroup/mask/{key}"].append(value)
-            scored = ~torch.isnan(scores)
-            self._metrics[mode]["regroup/score/mean"].append(float(scores[scored].mean()) if scored.any() else 0.0)
-            self._metrics[mode]["regroup/score/frac_unscored"].append(float((~scored).float().mean()))
+            keep, mask_metrics = self._regroup_masker.mask_from_scores(raw_adv.cpu(), scores.cpu(), group_ids.cpu())
+            weight = keep.to(device=device, dtype=raw_adv.dtype)
+            for key, value in mask_metrics.items():
+                self._metrics[mode][f"regroup/{key}"].append(value)
             out[SAMPLE_WEIGHT] = weight[local]
         # SPEC §2a.4: a masked sample's advantage is 0; the loss normaliser is not reduced.
         advantages = raw_adv * weight  # [B]
@@ -448,7 +453,7 @@ class RegroupGRPOTrainer(GRPOTrainer):
         if key not in self._regroup_anchor_cache:
             self._regroup_anchor_cache[key] = self._regroup_verify(row, reference, ids)
         reward = self._regroup_anchor_cache[key]
-        if reward is None or not reward >= cfg.correct_reward:
+        if not is_verified(reward, cfg.correct_reward):
             skipped["unverified"] += 1
             return None
         return ids, reward
@@ -534,19 +539,20 @@ class RegroupGRPOTrainer(GRPOTrainer):
         """Fine-grained scores [B] (NaN = unscored) of every sample of the global batch (SPEC §2a.1)."""
         cfg = self.regroup
         completions = self._regroup_completions or [""] * len(inputs)
-        items = []
+        samples = []
         for i, row in enumerate(inputs):
             reference = row.get(cfg.reference_column)
             reference = reference if isinstance(reference, str) else None
             response = reference if bool(is_anchor_local[i]) and reference else completion_text(completions[i])
-            problem = cfg.problem_fn(row) if cfg.problem_fn is not None else None
-            items.append(ScoreItem(prompt_question(row["prompt"]), response, reference, problem))
-        assert self._regroup_scorer is not None
-        values = self._regroup_scorer.score_batch(items)
-        if len(values) != len(items):
-            raise ValueError(f"scorer returned {len(values)} scores for {len(items)} responses")
+            question = prompt_question(row["prompt"])
+            problem = cfg.problem_fn(row) if cfg.problem_fn is not None else SimpleNamespace(question=question, solution=reference)
+            samples.append(Sample(group_id=0, question_id="", variant=0, is_anchor=bool(is_anchor_local[i]),
+                                  prompt_ids=[], ratio_prompt_ids=[], response_ids=[], response_text=response,
+                                  problem=problem, question_text=question))
+        assert self._regroup_masker is not None
+        self._regroup_masker.score(samples)  # the native masker's scoring, on this process's rows
         local = torch.tensor(
-            [math.nan if v is None else float(v) for v in values], dtype=torch.float32, device=out["advantages"].device
+            [math.nan if s.score is None else float(s.score) for s in samples], dtype=torch.float32, device=out["advantages"].device
         )
         return gather(local)  # [B]
 
@@ -587,24 +593,14 @@ class RegroupGRPOTrainer(GRPOTrainer):
             steps_per_generation=self.args.steps_per_generation if training else 1,
             max_completion_length=self.max_completion_length or logits_to_keep,
         )
-        loss, m = policy_loss(
-            logps,
-            old,
-            inputs["advantages"],
-            mask,
-            ref_logps=inputs.get("ref_per_token_logps"),
-            beta=self.beta,
-            eps_low=self.epsilon_low,
-            eps_high=self.epsilon_high,
-            agg=agg,
-            **totals,
-            sample_weight=inputs.get(SAMPLE_WEIGHT),
-            anchor_token_mask=inputs.get(ANCHOR_MASK),
-            anchor_ratio=cfg.anchor_ratio,
-            shaping_gamma=cfg.shaping_gamma,
-            is_weight=is_weight,
-            kl_ratio_correction=bool(self.args.use_bias_correction_kl),
-        )
+        spec = LossSpec(eps_low=self.epsilon_low, eps_high=self.epsilon_high, beta=self.beta,
+                        kl_ratio_correction=bool(self.args.use_bias_correction_kl), agg=agg,
+                        ratio_level=self.importance_sampling_level, anchor_ratio=cfg.anchor_ratio,
+                        shaping_gamma=cfg.shaping_gamma)
+        loss_inputs = LossInputs(advantages=inputs["advantages"], loss_mask=mask, ref_logps=inputs.get("ref_per_token_logps"),
+                                 sample_weight=inputs.get(SAMPLE_WEIGHT), anchor_token_mask=inputs.get(ANCHOR_MASK),
+                                 is_weight=is_weight)
+        loss, m = policy_loss(logps, old, loss_inputs, spec, LossTotals(**totals))
         if self.aux_loss_enabled:
             normalizer = self.current_gradient_accumulation_steps if training else 1.0
             loss = loss + self.router_aux_loss_coef * aux_loss / normalizer

@@ -2,5 +2,6 @@
 
 from regroup.net.cache import DiskCache, cache_key
 from regroup.net.client import ChatClient, MissingAPIKeyError, Result
+from regroup.net.redact import check_key_env_name, redact
 
-__all__ = ["ChatClient", "DiskCache", "MissingAPIKeyError", "Result", "cache_key"]
+__all__ = ["ChatClient", "DiskCache", "MissingAPIKeyError", "Result", "cache_key", "check_key_env_name", "redact"]

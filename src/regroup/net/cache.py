@@ -2,7 +2,8 @@
 
 Backed by SQLite in WAL mode: every `put` is one transaction, so a process killed mid-write leaves
 either the old or the new row, never a torn one. Failures are kept in a separate table and are never
-returned by `get`, so a rerun asks the remote service again.
+returned by `get`, so a rerun asks the remote service again. Every value and error is redacted
+(`regroup.net.redact`) on its way in: what a server sent back may quote the API key.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from regroup.net.redact import clip, redact
 
 _MISSING = object()
 
@@ -92,8 +95,8 @@ class DiskCache:
             return default
 
     def put(self, key: str, value: Any) -> None:
-        """Store `value` (JSON-serialisable) under `key` in one transaction; clears a recorded failure."""
-        data = json.dumps(value, ensure_ascii=False, sort_keys=True)
+        """Store `value` (JSON-serialisable, redacted) under `key` in one transaction; clears a recorded failure."""
+        data = redact(json.dumps(value, ensure_ascii=False, sort_keys=True))
         now = time.time()
         with self._lock:
             db = self._db
@@ -134,7 +137,7 @@ class DiskCache:
             self._db.execute(
                 "INSERT INTO failures (key, error, count, last) VALUES (?, ?, 1, ?) "
                 "ON CONFLICT(key) DO UPDATE SET error = excluded.error, count = count + 1, last = excluded.last",
-                (key, error[:2000], time.time()),
+                (key, clip(error, 2000), time.time()),
             )
 
     def failures(self) -> dict[str, tuple[str, int]]:

@@ -1,11 +1,17 @@
 """A small OpenAI-compatible chat-completions client, standard library only, shared by judge and rewriter.
 
 Retries with capped exponential backoff and jitter on connection errors, timeouts, HTTP 5xx / 408 /
-429 (honouring `Retry-After`), malformed JSON and partial bodies; other 4xx are final. A call that
-still fails returns a failed `Result` instead of raising, so a batch of thousands goes on.
+429 (honouring `Retry-After`, capped), malformed JSON and partial bodies; other 4xx are final. A call
+that still fails returns a failed `Result` instead of raising, so a batch of thousands goes on.
+
+Bounds: `timeout_s` is ONE deadline for the whole call (every attempt, backoff and Retry-After wait
+included); a watchdog shuts the socket down when it passes, so a server trickling one byte at a time
+cannot hold a call longer. `attempt_timeout_s` (default: the same) caps a single attempt, so a hung
+attempt can leave time for a retry. A reply over `max_response_bytes` is refused unread.
 
 The API key is read from the environment variable *named* in the config at each call, and is never
-kept on the object: it cannot end up in a repr, a pickle, a config dump, a log line or an error message.
+kept on the object: it cannot end up in a repr, a pickle or a config dump. Everything a server sends
+back (reply text, error bodies) passes through `regroup.net.redact` before anyone sees it.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import json
 import logging
 import os
 import random
+import socket
 import threading
 import time
 import urllib.error
@@ -25,12 +32,21 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from regroup.net.redact import check_key_env_name, clip, redact, remember_secret
+
 log = logging.getLogger(__name__)
 
 Messages = Sequence[Mapping[str, str]]
 
-# Error kinds recorded in `Result.error_kind` and `ChatClient.stats["errors"]`.
+# Error kinds recorded in `Result.error_kind` and `ChatClient.stats["errors"]`. "deadline" (the call's
+# total deadline ran out) and "oversize" (reply over max_response_bytes) are final.
 RETRYABLE_KINDS = frozenset({"connection", "timeout", "http_5xx", "http_429", "http_408", "malformed", "partial"})
+# Counters `pop_counts()` returns (events since the previous pop), for per-step logging.
+EVENT_COUNTS = ("calls", "ok", "failures", "retries", "retry_after_waits", "retry_after_capped",
+                "deadline_hits", "oversize")
+ERROR_BODY_BYTES = 64 * 1024  # read this much of an error body (then redact, then cut to ERROR_CHARS)
+ERROR_CHARS = 300
+SNIPPET_CHARS = 80
 
 
 class MissingAPIKeyError(RuntimeError):
@@ -88,19 +104,93 @@ def backoff_delay(attempt: int, base_s: float, cap_s: float, rng: random.Random)
     return rng.uniform(delay / 2.0, delay)
 
 
-def _redact(text: str, secret: str | None) -> str:
-    """`text` with every occurrence of `secret` replaced (servers sometimes echo a key in errors)."""
-    if secret:
-        text = text.replace(secret, "***")
-    return text
+# -- the watchdog behind the total deadline -----------------------------------------------------------
+
+
+class _Expiry:
+    """Shuts down the sockets of one attempt when its deadline passes.
+
+    A socket timeout only bounds each read; a server sending a byte every half second never trips it.
+    Shutting the socket down from a timer wakes the blocked read wherever it is (connect, TLS, headers,
+    body), and `expired` tells the attempt that the deadline, not the server, ended it.
+    """
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
+        self.expired = False
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._timer: threading.Timer | None = None
+        self._done = False
+
+    def watch(self, sock: socket.socket) -> socket.socket:
+        with self._lock:
+            if self._done:
+                return sock
+            self._sockets.append(sock)
+            if self._timer is None:
+                self._timer = threading.Timer(max(0.0, self.deadline - time.monotonic()), self._fire)
+                self._timer.daemon = True
+                self._timer.start()
+        return sock
+
+    def _fire(self) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self.expired = True
+            for sock in self._sockets:
+                try:
+                    # the plain socket's method, also for TLS sockets: no TLS close handshake
+                    socket.socket.shutdown(sock, socket.SHUT_RDWR)
+                except OSError:
+                    pass  # already closed (or a raw socket handed over to TLS)
+
+    def cancel(self) -> None:
+        with self._lock:
+            self._done = True
+            if self._timer is not None:
+                self._timer.cancel()
+
+
+def _watched(connection_class: type, expiry: _Expiry) -> Callable[..., http.client.HTTPConnection]:
+    """`connection_class` whose sockets `expiry` watches: the raw one as created (TCP connect, TLS
+    handshake, plain HTTP) and, for HTTPS, the TLS socket that replaces it."""
+
+    def make(host: str, **kwargs: Any) -> http.client.HTTPConnection:
+        conn = connection_class(host, **kwargs)
+        create = conn._create_connection
+        conn._create_connection = lambda *a, **k: expiry.watch(create(*a, **k))
+        connect = conn.connect
+
+        def connect_and_watch() -> None:
+            connect()
+            expiry.watch(conn.sock)
+
+        conn.connect = connect_and_watch
+        return conn
+
+    return make
+
+
+class _WatchedHTTPHandler(urllib.request.HTTPHandler):
+    def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(_watched(http.client.HTTPConnection, req.regroup_expiry), req)
+
+
+class _WatchedHTTPSHandler(urllib.request.HTTPSHandler):
+    def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(_watched(http.client.HTTPSConnection, req.regroup_expiry), req, context=self._context)
 
 
 class ChatClient:
-    """OpenAI-compatible `/chat/completions` client with retries, a concurrency bound and counters.
+    """OpenAI-compatible `/chat/completions` client with retries, deadlines, a concurrency bound and counters.
 
     `base_url` is the API root (e.g. `https://api.openai.com/v1` or a local vLLM `http://host:8000/v1`);
     `api_key_env` names the environment variable holding the key (None: send no Authorization header,
-    for local servers). `max_retries` counts retries after the first attempt.
+    for local servers). `max_retries` counts retries after the first attempt. `timeout_s` is the total
+    deadline of one call, retries included; `attempt_timeout_s` (None: `timeout_s`) bounds one attempt.
+    `max_backoff_s` caps both the backoff and a server's `Retry-After`. `max_response_bytes` caps a reply.
     """
 
     def __init__(
@@ -108,20 +198,25 @@ class ChatClient:
         base_url: str,
         model: str,
         api_key_env: str | None = "OPENAI_API_KEY",
-        timeout_s: float = 30.0,
+        timeout_s: float = 60.0,
         max_retries: int = 4,
         backoff_s: float = 0.5,
         max_backoff_s: float = 20.0,
         concurrency: int = 16,
         temperature: float = 0.0,
         max_tokens: int = 1024,
+        attempt_timeout_s: float | None = None,
+        max_response_bytes: int = 4 * 1024 * 1024,
     ) -> None:
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must start with http:// or https://, got {base_url!r}")
         if not model:
             raise ValueError("model must be a non-empty model name")
-        if timeout_s <= 0:
+        check_key_env_name(api_key_env, "api_key_env")
+        if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        if attempt_timeout_s is not None and not attempt_timeout_s > 0:
+            raise ValueError(f"attempt_timeout_s must be > 0, got {attempt_timeout_s}")
         if max_retries < 0:
             raise ValueError(f"max_retries must be >= 0, got {max_retries}")
         if backoff_s < 0 or max_backoff_s < 0:
@@ -130,27 +225,32 @@ class ChatClient:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+        if max_response_bytes < 1:
+            raise ValueError(f"max_response_bytes must be >= 1, got {max_response_bytes}")
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.api_key_env = api_key_env
         self.timeout_s = float(timeout_s)
+        self.attempt_timeout_s = None if attempt_timeout_s is None else float(attempt_timeout_s)
         self.max_retries = int(max_retries)
         self.backoff_s = float(backoff_s)
         self.max_backoff_s = float(max_backoff_s)
         self.concurrency = int(concurrency)
         self.temperature = float(temperature)
         self.max_tokens = int(max_tokens)
+        self.max_response_bytes = int(max_response_bytes)
         self._init_runtime()
 
     def _init_runtime(self) -> None:
         self._url = (
             self.base_url if self.base_url.endswith("/chat/completions") else self.base_url + "/chat/completions"
         )
-        self._opener = urllib.request.build_opener()
+        self._opener = urllib.request.build_opener(_WatchedHTTPHandler, _WatchedHTTPSHandler)
         self._slots = threading.BoundedSemaphore(self.concurrency)  # bound across all callers
         self._rng = random.Random()
         self._stats_lock = threading.Lock()
         self._counts: Counter[str] = Counter()
+        self._since_pop: Counter[str] = Counter()
         self._errors: Counter[str] = Counter()
         self._final_failures: Counter[str] = Counter()
 
@@ -162,12 +262,14 @@ class ChatClient:
             "model": self.model,
             "api_key_env": self.api_key_env,
             "timeout_s": self.timeout_s,
+            "attempt_timeout_s": self.attempt_timeout_s,
             "max_retries": self.max_retries,
             "backoff_s": self.backoff_s,
             "max_backoff_s": self.max_backoff_s,
             "concurrency": self.concurrency,
             "temperature": self.temperature,
             "max_tokens": self.max_tokens,
+            "max_response_bytes": self.max_response_bytes,
         }
 
     def __repr__(self) -> str:
@@ -189,76 +291,135 @@ class ChatClient:
                 f"environment variable {self.api_key_env} is not set; it must hold the API key for "
                 f"{self.base_url} (or set api_key_env to None for a server without authentication)"
             )
+        remember_secret(key)  # so every later redact() in this process removes it, wherever text goes
         return key
 
     # -- counters ----------------------------------------------------------------------------------
     @property
     def stats(self) -> dict[str, Any]:
-        """Counters: calls, ok, failures, requests (HTTP attempts), retries, `errors` (every failed
-        attempt by kind), `failures_by_kind` (calls that ended failed, by their last error kind) and
-        `failure_rate` (failures / calls)."""
+        """Counters since creation: calls, ok, failures, requests (HTTP attempts), retries,
+        retry_after_waits (retries that waited a server's Retry-After), retry_after_capped (of those,
+        waits cut to max_backoff_s), deadline_hits (calls ended by their total deadline), oversize
+        (replies over max_response_bytes), `errors` (every failed attempt by kind), `failures_by_kind`
+        (calls that ended failed, by their last error kind) and `failure_rate` (failures / calls)."""
         with self._stats_lock:
             calls = self._counts["calls"]
-            return {
-                "calls": calls,
-                "ok": self._counts["ok"],
-                "failures": self._counts["failures"],
-                "requests": self._counts["requests"],
-                "retries": self._counts["retries"],
+            out: dict[str, Any] = {name: self._counts[name] for name in ("calls", "ok", "failures", "requests")}
+            out.update({name: self._counts[name] for name in EVENT_COUNTS if name not in out})
+            out.update({
                 "errors": dict(self._errors),
                 "failures_by_kind": dict(self._final_failures),
                 "failure_rate": (self._counts["failures"] / calls) if calls else 0.0,
-            }
+            })
+            return out
+
+    def pop_counts(self) -> dict[str, int]:
+        """Events since the previous `pop_counts` (calls, ok, failures, requests, retries, retry_after_waits,
+        retry_after_capped, deadline_hits, oversize), then zero them: one call per training step."""
+        with self._stats_lock:
+            out = {name: self._since_pop[name] for name in ("requests", *EVENT_COUNTS)}
+            self._since_pop.clear()
+            return out
 
     def reset_stats(self) -> None:
         """Zero every counter."""
         with self._stats_lock:
             self._counts.clear()
+            self._since_pop.clear()
             self._errors.clear()
             self._final_failures.clear()
 
     def _count(self, name: str, n: int = 1) -> None:
         with self._stats_lock:
             self._counts[name] += n
+            self._since_pop[name] += n
 
     # -- one HTTP attempt --------------------------------------------------------------------------
-    def _attempt(self, payload: bytes) -> str:
+    def _attempt(self, payload: bytes, deadline: float) -> str:
         key = self._api_key()
+        now = time.monotonic()
+        if now >= deadline:
+            raise _AttemptError("deadline", f"no complete answer within the {self.timeout_s:g} s deadline")
+        per_attempt = self.attempt_timeout_s if self.attempt_timeout_s is not None else self.timeout_s
+        attempt_deadline = min(deadline, now + per_attempt)
+        ends_call = attempt_deadline >= deadline  # cut by the call's deadline, not just this attempt's
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if key:
             headers["Authorization"] = f"Bearer {key}"
         request = urllib.request.Request(self._url, data=payload, headers=headers, method="POST")
+        expiry = _Expiry(attempt_deadline)
+        request.regroup_expiry = expiry  # read by the watched handlers above
+        if not self._slots.acquire(timeout=attempt_deadline - now):
+            raise self._expired(ends_call, per_attempt, "waiting for a free connection")
         try:
-            with self._slots:
-                self._count("requests")
-                with self._opener.open(request, timeout=self.timeout_s) as response:
-                    body = response.read()
+            self._count("requests")
+            with self._opener.open(request, timeout=max(1e-3, attempt_deadline - time.monotonic())) as response:
+                body = self._read_capped(response)
         except urllib.error.HTTPError as exc:
-            raise self._http_error(exc, key) from None
-        except http.client.IncompleteRead as exc:
-            got = len(exc.partial)
-            raise _AttemptError("partial", f"partial body: got {got} bytes before the connection ended") from None
-        except TimeoutError:
-            raise _AttemptError("timeout", f"no answer within {self.timeout_s:g} s") from None
-        except urllib.error.URLError as exc:
-            if isinstance(exc.reason, TimeoutError):
-                raise _AttemptError("timeout", f"no answer within {self.timeout_s:g} s") from None
-            raise _AttemptError("connection", f"connection failed: {_redact(str(exc.reason), key)}") from None
-        except (OSError, http.client.HTTPException) as exc:
-            # Dropped connections (RemoteDisconnected, resets) and protocol garbage.
-            detail = _redact(str(exc), key)
-            raise _AttemptError("connection", f"connection failed: {type(exc).__name__}: {detail}") from None
+            error = self._http_error(exc, key)
+            if expiry.expired:
+                raise self._expired(ends_call, per_attempt) from None
+            raise error from None
+        except _AttemptError as err:  # oversize, or a body cut short: by the server, or by the watchdog
+            if expiry.expired:
+                raise self._expired(ends_call, per_attempt) from None
+            raise err from None
+        except Exception as exc:  # noqa: BLE001 - every transport failure becomes a kind, never a crash
+            if expiry.expired or _is_timeout(exc):
+                raise self._expired(ends_call, per_attempt) from None
+            raise self._transport_error(exc, key) from None
+        finally:
+            expiry.cancel()
+            self._slots.release()
+        if expiry.expired:  # the watchdog fired between the last byte and its cancel
+            raise self._expired(ends_call, per_attempt)
         return self._parse_body(body, key)
+
+    def _expired(self, ends_call: bool, per_attempt: float, where: str = "") -> _AttemptError:
+        during = f" ({where})" if where else ""
+        if ends_call:
+            return _AttemptError("deadline", f"no complete answer within the {self.timeout_s:g} s deadline{during}")
+        return _AttemptError("timeout", f"no complete answer within {per_attempt:g} s{during}")
+
+    def _read_capped(self, response: http.client.HTTPResponse) -> bytes:
+        """The whole body, refusing one over `max_response_bytes` (announced or actually sent)."""
+        cap = self.max_response_bytes
+        announced = response.headers.get("Content-Length")
+        expected = int(announced) if announced and announced.strip().isdigit() else None
+        if expected is not None and expected > cap:
+            raise _AttemptError("oversize", f"reply of {expected} bytes is over the {cap}-byte limit")
+        chunks: list[bytes] = []
+        got = 0
+        while True:
+            chunk = response.read(min(65536, cap + 1 - got))
+            if not chunk:
+                break
+            got += len(chunk)
+            if got > cap:
+                raise _AttemptError("oversize", f"reply is over the {cap}-byte limit")
+            chunks.append(chunk)
+        if expected is not None and got < expected:
+            raise _AttemptError("partial", f"partial body: got {got} of {expected} bytes before the connection ended")
+        return b"".join(chunks)
+
+    @staticmethod
+    def _transport_error(exc: BaseException, key: str | None) -> _AttemptError:
+        if isinstance(exc, http.client.IncompleteRead):
+            return _AttemptError("partial", f"partial body: got {len(exc.partial)} bytes before the connection ended")
+        if isinstance(exc, urllib.error.URLError):
+            return _AttemptError("connection", f"connection failed: {redact(str(exc.reason), [key])}")
+        # Dropped connections (RemoteDisconnected, resets) and protocol garbage.
+        return _AttemptError("connection", f"connection failed: {type(exc).__name__}: {redact(str(exc), [key])}")
 
     def _http_error(self, exc: urllib.error.HTTPError, key: str | None) -> _AttemptError:
         status = exc.code
         try:
-            detail = exc.read(300).decode("utf-8", "replace")
+            detail = exc.read(ERROR_BODY_BYTES).decode("utf-8", "replace")
         except Exception:  # the error body itself may be cut short; the status is what matters
             detail = ""
         retry_after = parse_retry_after(exc.headers.get("Retry-After") if exc.headers else None)
         exc.close()
-        detail = _redact(" ".join(detail.split()), key)
+        detail = clip(" ".join(detail.split()), ERROR_CHARS, [key])  # redacted before it is cut
         message = f"HTTP {status}" + (f": {detail}" if detail else "")
         if status == 429:
             return _AttemptError("http_429", message, retry_after)
@@ -273,7 +434,7 @@ class ChatClient:
         try:
             data = json.loads(body.decode("utf-8"))
         except (UnicodeDecodeError, ValueError):
-            snippet = _redact(body[:80].decode("utf-8", "replace"), key)
+            snippet = clip(body.decode("utf-8", "replace"), SNIPPET_CHARS, [key])  # redacted before it is cut
             raise _AttemptError("malformed", f"response is not valid JSON ({len(body)} bytes): {snippet!r}") from None
         try:
             content = data["choices"][0]["message"]["content"]
@@ -281,7 +442,7 @@ class ChatClient:
             raise _AttemptError("malformed", "response JSON has no choices[0].message.content") from None
         if not isinstance(content, str):
             raise _AttemptError("malformed", f"choices[0].message.content is {type(content).__name__}, not a string")
-        return content
+        return redact(content, [key])  # a reply quoting the key must not carry it into a cache
 
     # -- public calls ------------------------------------------------------------------------------
     def _payload(self, messages: Messages, temperature: float | None, max_tokens: int | None) -> bytes:
@@ -300,33 +461,48 @@ class ChatClient:
     def complete(
         self, messages: Messages, *, temperature: float | None = None, max_tokens: int | None = None
     ) -> Result:
-        """Send one chat request, retrying transient faults; returns the reply text or a failure record.
-
-        Raises only for caller errors (malformed `messages`, missing API key variable).
-        """
+        """Send one chat request, retrying transient faults within `timeout_s` in all; returns the reply
+        text or a failure record. Raises only for caller errors (malformed `messages`, missing API key)."""
         return self._run(self._payload(messages, temperature, max_tokens))
+
+    def _fail(self, kind: str, message: str, attempts: int) -> Result:
+        with self._stats_lock:
+            self._counts["failures"] += 1
+            self._since_pop["failures"] += 1
+            self._final_failures[kind] += 1
+        log.debug("chat call failed after %d attempt(s): %s", attempts, message)
+        return Result(False, None, message, attempts, kind)
 
     def _run(self, payload: bytes) -> Result:
         self._count("calls")
+        deadline = time.monotonic() + self.timeout_s
         attempts = 0
         while True:
             attempts += 1
             try:
-                text = self._attempt(payload)
+                text = self._attempt(payload, deadline)
             except _AttemptError as err:
                 with self._stats_lock:
                     self._errors[err.kind] += 1
+                if err.kind == "deadline":
+                    self._count("deadline_hits")
+                    return self._fail(err.kind, err.message, attempts)
+                if err.kind == "oversize":
+                    self._count("oversize")
                 if not err.retryable or attempts > self.max_retries:
-                    with self._stats_lock:
-                        self._counts["failures"] += 1
-                        self._final_failures[err.kind] += 1
-                    log.debug("chat call failed after %d attempt(s): %s", attempts, err.message)
-                    return Result(False, None, err.message, attempts, err.kind)
+                    return self._fail(err.kind, err.message, attempts)
                 if err.retry_after is not None:
                     # Honour the server's Retry-After, capped so one bad header cannot stall a run.
                     delay = min(err.retry_after, self.max_backoff_s)
+                    self._count("retry_after_waits")
+                    if err.retry_after > self.max_backoff_s:
+                        self._count("retry_after_capped")
                 else:
                     delay = backoff_delay(attempts, self.backoff_s, self.max_backoff_s, self._rng)
+                if time.monotonic() + delay >= deadline:
+                    self._count("deadline_hits")
+                    message = f"{err.message}; no time left to retry within the {self.timeout_s:g} s deadline"
+                    return self._fail("deadline", message, attempts)
                 self._count("retries")
                 log.debug("chat attempt %d failed (%s: %s); retrying in %.2f s", attempts, err.kind, err.message, delay)
                 time.sleep(delay)
@@ -363,3 +539,9 @@ class ChatClient:
         workers = min(self.concurrency, len(requests))
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="regroup-chat") as pool:
             return list(pool.map(run, range(len(requests))))
+
+
+def _is_timeout(exc: BaseException) -> bool:
+    return isinstance(exc, TimeoutError) or (
+        isinstance(exc, urllib.error.URLError) and isinstance(exc.reason, TimeoutError)
+    )

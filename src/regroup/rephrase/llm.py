@@ -102,6 +102,10 @@ class OpenAIRephraser(Rephraser):
         self.prompt_version = prompt_version
         self.verifier = verifier
 
+    def pop_counts(self) -> dict[str, int]:
+        """The client's network events since the previous call (retries, deadline_hits, ...)."""
+        return self.client.pop_counts()
+
     def key(self, question: str, index: int) -> str:
         """Cache key of variant `index` of `question` for this model and prompt version."""
         return cache_key("rephrase", self.prompt_version, self.client.model, question, index)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from regroup.net import ChatClient, DiskCache
+from regroup.net.redact import check_key_env_name, redact
 from regroup.rephrase.base import RephraseOutcome, Rephraser
 from regroup.rephrase.registry import build_rephraser
 
@@ -26,11 +27,13 @@ def _chunks(seq: Sequence[Any], size: int) -> list[Sequence[Any]]:
 
 
 def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Write JSON to a temporary file beside `path`, then rename: readers never see half a file."""
+    """Write JSON (redacted: it quotes server errors) to a temporary file beside `path`, then rename:
+    readers never see half a file."""
+    text = redact(json.dumps(data, indent=2, ensure_ascii=False))
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2, ensure_ascii=False)
+            f.write(text)
             f.write("\n")
         os.replace(tmp, path)
     except BaseException:
@@ -51,6 +54,16 @@ def summarise(outcomes: Sequence[RephraseOutcome]) -> dict[str, Any]:
     }
 
 
+def network_totals(client: ChatClient | None) -> dict[str, int]:
+    """The client's retries, Retry-After waits (and how many were capped), deadline hits and oversize
+    replies; empty without a client (rules / dataset rewriters)."""
+    if client is None:
+        return {}
+    st = client.stats
+    return {name: int(st[name]) for name in ("retries", "retry_after_waits", "retry_after_capped",
+                                               "deadline_hits", "oversize")}
+
+
 def run_rephrase(
     data_in: str,
     out: str,
@@ -66,12 +79,15 @@ def run_rephrase(
     temperature: float = 0.7,
     seed: int = 0,
     skip_bad_rows: bool = True,
+    timeout_s: float = 60.0,
 ) -> dict[str, Any]:
     """Add up to `n` variants to every question of `data_in` with `rewriter` ("rules", "openai",
     "dataset" or "package.module:object"), save the set to `out`, and return the summary that is
     also written to `out + ".summary.json"`.
 
-    `base_url`, `model`, `api_key_env`, `concurrency`, `temperature` configure the openai rewriter;
+    `base_url`, `model`, `api_key_env`, `concurrency`, `temperature` and `timeout_s` (the total deadline
+    of one request, retries included) configure the openai rewriter; its retries, capped Retry-After
+    waits, deadline hits and oversize replies are in the summary's `totals`;
     `cache_dir` keeps its answers (`<cache_dir>/rephrase.sqlite`) so a rerun only asks for what is
     missing; `seed` seeds the rules rewriter.
     """
@@ -79,6 +95,12 @@ def run_rephrase(
 
     if not isinstance(n, int) or n < 0:
         raise ValueError(f"n (variants per question) must be an integer >= 0, got {n!r}")
+    if rewriter == "openai":
+        check_key_env_name(api_key_env, "--api-key-env")  # before anything is read or printed
+        if not timeout_s > 0:
+            from regroup.config import ConfigError
+
+            raise ConfigError(f"--timeout must be > 0 seconds, got {timeout_s}")
     t0 = time.monotonic()
     loaded = load_problems(data_in, skip_bad_rows=skip_bad_rows)
     problems = list(loaded.problems)
@@ -91,7 +113,8 @@ def run_rephrase(
                 "rewriter 'openai' needs base_url and model "
                 "(e.g. --base-url https://api.openai.com/v1 --model gpt-4-turbo)"
             )
-        client = ChatClient(base_url, model, api_key_env=api_key_env, concurrency=concurrency, temperature=temperature)
+        client = ChatClient(base_url, model, api_key_env=api_key_env, concurrency=concurrency, temperature=temperature,
+                            timeout_s=timeout_s)
         if cache_dir is not None:
             cache = DiskCache(Path(cache_dir) / "rephrase.sqlite")
         rephraser: Rephraser = build_rephraser("openai", client=client, cache=cache)
@@ -134,7 +157,7 @@ def run_rephrase(
         "model": model if rewriter == "openai" else None,
         "skipped_rows": len(loaded.skipped),
         "skipped_examples": [str(e) for e in loaded.skipped[:10]],
-        "totals": summarise(outcomes),
+        "totals": {**summarise(outcomes), **network_totals(client)},
         "client": client.stats if client is not None else None,
         "wall_s": round(time.monotonic() - t0, 3),
         "per_question": [o.to_dict() for o in outcomes],

@@ -100,26 +100,16 @@ def _read_json(path: str) -> dict[str, Any] | None:
 
 
 def read_metrics(path: str) -> tuple[list[dict[str, Any]], int]:
-    """Step records of a metrics.jsonl and the count of unreadable lines (absent file: no records)."""
-    if not os.path.exists(path):
-        return [], 0
-    records: list[dict[str, Any]] = []
-    bad = 0
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                bad += 1  # a crash can leave half a line; the rest of the file is still good
-                continue
-            if isinstance(rec, dict):
-                records.append(rec)
-            else:
-                bad += 1
-    return records, bad
+    """Step records of a metrics.jsonl and the count of unreadable lines (absent file: no records).
+
+    A line that is not a JSON object with an integer `step` (half a line after a crash, a bad byte, a
+    hand edit) is skipped with one warning naming the file and the line; the rest of the file is used.
+    """
+    from regroup.metrics import read_metrics_file, warn_bad_lines
+
+    records, bad = read_metrics_file(path)
+    warn_bad_lines(path, bad)
+    return records, len(bad)
 
 
 def load_run(path: str) -> RunData:

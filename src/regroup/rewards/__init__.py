@@ -2,6 +2,11 @@
 
 `task_grader` adapts a task's grader, `combine` sums weighted parts, and
 `regroup.rewards.math_verify.MathAnswerChecker` checks math answers under a hard time limit.
+
+Each of them also has `pop_counts() -> dict[str, int]`: what happened since the previous call
+(checked, correct, wrong, and where known extracted, no_answer, timeout, error), for per-step logs;
+`pop_counts(fn)` here reads it from any reward ({} for one without counts). `score_many(fn, responses,
+problems)` scores a batch, in parallel where the reward can (the math checker's worker pool).
 """
 
 from __future__ import annotations
@@ -10,15 +15,33 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from regroup.rewards.counts import RewardCounts
 from regroup.tasks.base import Problem
 
-__all__ = ["RewardFn", "combine", "task_grader"]
+__all__ = ["RewardFn", "combine", "pop_counts", "score_many", "task_grader"]
 
 RewardFn = Callable[[str, Problem], "float | None"]
 
 
 def _name(fn: Any) -> str:
     return getattr(fn, "__name__", None) or type(fn).__name__
+
+
+def pop_counts(fn: Any) -> dict[str, int]:
+    """`fn.pop_counts()` for a reward that keeps counts, else {}."""
+    pop = getattr(fn, "pop_counts", None)
+    return dict(pop()) if callable(pop) else {}
+
+
+def score_many(fn: Any, responses: Sequence[str], problems: Sequence[Problem]) -> list[float | None]:
+    """`[fn(r, p) ...]` over a batch, through `fn.check_many` when it has one (the math checker's pool
+    checks several answers at once; `combine` passes the batch on to its parts)."""
+    if len(responses) != len(problems):
+        raise ValueError(f"score_many: {len(responses)} responses for {len(problems)} problems")
+    many = getattr(fn, "check_many", None)
+    if callable(many):
+        return list(many(responses, problems))
+    return [fn(r, p) for r, p in zip(responses, problems)]
 
 
 def combine(parts: Sequence[tuple[RewardFn, float]]) -> RewardFn:
@@ -36,29 +59,60 @@ def combine(parts: Sequence[tuple[RewardFn, float]]) -> RewardFn:
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
             raise ValueError(f"combine: part {i} weight must be a finite number, got {weight!r}")
 
-    def combined(response: str, problem: Problem) -> float | None:
+    def weighted_sum(values: Sequence[float | None]) -> float | None:
         total, scored = 0.0, False
-        for fn, weight in parts:
-            value = fn(response, problem)
+        for (_, weight), value in zip(parts, values):
             if value is None:
                 continue
             total += float(weight) * float(value)
             scored = True
         return total if scored else None
 
+    def combined(response: str, problem: Problem) -> float | None:
+        return weighted_sum([fn(response, problem) for fn, _ in parts])
+
+    def check_many(responses: Sequence[str], problems: Sequence[Problem]) -> list[float | None]:
+        by_part = [score_many(fn, responses, problems) for fn, _ in parts]
+        return [weighted_sum(values) for values in zip(*by_part)]
+
+    def combined_counts() -> dict[str, int]:
+        """The parts' counts since the previous call, summed key by key."""
+        total: dict[str, int] = {}
+        for fn, _ in parts:
+            for key, n in pop_counts(fn).items():
+                total[key] = total.get(key, 0) + n
+        return total
+
     combined.__name__ = "combine(" + ", ".join(f"{_name(fn)}*{w}" for fn, w in parts) + ")"
+    combined.check_many = check_many
+    combined.pop_counts = combined_counts
     return combined
 
 
-def task_grader(task: Any) -> RewardFn:
-    """The reward `task.grade(response, problem)` as a float (the task's verifiable 0/1 reward)."""
+def task_grader(task: Any, correct_threshold: float = 1.0) -> RewardFn:
+    """The reward `task.grade(response, problem)` as a float (the task's verifiable 0/1 reward).
+
+    Its `pop_counts()` reports checked, correct (reward >= `correct_threshold`), wrong, error (the
+    grader returned None) and, when the task has `extract_answer(response)`, extracted / no_answer.
+    """
     grade = getattr(task, "grade", None)
     if not callable(grade):
         raise ValueError(f"task_grader: {task!r} has no grade(response, problem) method")
+    extract = getattr(task, "extract_answer", None)
+    keys = ("checked", "correct", "wrong", "error") + (("extracted", "no_answer") if callable(extract) else ())
+    counts = RewardCounts(keys)
 
     def reward(response: str, problem: Problem) -> float | None:
         value = grade(response, problem)
-        return None if value is None else float(value)
+        counts.add("checked")
+        if callable(extract):
+            counts.add("no_answer" if extract(response) is None else "extracted")
+        if value is None:
+            counts.add("error")
+            return None
+        counts.add("correct" if float(value) >= correct_threshold else "wrong")
+        return float(value)
 
     reward.__name__ = f"{getattr(task, 'name', _name(task))}.grade"
+    reward.pop_counts = counts.pop
     return reward

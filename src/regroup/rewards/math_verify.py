@@ -1,24 +1,44 @@
 """A math answer checker that cannot hang: the last \\boxed{...} (or text after a marker) compared with the
-problem's answer by math-verify, in a persistent worker process killed and restarted on timeout.
+problem's answer by math-verify, in a pool of persistent worker processes, each killed and restarted
+on timeout.
 
-Why a process: math-verify's own timeout uses SIGALRM, which only works in the main thread, and
+Why processes: math-verify's own timeout uses SIGALRM, which only works in the main thread, and
 cannot interrupt C code (sympy evaluating 9^{9^{9^9}} sits in one big-integer power). A killed child
-always stops. The worker is started on first use and restarted in the background after a kill.
+always stops. Workers start on first use and are restarted in the background after a kill.
+
+What bounds hostile answers: each check gets `timeout_s`; `workers` checks run at once
+(`check_many`); and identical (gold, answer) pairs in one `check_many` batch are checked once, so 20
+copies of one hostile box cost one timeout. Finished outcomes (not timeouts, which may come from a
+loaded machine) are also remembered across calls.
+Timeouts are counted apart from wrong answers (`pop_counts()`), though both score 0.0.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import queue
 import select
 import subprocess
 import sys
 import threading
 import time
 import weakref
+from collections import OrderedDict
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-__all__ = ["MathAnswerChecker", "extract_boxed", "extract_after_marker"]
+from regroup.rewards.counts import RewardCounts
+
+__all__ = ["CHECK_COUNTS", "MathAnswerChecker", "extract_boxed", "extract_after_marker"]
+
+# What `MathAnswerChecker.pop_counts()` reports. Every check is exactly one of too_long, no_answer,
+# correct, wrong, timeout, error; `extracted` counts the checks where an answer was found; `cached`
+# the checks answered from the remembered outcome of an identical (gold, answer) pair; `restarts` the
+# worker processes replaced (killed when stuck, or found dead).
+CHECK_COUNTS = ("checked", "extracted", "no_answer", "too_long", "correct", "wrong", "timeout", "error",
+                "cached", "restarts")
 
 _WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_verify_worker.py")
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
@@ -145,6 +165,13 @@ class _Worker:
         self._finalizer()
 
 
+class _Slot:
+    """One place in the worker pool: its process (None until first used, or after a failed start)."""
+
+    def __init__(self) -> None:
+        self.worker: _Worker | None = None
+
+
 class MathAnswerChecker:
     """Reward `(response, problem) -> 1.0 | 0.0`: is the response's final answer `problem.answer`?
 
@@ -153,29 +180,54 @@ class MathAnswerChecker:
     `math_verify.verify` (so `\\boxed{1/2}` matches "0.5" and `\\frac{1}{2}`).
 
     Never hangs or raises on a response: one longer than `max_chars` scores 0.0 unparsed; parse +
-    verify get `timeout_s` of wall time in the worker (an alarm there, then a kill from here after a
-    short grace); timeouts, errors and crashes score 0.0. `stats` counts checked, timeouts, too_long,
-    errors, plus no_answer (nothing to extract) and restarts (worker processes replaced).
-    Safe to call from several threads (calls are serialised) and after a fork (the child starts its own
-    worker). Raises RuntimeError only if the worker process cannot start at all.
+    verify get `timeout_s` of wall time in a worker (an alarm there, then a kill from here after a
+    short grace); timeouts, errors and crashes score 0.0 and are counted as such (`pop_counts()`,
+    `stats`), never as wrong answers. `workers` processes check in parallel: `check_many` spreads a
+    batch over them, and threads calling the checker share them. The last `memo_size` finished outcomes
+    (correct, wrong, error; not timeouts) are remembered by (gold, answer). Safe after a fork (the child starts its own workers). Raises
+    RuntimeError only if a worker process cannot start at all.
     """
 
     def __init__(self, marker: str | None = None, timeout_s: float = 2.0, max_chars: int = 20000,
-                 startup_timeout_s: float = 60.0) -> None:
+                 startup_timeout_s: float = 60.0, workers: int = 1, memo_size: int = 4096) -> None:
         if not timeout_s > 0:
             raise ValueError(f"MathAnswerChecker: timeout_s must be > 0, got {timeout_s}")
         if max_chars < 1:
             raise ValueError(f"MathAnswerChecker: max_chars must be >= 1, got {max_chars}")
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise ValueError(f"MathAnswerChecker: workers must be an integer >= 1, got {workers!r}")
+        if memo_size < 0:
+            raise ValueError(f"MathAnswerChecker: memo_size must be >= 0, got {memo_size}")
         self.marker = marker
         self.timeout_s = float(timeout_s)
         self.max_chars = int(max_chars)
         self.startup_timeout_s = float(startup_timeout_s)
+        self.workers = workers
+        self.memo_size = int(memo_size)
         # Grace after the worker's own alarm before the kill: the alarm handles pure-Python hangs
         # without a restart; the kill is for C code the alarm cannot interrupt.
         self.grace_s = min(1.0, 0.2 + 0.25 * self.timeout_s)
-        self.stats = {"checked": 0, "timeouts": 0, "too_long": 0, "errors": 0, "no_answer": 0, "restarts": 0}
-        self._lock = threading.Lock()
-        self._worker: _Worker | None = None
+        self._init_runtime()
+
+    def _init_runtime(self) -> None:
+        self._counts = RewardCounts(CHECK_COUNTS)
+        self._slots = [_Slot() for _ in range(self.workers)]
+        self._free: queue.LifoQueue[_Slot] = queue.LifoQueue()  # LIFO: a warm worker is reused first
+        for slot in self._slots:
+            self._free.put(slot)
+        self._memo: OrderedDict[tuple[str, str], str] = OrderedDict()
+        self._memo_lock = threading.Lock()
+
+    # -- counts ----------------------------------------------------------------------------------
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Counts since creation (keys: `CHECK_COUNTS`)."""
+        return self._counts.totals()
+
+    def pop_counts(self) -> dict[str, int]:
+        """Counts since the previous call (keys: `CHECK_COUNTS`), for per-step logs."""
+        return self._counts.pop()
 
     # -- extraction ------------------------------------------------------------------------------
 
@@ -191,81 +243,145 @@ class MathAnswerChecker:
 
     def __call__(self, response: str, problem: Any) -> float:
         """1.0 if the response's final answer equals `problem.answer` (math-verify), else 0.0."""
-        with self._lock:
-            self.stats["checked"] += 1
-            if not isinstance(response, str):
-                self.stats["errors"] += 1
-                return 0.0
-            if len(response) > self.max_chars:
-                self.stats["too_long"] += 1
-                return 0.0
-            pred = self.extract(response)
-            gold = getattr(problem, "answer", None)
-            if pred is None or not pred.strip():
-                self.stats["no_answer"] += 1
-                return 0.0
-            if gold is None or len(str(gold)) > self.max_chars:
-                self.stats["errors"] += 1
-                return 0.0
-            return self._verify(str(gold), pred)
+        pair = self._prepare(response, problem)
+        if pair is None:
+            return 0.0
+        outcome, cached = self._outcome(*pair)
+        return self._score(outcome, cached)
 
-    def _verify(self, gold: str, pred: str) -> float:
-        worker = self._ensure_worker()  # a worker that died while idle is replaced here
+    def check_many(self, responses: Sequence[str], problems: Sequence[Any]) -> list[float]:
+        """`[self(r, p) for r, p in zip(responses, problems)]`, with the distinct (gold, answer) pairs
+        checked `workers` at a time; identical pairs are checked once."""
+        if len(responses) != len(problems):
+            raise ValueError(f"check_many: {len(responses)} responses for {len(problems)} problems")
+        pairs = [self._prepare(r, p) for r, p in zip(responses, problems)]
+        distinct = list(dict.fromkeys(p for p in pairs if p is not None))
+        if self.workers > 1 and len(distinct) > 1:
+            with ThreadPoolExecutor(max_workers=min(self.workers, len(distinct))) as pool:
+                found = dict(zip(distinct, pool.map(lambda pair: self._outcome(*pair), distinct)))
+        else:
+            found = {pair: self._outcome(*pair) for pair in distinct}
+        scores, seen = [], set()
+        for pair in pairs:
+            if pair is None:
+                scores.append(0.0)
+                continue
+            outcome, cached = found[pair]
+            scores.append(self._score(outcome, cached or pair in seen))  # a repeat in the batch is served
+            seen.add(pair)
+        return scores
+
+    def _prepare(self, response: Any, problem: Any) -> tuple[str, str] | None:
+        """(gold, answer) to check, or None when the response is settled without math-verify (counted)."""
+        self._counts.add("checked")
+        if not isinstance(response, str):
+            self._counts.add("error")
+            return None
+        if len(response) > self.max_chars:
+            self._counts.add("too_long")
+            return None
+        pred = self.extract(response)
+        if pred is None or not pred.strip():
+            self._counts.add("no_answer")
+            return None
+        self._counts.add("extracted")
+        gold = getattr(problem, "answer", None)
+        if gold is None or len(str(gold)) > self.max_chars:
+            self._counts.add("error")
+            return None
+        return str(gold), pred
+
+    def _score(self, outcome: str, cached: bool) -> float:
+        self._counts.add(outcome)
+        if cached:
+            self._counts.add("cached")
+        return 1.0 if outcome == "correct" else 0.0
+
+    def _outcome(self, gold: str, pred: str) -> tuple[str, bool]:
+        """("correct" | "wrong" | "timeout" | "error", whether it was remembered)."""
+        key = (gold, pred)
+        with self._memo_lock:
+            if key in self._memo:
+                self._memo.move_to_end(key)
+                return self._memo[key], True
+        slot = self._free.get()
+        try:
+            outcome = self._verify(slot, gold, pred)
+        finally:
+            self._free.put(slot)
+        if self.memo_size and outcome != "timeout":
+            # A timeout is not remembered: it may come from a loaded machine, not from the answer.
+            with self._memo_lock:
+                self._memo[key] = outcome
+                while len(self._memo) > self.memo_size:
+                    self._memo.popitem(last=False)
+        return outcome, False
+
+    def _verify(self, slot: _Slot, gold: str, pred: str) -> str:
+        worker = self._ensure_worker(slot)  # a worker that died while idle is replaced here
         try:
             worker.send({"gold": gold, "pred": pred, "budget": self.timeout_s})
             reply = worker.read_line(time.monotonic() + self.timeout_s + self.grace_s)
         except _WorkerDied:
-            self.stats["errors"] += 1  # this input crashed the worker (e.g. a C stack overflow)
-            self._restart()
-            return 0.0
+            self._restart(slot)  # this input crashed the worker (e.g. a C stack overflow)
+            return "error"
         if reply is None:
-            self.stats["timeouts"] += 1  # stuck where the alarm cannot reach: kill it
-            self._restart()
-            return 0.0
+            self._restart(slot)  # stuck where the alarm cannot reach: kill it
+            return "timeout"
         if reply.get("timeout"):
-            self.stats["timeouts"] += 1
-            return 0.0
+            return "timeout"
         if "error" in reply:
-            self.stats["errors"] += 1
-            return 0.0
-        return 1.0 if reply.get("ok") else 0.0
+            return "error"
+        return "correct" if reply.get("ok") else "wrong"
 
-    def _ensure_worker(self) -> _Worker:
-        worker = self._worker
+    def _ensure_worker(self, slot: _Slot) -> _Worker:
+        worker = slot.worker
         if worker is None or worker.pid != os.getpid() or worker.proc.poll() is not None:
             if worker is not None and worker.pid == os.getpid():
                 worker.close()
-            worker = self._worker = _Worker()
+                self._counts.add("restarts")  # found dead while idle
+            worker = slot.worker = _Worker()
         try:
             worker.wait_ready(self.startup_timeout_s)
         except _WorkerDied:
             worker.close()
-            self._worker = None
+            slot.worker = None
             raise RuntimeError("math-verify worker exited while starting (is math-verify installed?)") from None
         except RuntimeError:
             worker.close()
-            self._worker = None
+            slot.worker = None
             raise
         return worker
 
-    def _restart(self) -> None:
-        """Kill the current worker and start the next one now, so it imports while the caller goes on."""
-        if self._worker is not None:
-            self._worker.close()
-        self.stats["restarts"] += 1
-        self._worker = _Worker()
+    def _restart(self, slot: _Slot) -> None:
+        """Kill the slot's worker and start the next one now, so it imports while the caller goes on."""
+        if slot.worker is not None:
+            slot.worker.close()
+        self._counts.add("restarts")
+        slot.worker = _Worker()
 
     def warm_up(self) -> None:
-        """Start the worker now (otherwise the first call pays the ~0.5 s start)."""
-        with self._lock:
-            self._ensure_worker()
+        """Start every worker now and wait until each is ready (imported and warmed by one check), so
+        no timed check pays for a start."""
+        slots = [self._free.get() for _ in range(self.workers)]  # all of them: nobody checks meanwhile
+        try:
+            for slot in slots:  # start them all first: they import in parallel
+                if slot.worker is None or slot.worker.pid != os.getpid() or slot.worker.proc.poll() is not None:
+                    slot.worker = _Worker()
+            for slot in slots:
+                self._ensure_worker(slot)
+        finally:
+            for slot in slots:
+                self._free.put(slot)
 
     def close(self) -> None:
-        """Stop the worker process (a later call starts a new one)."""
-        with self._lock:
-            if self._worker is not None and self._worker.pid == os.getpid():
-                self._worker.close()
-            self._worker = None
+        """Stop the worker processes (a later call starts new ones)."""
+        slots = [self._free.get() for _ in range(self.workers)]
+        for slot in slots:
+            if slot.worker is not None and slot.worker.pid == os.getpid():
+                slot.worker.close()
+            slot.worker = None
+            self._free.put(slot)
 
     def __enter__(self) -> MathAnswerChecker:
         return self
@@ -274,15 +390,14 @@ class MathAnswerChecker:
         self.close()
 
     def __getstate__(self) -> dict[str, Any]:
-        # A process handle and a lock do not pickle; the copy starts its own worker when first called.
-        state = self.__dict__.copy()
-        state["_worker"] = None
-        del state["_lock"]
-        return state
+        # Processes, locks and queues do not pickle; the copy starts its own workers when first called.
+        keep = ("marker", "timeout_s", "max_chars", "startup_timeout_s", "workers", "memo_size", "grace_s")
+        return {k: self.__dict__[k] for k in keep}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._lock = threading.Lock()
+        self._init_runtime()
 
     def __repr__(self) -> str:
-        return f"MathAnswerChecker(marker={self.marker!r}, timeout_s={self.timeout_s}, max_chars={self.max_chars})"
+        return (f"MathAnswerChecker(marker={self.marker!r}, timeout_s={self.timeout_s}, max_chars={self.max_chars}, "
+                f"workers={self.workers})")

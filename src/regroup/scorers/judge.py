@@ -12,6 +12,7 @@ import re
 from collections.abc import Sequence
 
 from regroup.net import ChatClient, DiskCache, cache_key
+from regroup.net.redact import clip
 from regroup.scorers.base import ScoreItem, Scorer
 
 _SCORE_LINE = re.compile(r"^SCORE:\s*(10|[1-9])\s*$")
@@ -109,6 +110,22 @@ class JudgeScorer(Scorer):
         self.prompt_version = prompt_version
         self._counts.update({"requests": 0, "unparseable": 0, "request_failures": 0})
 
+    # The client's network events, shown with the scorer's own counters (the trainer logs `stats`).
+    NETWORK_COUNTS = ("retries", "retry_after_waits", "retry_after_capped", "deadline_hits", "oversize")
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """The scorer's counters (scored, failed, cached, requests, unparseable, request_failures) and the
+        client's since creation: retries, retry_after_waits, retry_after_capped, deadline_hits, oversize."""
+        out = super().stats
+        client_stats = self.client.stats
+        out.update({name: int(client_stats[name]) for name in self.NETWORK_COUNTS})
+        return out
+
+    def pop_counts(self) -> dict[str, int]:
+        """The client's network events since the previous call (`ChatClient.pop_counts`), for per-step logs."""
+        return self.client.pop_counts()
+
     def key(self, item: ScoreItem) -> str:
         """Cache key of an item: (question, response, reference, judge model, prompt version)."""
         return cache_key(
@@ -154,7 +171,7 @@ class JudgeScorer(Scorer):
                 if result.ok:
                     self._count("unparseable")
                     tail = (result.text or "").strip().splitlines()[-1:] or [""]
-                    error = f"unparseable judge reply (last line {tail[0][:80]!r})"
+                    error = f"unparseable judge reply (last line {clip(tail[0], 80)!r})"
                 else:
                     self._count("request_failures")
                     error = result.error or "request failed"

@@ -9,32 +9,48 @@ verified-correct responses per question ("self"), used when no reference exists.
 from __future__ import annotations
 
 import math
+import time
 from collections import OrderedDict
 
 from regroup.batch import Sample
+from regroup.stages.base import StepBatch, StepContext
+
+
+def is_verified(reward, threshold: float) -> bool:
+    """The one definition of a verified-correct answer: a finite reward >= `rewards.correct_threshold`."""
+    return reward is not None and math.isfinite(reward) and reward >= threshold
 
 
 class AnchorInjector:
     """Chooses anchors, reserves their slots (mode=replace) and adds them to the step's samples."""
 
-    def __init__(self, cfg, reward_fn, encode_response):
+    def __init__(self, cfg, reward_fn, encode_response, *, correct_threshold: float = 1.0, max_tokens: int = 0):
         self.cfg = cfg
         self.reward_fn = reward_fn
         self.encode_response = encode_response
+        self.correct_threshold = correct_threshold
+        self.max_tokens = max_tokens
+        """Longest anchor in tokens (0: no cap): under a constant normaliser a long anchor would outweigh the group."""
         self._reference_ok: dict[str, bool] = {}
         self.buffer: OrderedDict[str, list[str]] = OrderedDict()  # question id -> recent correct responses
-        self.totals = {"injected": 0, "rejected_reference": 0, "from_reference": 0, "from_self": 0}
+        self.totals = {"injected": 0, "rejected_reference": 0, "too_long": 0, "from_reference": 0, "from_self": 0}
+        self.time_verifying = 0.0
 
     # -- sources ---------------------------------------------------------------------------------------
     def _reference(self, problem) -> str | None:
         if self.cfg.source == "self" or not problem.solution:
             return None
         if problem.id not in self._reference_ok:
-            reward = self.reward_fn(problem.solution, problem)
-            ok = reward is not None and math.isfinite(reward) and reward > 0
+            t0 = time.perf_counter()
+            if self.max_tokens and len(self.encode_response(problem.solution)) > self.max_tokens:
+                ok = False
+                self.totals["too_long"] += 1  # a cut reference is not a verified solution
+            else:
+                ok = is_verified(self.reward_fn(problem.solution, problem), self.correct_threshold)
+                if not ok:
+                    self.totals["rejected_reference"] += 1
             self._reference_ok[problem.id] = ok
-            if not ok:
-                self.totals["rejected_reference"] += 1
+            self.time_verifying += time.perf_counter() - t0
         return problem.solution if self._reference_ok[problem.id] else None
 
     def _candidates(self, problem) -> list[tuple[str, str]]:
@@ -63,13 +79,13 @@ class AnchorInjector:
         injected = 0
         for problem, gid, prompt in zip(problems, group_ids, q0_prompts):
             members = by_group.get(gid, [])
-            if self.cfg.when == "no_correct" and any(s.reward is not None and math.isfinite(s.reward) and s.reward > 0
-                                                     for s in members):
+            if self.cfg.when == "no_correct" and any(is_verified(s.reward, self.correct_threshold) for s in members):
                 continue
             candidates = self._candidates(problem)
             if not candidates:
                 continue
-            if self.cfg.mode == "replace" and self.cfg.when == "no_correct":
+            reserved_here = self.cfg.mode == "replace" and self.cfg.when == "always" and self.reserve
+            if self.cfg.mode == "replace" and not reserved_here:
                 # Drop the last on-policy samples of q0 to make room (the slot was not reserved up front).
                 drop = [s for s in members if s.variant == 0 and not s.is_anchor][-len(candidates):]
                 drop_ids = {id(s) for s in drop}
@@ -86,14 +102,19 @@ class AnchorInjector:
         self.totals["injected"] += injected
         return out, {"anchor/count": float(injected)}
 
+    reserve = True
+    """Whether slots were reserved before sampling (native trainer); False: replace sampled ones (TRL)."""
+
     def observe(self, samples: list[Sample]) -> None:
         """Keep the policy's own verified-correct answers to q0 as future self-bootstrapped anchors."""
         if self.cfg.source == "reference":
             return
         for s in samples:
-            if s.is_anchor or s.variant != 0 or s.truncated or s.reward is None or not math.isfinite(s.reward) or s.reward <= 0:
+            if s.is_anchor or s.variant != 0 or s.truncated or not is_verified(s.reward, self.correct_threshold):
                 continue
             kept = self.buffer.setdefault(s.question_id, [])
+            if self.max_tokens and len(s.response_ids) > self.max_tokens:
+                continue
             if s.response_text not in kept:
                 kept.append(s.response_text)
                 del kept[: max(0, len(kept) - self.cfg.buffer_size)]
@@ -106,3 +127,45 @@ class AnchorInjector:
         self.buffer = OrderedDict(state.get("buffer", {}))
         self._reference_ok = dict(state.get("reference_ok", {}))
         self.totals.update(state.get("totals", {}))
+
+
+class ReserveAnchorSlots:
+    """Before sampling: leave one q0 slot per anchor that will replace an on-policy sample (7 + 1)."""
+
+    name = "anchor_slots"
+
+    def __init__(self, injector: AnchorInjector):
+        self.injector = injector
+
+    def __call__(self, batch: StepBatch, ctx: StepContext) -> dict[str, float]:
+        batch.reserved = self.injector.reserved_slots(batch.problems)
+        return {}
+
+
+class InjectAnchors:
+    """After rewarding: add verified anchors to their question's group (SPEC §2b), then remember the
+    policy's own verified answers for `anchors.source=self|both`. Checkpointed: the self-anchor buffer."""
+
+    name = "anchors"
+
+    def __init__(self, injector: AnchorInjector):
+        self.injector = injector
+
+    def __call__(self, batch: StepBatch, ctx: StepContext) -> dict[str, float]:
+        inj = self.injector
+        t0, verifying0 = time.perf_counter(), inj.time_verifying
+        before = dict(inj.totals)
+        q0_prompts = [ctx.encode_prompt(p.question) for p in batch.problems]
+        batch.samples, metrics = inj.inject(batch.samples, batch.problems, batch.group_ids, q0_prompts)
+        inj.observe(batch.samples)
+        metrics["anchor/too_long"] = float(inj.totals["too_long"] - before["too_long"])
+        metrics["anchor/rejected_reference"] = float(inj.totals["rejected_reference"] - before["rejected_reference"])
+        metrics["time/anchor_verify"] = inj.time_verifying - verifying0
+        metrics["time/anchors"] = time.perf_counter() - t0
+        return metrics
+
+    def state_dict(self) -> dict:
+        return self.injector.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.injector.load_state_dict(state)

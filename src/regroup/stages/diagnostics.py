@@ -118,3 +118,51 @@ def group_diversity(samples: list[Sample], embedder) -> float:
         off_diag = (sim.sum() - sim.diagonal().sum()) / (n * (n - 1))
         values.append(1.0 - float(off_diag))
     return sum(values) / len(values) if values else math.nan
+
+
+class SignalWatch:
+    """Says so, while it happens, when the training signal vanishes.
+
+    Fed each step's (reduced) metrics; returns warning lines when, for `patience` steps in a row,
+    ≥ `uniform_limit` of groups have uniform rewards (every advantage 0), a mask drops ≥ `mask_limit` of
+    samples, or no answer could be extracted from ≥ `no_answer_limit` of responses. Each condition warns
+    once per streak, naming the likely causes and what to try.
+    """
+
+    CHECKS = {
+        "uniform": ("groups/uniform_frac", 0.95,
+                    "{v:.0%} of groups had uniform rewards for {n} steps: advantages are 0 and nothing is learned "
+                    "(all-wrong {w:.0%}, all-correct {c:.0%}). Check reward/extracted_frac and samples.jsonl; try a "
+                    "prompt template asking for \\boxed{{}}, easier data, more samples per group, dynamic_sampling, or anchors."),
+        "masked": ("mask/frac", 0.90,
+                   "the distinctiveness mask dropped {v:.0%} of samples for {n} steps: almost nothing is trained on. "
+                   "Check score/mean; the scorer may not separate responses on this data (lower mask.delta or use "
+                   "mask.scorer.name=judge|similarity)."),
+        "no_answer": ("reward/no_answer_frac", 0.95,
+                      "no final answer could be extracted from {v:.0%} of responses for {n} steps: the reward is 0 "
+                      "for format, not correctness. Add data.prompt_template asking for \\boxed{{}} or check the checker."),
+    }
+
+    def __init__(self, patience: int = 3):
+        self.patience = patience
+        self.streak = {k: 0 for k in self.CHECKS}
+
+    def observe(self, step: int, metrics: dict) -> list[str]:
+        lines = []
+        for name, (key, limit, message) in self.CHECKS.items():
+            value = metrics.get(key)
+            if value is None or not isinstance(value, (int, float)) or not math.isfinite(value) or value < limit:
+                self.streak[name] = 0
+                continue
+            self.streak[name] += 1
+            if self.streak[name] == self.patience:
+                lines.append(f"warning (step {step}): " + message.format(
+                    v=value, n=self.patience, w=metrics.get("groups/all_wrong_frac", math.nan),
+                    c=metrics.get("groups/all_correct_frac", math.nan)))
+        return lines
+
+    def state_dict(self) -> dict:
+        return dict(self.streak)
+
+    def load_state_dict(self, state: dict) -> None:
+        self.streak.update({k: int(v) for k, v in state.items() if k in self.streak})

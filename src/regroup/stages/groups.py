@@ -1,4 +1,4 @@
-"""Group construction: which prompts are sampled how often, and which group each sample joins.
+"""Group construction: which prompts are sampled how often, which group each sample joins, and its seed.
 
 GRPO: G samples of q0 per group. Matched control: multiplier·G samples of q0. TA-GRPO (SPEC §3.2):
 G samples of q0 and G of each rephrasing q1..qN, all sharing ONE group id. Anchors that replace an
@@ -21,6 +21,15 @@ class PromptSlot:
     """0 = the original question q0, k = the k-th rephrasing."""
     text: str
     num_samples: int
+
+
+def samples_per_question(num_generations: int, samples_multiplier: int = 1, n_variants: int = 0,
+                         anchors_added: int = 0) -> int:
+    """Responses in one question's group: multiplier·G of q0, G per rephrasing, plus anchors in `add` mode.
+
+    The one definition used by the trainer, the demo's equal-sample budgets and DeepSpeed's batch check.
+    """
+    return num_generations * samples_multiplier + num_generations * n_variants + anchors_added
 
 
 def expand_groups(
@@ -49,7 +58,25 @@ def expand_groups(
     return slots
 
 
-def sampling_seed(run_seed: int, step: int, group_id: int, variant: int) -> int:
-    """A prompt's sampling seed, a function of what it is and not of where it sits in the batch or on
-    which process it is sampled (so 1- and 2-process runs draw the same responses)."""
-    return (run_seed * 1_000_003 + step * 10_007 + group_id * 101 + variant) % (2**62)
+# Radices of the per-sample seed. With at most 100 rephrasings and 64 samples per prompt they give the
+# seeds regroup has always used; larger G or N widen them, so no two samples of a step share a seed.
+_MIN_VARIANT_RADIX = 101
+_MIN_SAMPLE_RADIX = 64
+
+
+def sample_seed(run_seed: int, step: int, group_id: int, variant: int, index: int, *,
+                max_variants: int = 0, max_samples: int = 1) -> int:
+    """The sampling seed of the `index`-th sample of (group, variant), a function of what the sample is and
+    not of where it sits in the batch or on which process it is sampled (so 1- and 2-process runs draw the
+    same responses).
+
+    Injective within a step: group ids are unique in a step, `variant < variant_radix` and
+    `index < sample_radix`, so (group, variant, index) is a mixed-radix number. `max_variants` (N) and
+    `max_samples` (samples per prompt) size the radices.
+    """
+    variant_radix = max(_MIN_VARIANT_RADIX, max_variants + 1)
+    sample_radix = max(_MIN_SAMPLE_RADIX, max_samples)
+    if not 0 <= variant < variant_radix or not 0 <= index < sample_radix:
+        raise ValueError(f"variant {variant} / sample index {index} out of range ({variant_radix}, {sample_radix})")
+    prompt_key = run_seed * 1_000_003 + step * 10_007 * (variant_radix // _MIN_VARIANT_RADIX) + group_id * variant_radix + variant
+    return (prompt_key * sample_radix + index) % (2**62)

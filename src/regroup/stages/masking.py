@@ -11,27 +11,34 @@ import torch
 from regroup.algo.distinctiveness import distinctiveness_mask, mask_stats
 from regroup.batch import Sample
 from regroup.scorers.base import ScoreItem
+from regroup.stages.base import StepBatch, StepContext
 
 
 class DistinctivenessMasker:
-    def __init__(self, scorer, delta: float):
+    """`question="own"` shows the scorer the question a rephrased response answered; "original" shows q0."""
+
+    name = "mask"
+
+    def __init__(self, scorer, delta: float, question: str = "own"):
+        if question not in ("own", "original"):
+            raise ValueError(f"question must be 'own' or 'original', got {question!r}")
         self.scorer = scorer
         self.delta = delta
+        self.question = question
 
     def score(self, samples: list[Sample]) -> None:
         """Fill `sample.score` (None when the scorer could not score it: never masked, counted)."""
         items = [
-            ScoreItem(question=s.problem.question, response=s.response_text,
-                      reference=getattr(s.problem, "solution", None), problem=s.problem)
+            ScoreItem(question=(s.question_text if self.question == "own" and s.question_text else s.problem.question),
+                      response=s.response_text, reference=getattr(s.problem, "solution", None), problem=s.problem)
             for s in samples
         ]
         for s, score in zip(samples, self.scorer.score_batch(items)):
             s.score = score
 
-    def __call__(self, samples: list[Sample], advantages: torch.Tensor, group_ids: torch.Tensor):
-        """(keep mask [B] bool, metrics). Advantages were computed over the full group before masking."""
-        self.score(samples)
-        scores = torch.tensor([math.nan if s.score is None else float(s.score) for s in samples])  # [B]
+    def mask_from_scores(self, advantages: torch.Tensor, scores: torch.Tensor, group_ids: torch.Tensor):
+        """(keep mask [B] bool, metrics) from scores [B] (NaN = unscored). Advantages were computed over the
+        full group before masking. The TRL adapter scores on each process and calls this on the gathered batch."""
         keep = distinctiveness_mask(advantages, scores, group_ids, self.delta)  # [B] bool
         stats = mask_stats(advantages, keep)
         metrics = {
@@ -46,3 +53,15 @@ class DistinctivenessMasker:
         for key, value in self.scorer.stats.items():
             metrics[f"scorer/{key}"] = float(value)
         return keep, metrics
+
+    def mask(self, samples: list[Sample], advantages: torch.Tensor, group_ids: torch.Tensor):
+        """Score `samples`, then (keep mask [B] bool, metrics)."""
+        self.score(samples)
+        scores = torch.tensor([math.nan if s.score is None else float(s.score) for s in samples])  # [B]
+        return self.mask_from_scores(advantages, scores, group_ids)
+
+    def __call__(self, batch: StepBatch, ctx: StepContext) -> dict[str, float]:
+        group_ids = torch.tensor([s.group_id for s in batch.samples], dtype=torch.long)  # [B]
+        keep, metrics = self.mask(batch.samples, batch.advantages, group_ids)
+        batch.multiply_weights(keep)
+        return metrics

@@ -3,8 +3,12 @@ per question and remembered (rules are seeded by the question id, so a resumed r
 
 from __future__ import annotations
 
+from regroup.stages.base import StepBatch, StepContext
+
 
 class VariantProvider:
+    name = "variants"
+
     def __init__(self, rephraser, n: int):
         self.rephraser = rephraser
         self.n = n
@@ -19,3 +23,8 @@ class VariantProvider:
                 self._memo[problem.id] = list(outcome.variants)[: self.n]
                 self.failed_questions += int(bool(outcome.failed))
         return [self._memo[p.id] for p in problems]
+
+    def __call__(self, batch: StepBatch, ctx: StepContext) -> dict[str, float]:
+        batch.variants = self.variants(batch.problems)
+        alone = sum(1 for v in batch.variants if not v)
+        return {"ta/questions_without_variants": float(alone), "ta/failed_questions_total": float(self.failed_questions)}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from regroup.tasks.base import Problem, Task
@@ -13,19 +12,14 @@ BUILTIN_TASKS = ("arithmetic",)
 
 
 def _load_dotted(spec: str) -> Any:
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
+    from regroup.registry import load_dotted
+
+    if ":" not in spec:
         raise ValueError(f"task {spec!r}: expected a built-in name {BUILTIN_TASKS} or 'package.module:object'")
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"task {spec!r}: cannot import module {module_name!r}: {exc}") from exc
-    obj: Any = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ValueError(f"task {spec!r}: module {module_name!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
-    return obj
+        return load_dotted(spec)
+    except ValueError as exc:
+        raise ValueError(f"task {spec!r}: {exc}") from None
 
 
 def get_task(name: str, **kwargs: Any) -> Any:

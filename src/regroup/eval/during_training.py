@@ -1,0 +1,47 @@
+"""Held-out evaluation every `train.eval_every` steps, logged as `eval/*` metrics and drawn in the report.
+
+Questions: `data.eval_file` (same formats and field mapping as training data), else the task's generated
+held-out set (never a training question). Graded with the run's reward and `rewards.correct_threshold`,
+sampled with the training sampler at the training temperature, so the number is comparable across steps.
+"""
+
+from __future__ import annotations
+
+
+def eval_problems(cfg, task, train_problems: list, log=print) -> list:
+    limit = cfg.train.eval_limit
+    if cfg.data.eval_file:
+        from regroup.data import FieldMap, load_problems
+
+        fields = FieldMap(question=cfg.data.question_field, answer=cfg.data.answer_field, solution=cfg.data.solution_field)
+        return load_problems(cfg.data.eval_file, fields, skip_bad_rows=cfg.data.skip_bad_rows).problems[:limit]
+    from regroup.setup import heldout_problems
+
+    return heldout_problems(task, limit, cfg.data.eval_seed, train_problems)
+
+
+def evaluate_during_training(trainer) -> dict[str, float]:
+    from regroup.eval.runner import evaluate
+
+    cfg = trainer.cfg
+    if not hasattr(trainer, "_eval_problems"):
+        trainer._eval_problems = eval_problems(cfg, trainer.task, trainer.problems, trainer.log)
+    if not trainer._eval_problems or not trainer.is_main:
+        return {}
+    threshold = cfg.rewards.correct_threshold
+
+    def grader(response, problem):  # 1/0 at the run's definition of correct
+        value = trainer.recipe.reward_fn(response, problem)
+        return None if value is None else float(value >= threshold)
+
+    model = trainer.acc.unwrap_model(trainer.model)
+    result = evaluate(model, trainer.tokenizer, trainer._eval_problems, grader, n=cfg.train.eval_n,
+                      ks=sorted({1, cfg.train.eval_n}), temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+                      max_new_tokens=cfg.rollout.max_new_tokens, greedy=False, batch_size=cfg.rollout.batch_size,
+                      seed=cfg.seed + trainer.step, progress=False, sampler=trainer.sampler)
+    s = result.summary
+    out = {f"eval/pass@{k}": float(v) for k, v in s["pass@k"].items() if v is not None}
+    out["eval/mean@n"] = float(s["mean@n"])
+    if s.get("stderr") is not None:
+        out["eval/stderr"] = float(s["stderr"])
+    return out
