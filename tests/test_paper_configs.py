@@ -31,7 +31,9 @@ def _as_written(path: Path, model_dir: str, data_file: str):
 @pytest.fixture(scope="module")
 def data_file(tmp_path_factory):
     path = tmp_path_factory.mktemp("data") / "train.jsonl"
-    path.write_text(json.dumps({"question": "What is 1+1?", "answer": "2", "solution": "1+1=2. \\boxed{2}"}) + "\n")
+    row = {"question": "What is 1+1?", "answer": "2", "solution": "1+1=2. \\boxed{2}",
+           "variants": ["Add 1 and 1.", "What do 1 and 1 make?", "Compute 1 plus 1."]}  # as `regroup rephrase` writes
+    path.write_text(json.dumps(row) + "\n")
     return str(path)
 
 
@@ -73,13 +75,16 @@ def test_dagrpo_arms_follow_the_paper(tiny_model_dir, data_file):
 
 
 def test_ta_grpo_arms_follow_the_paper(tiny_model_dir, data_file):
+    from regroup.setup import train_steps
+
     for p in ARMS:
         if not p.stem.startswith("ta_"):
             continue
         cfg = _as_written(p, tiny_model_dir, data_file)
         assert (cfg.grpo.beta, cfg.grpo.kl_ratio_correction, cfg.grpo.loss_agg) == (0.001, False, "token_mean")
         assert (cfg.train.epochs, cfg.grpo.mini_batches, cfg.grpo.prompts_per_step) == (2, 2, 256)
-        assert cfg.optim.schedule == "cosine" and cfg.optim.warmup_steps == 12  # 10 % of 120 optimizer steps
+        assert train_steps(cfg, 7498) == 59  # 2 epochs of MATH's 7,498 questions in rollouts of 256
+        assert cfg.optim.schedule == "cosine" and cfg.optim.warmup_steps == 12  # 10 % of the 118 optimizer steps 2 epochs make
         arm = p.stem.rsplit("_", 1)[-1] if not p.stem.endswith("ta_grpo") else "ta_grpo"
         assert cfg.ta.enabled == (arm == "ta_grpo")
         assert (cfg.ta.n_variants, cfg.ta.rephraser, cfg.ta.ratio_anchor) == (3, "dataset", "original")
@@ -109,7 +114,7 @@ def test_paper_arm_trains_one_step_on_the_tiny_model(path, tiny_model_dir, tmp_p
     from regroup.trainer import Trainer
 
     cfg = load_config(path, [f"model.path={tiny_model_dir}", f"run_dir={tmp_path}", *LOCAL])
-    Trainer(cfg, tmp_path, log=lambda m: None).train()
+    Trainer.from_config(cfg, tmp_path, log=lambda m: None).train()
     (record,) = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert record["step"] == 1 and "reward/mean" in record
     assert ("mask/frac" in record) == cfg.mask.enabled  # the arm's own mechanisms ran, and only those

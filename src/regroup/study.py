@@ -364,18 +364,19 @@ def _eval_settings(s: StudySettings):
 
 
 def run_arm(arm: Arm, regime: Regime, seed: int, problems: list, s: StudySettings, regime_dir: Path, log) -> Path:
+    from regroup.checkpoint import list_checkpoints
     from regroup.config import load_config
     from regroup.demo import evaluate_model
+    from regroup.rundir import claim_run_dir
     from regroup.trainer import Trainer
 
     run_dir = regime_dir / f"{arm.name}-s{seed}"
-    if run_dir.exists():
-        shutil.rmtree(run_dir)
     cfg = load_config(CONFIG_DIR / arm.config, arm_overrides(arm, s, regime, seed, run_dir))
     t0 = time.perf_counter()
-    Trainer(cfg, run_dir, log=log).train()
+    with claim_run_dir(run_dir, "fresh", log=log):
+        Trainer.from_config(cfg, run_dir, log=log).train()
     train_seconds = time.perf_counter() - t0
-    final = sorted((run_dir / "checkpoints").glob("step-*"))[-1]
+    final = list_checkpoints(run_dir)[-1]
     summary = evaluate_model(str(final), problems, run_dir / "eval", _eval_settings(s), seed=0, ks=s.ks)
     (run_dir / "eval_before").mkdir(exist_ok=True)
     for name in ("summary.json", "per_problem.jsonl"):
@@ -438,8 +439,9 @@ def run_study(quick: bool = False, out_root: str = "runs", log=print, settings: 
 
     s = settings or (QUICK if quick else StudySettings())
     arms = [ARMS_BY_NAME[n] for n in s.arms] if s.arms else ARMS
-    study_dir = Path(out_root) / f"study-{time.strftime('%Y%m%d-%H%M%S')}"
-    study_dir.mkdir(parents=True, exist_ok=True)
+    from regroup.rundir import new_run_dir
+
+    study_dir = new_run_dir(out_root, "study")  # exclusive: two studies started in the same second get two folders
     started = time.perf_counter()
     regimes, results, budgets, reports = [], {}, {}, {}
     for name in s.regimes:
