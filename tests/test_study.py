@@ -277,3 +277,13 @@ def test_cli_has_a_study_subcommand(monkeypatch, tmp_path):
     monkeypatch.setattr("regroup.study.run_study", lambda **kw: calls.append(kw) or tmp_path / "study.html")
     assert cli.main(["study", "--quick", "--out", str(tmp_path)]) == 0
     assert calls and calls[0]["quick"] is True and calls[0]["out_root"] == str(tmp_path)
+
+
+def test_sampled_uniform_share_undoes_the_dynamic_filter():
+    from regroup.study import SAMPLED_UNIFORM, with_sampled_uniform
+
+    # dynamic sampling: 3 of 8 groups seen were informative; its kept batch has no uniform group left
+    assert with_sampled_uniform({"groups/uniform_frac": 0.0, "dynamic/informative_frac": 0.375})[SAMPLED_UNIFORM] \
+        == pytest.approx(0.625)
+    assert with_sampled_uniform({"groups/uniform_frac": 0.25})[SAMPLED_UNIFORM] == 0.25  # no filter: as logged
+    assert SAMPLED_UNIFORM not in with_sampled_uniform({"reward/mean": 0.5})

@@ -197,9 +197,13 @@ ARMS = [
 ARMS_BY_NAME = {a.name: a for a in ARMS}
 
 
+SAMPLED_UNIFORM = "groups/sampled_uniform_frac"
+"""Derived: the uniform share of every group sampled — for dynamic sampling 1 − dynamic/informative_frac
+(its groups/uniform_frac is measured after its filter dropped the uniform groups), else groups/uniform_frac."""
+
 CLAIMS = [
     Claim("TA-GRPO", "Pooling rephrasings leaves fewer uniform-reward groups than GRPO", "ta_grpo", "grpo",
-          "groups/uniform_frac", direction=-1),
+          SAMPLED_UNIFORM, direction=-1),
     Claim("TA-GRPO", "Higher pass@32 than GRPO (equal questions)", "ta_grpo", "grpo", "pass@32"),
     Claim("TA-GRPO", "Higher pass@1 than GRPO (equal questions)", "ta_grpo", "grpo", "pass@1"),
     Claim("TA-GRPO", "Higher pass@32 than matched sampling ((N+1)·G of q0): the gain is the rephrasing",
@@ -212,18 +216,18 @@ CLAIMS = [
     Claim("DaGRPO", "Masked training has less gradient conflict (higher pos/neg gradient cosine; the logged "
           "diagnostic is measured on the unmasked batch)", "dagrpo_mask", "grpo", "grad_conflict/cosine"),
     Claim("study control", "TA-GRPO's pools are less often uniform than matched sampling's pools of the same size "
-          "(rephrasing, not pool size, removes uniform groups)", "ta_grpo", "grpo_matched", "groups/uniform_frac",
+          "(rephrasing, not pool size, removes uniform groups)", "ta_grpo", "grpo_matched", SAMPLED_UNIFORM,
           direction=-1),
     Claim("study control", "TA-GRPO at equal samples beats GRPO (pass@1)", "ta_grpo_eqsamples", "grpo", "pass@1"),
     Claim("study control", "Difficulty-preserving rephrasings beat rule rephrasings (pass@1)", "ta_grpo_rename",
           "ta_grpo", "pass@1"),
     Claim("study control", "Dynamic sampling beats GRPO (pass@1)", "grpo_dynamic", "grpo", "pass@1"),
-    Claim("study control", "Dynamic sampling leaves fewer uniform-reward groups than GRPO", "grpo_dynamic", "grpo",
-          "groups/uniform_frac", direction=-1),
+    Claim("study control", "Dynamic sampling samples fewer uniform-reward groups than GRPO (before its filter)",
+          "grpo_dynamic", "grpo", SAMPLED_UNIFORM, direction=-1),
     Claim("study control", "DaGRPO + TA beats DaGRPO (pass@1)", "dagrpo_ta", "dagrpo", "pass@1"),
 ]
 
-MECHANISMS = ["reward/mean", "groups/uniform_frac", "groups/all_wrong_frac", "mask/frac", "grad_conflict/cosine",
+MECHANISMS = ["reward/mean", SAMPLED_UNIFORM, "groups/uniform_frac", "groups/all_wrong_frac", "mask/frac", "grad_conflict/cosine",
               "anchor/logp_mean", "diversity"]
 
 
@@ -387,6 +391,16 @@ def run_arm(arm: Arm, regime: Regime, seed: int, problems: list, s: StudySetting
     return run_dir
 
 
+def with_sampled_uniform(record: dict) -> dict:
+    """The record with SAMPLED_UNIFORM added where it can be derived."""
+    informative, uniform = record.get("dynamic/informative_frac"), record.get("groups/uniform_frac")
+    if isinstance(informative, (int, float)):
+        return {**record, SAMPLED_UNIFORM: 1.0 - float(informative)}
+    if isinstance(uniform, (int, float)):
+        return {**record, SAMPLED_UNIFORM: float(uniform)}
+    return record
+
+
 def read_arm_result(run_dirs: list[Path]) -> ArmResult:
     """Per-seed per-problem counts and mechanism means of an arm's run folders."""
     from regroup.report.claims import per_seed_mean
@@ -402,7 +416,8 @@ def read_arm_result(run_dirs: list[Path]) -> ArmResult:
                 row = json.loads(line)
                 counts[str(row["id"])] = (int(row["correct"]), int(row["n"]))
         result.per_problem[seed] = counts
-        result.mechanisms[seed] = {k: v for k in MECHANISMS if (v := per_seed_mean(run.metrics, k)) is not None}
+        records = [with_sampled_uniform(m) for m in run.metrics]
+        result.mechanisms[seed] = {k: v for k in MECHANISMS if (v := per_seed_mean(records, k)) is not None}
     return result
 
 
@@ -426,8 +441,12 @@ def measured_budget(run_dirs: list[Path]) -> dict:
 
     runs = [load_run(str(d)) for d in run_dirs]
     tokens = [sum(float(m.get("tokens/generated") or 0.0) for m in r.metrics) for r in runs]
+    # questions drawn: dynamic sampling's extra rounds count (groups seen), else the step's questions
+    drawn = [sum(float(m.get("dynamic/groups_seen") or r.config["grpo"]["prompts_per_step"]) for m in r.metrics)
+             for r in runs]
     walls = [wall_time_s(r) or 0.0 for r in runs]
     return {"steps": max((last_step(r) or 0) for r in runs), "tokens": sum(tokens) / len(tokens),
+            "questions_drawn": sum(drawn) / len(drawn),
             "wall_s": sum(walls) / len(walls)}
 
 

@@ -101,12 +101,14 @@ def budget_rows(arms: Sequence[Any], planned: Mapping[str, Any], measured: Mappi
             continue
         p, m = planned[arm.name], measured[arm.name]
         rows.append([arm.name, arm.protocol, str(p.prompts_per_step), str(p.optimizer_steps), str(p.distinct_questions),
-                     str(p.questions_drawn), str(p.samples), str(m["steps"]), f"{m['tokens']:.0f}", wall_time(m["wall_s"])])
+                     str(p.questions_drawn), str(p.samples), str(m["steps"]), f"{m['questions_drawn']:.0f}",
+                     f"{m['tokens']:.0f}", wall_time(m["wall_s"])])
     return rows
 
 
 BUDGET_HEADER = ["arm", "protocol", "questions/step", "optimizer steps", "distinct questions", "questions drawn",
-                 "samples (planned)", "steps (measured)", "tokens generated (measured, mean/run)",
+                 "samples (planned)", "steps (measured)", "questions drawn (measured, mean/run)",
+                 "tokens generated (measured, mean/run)",
                  "training wall time (measured, mean/run)"]
 
 
