@@ -19,7 +19,8 @@ from regroup.report.runs import RunGroup
 from regroup.report.smoothing import ema
 
 # One colour per recipe, in table order; grey is kept for the starting model.
-PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf"]
+PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf",
+           "#393b79", "#637939", "#ad494a"]  # 12: the study's 11 arms each get their own
 START_COLOR = "#8a8a8a"
 DPI = 100
 
