@@ -111,11 +111,12 @@ def measure_recipe(recipe: str, rephrasings: int, size: Size, model_dir: Path, r
     seen: dict = {}
     update = trainer.update
 
-    def counting_update(samples):
+    def counting_update(batch):
+        samples = batch.samples
         seen["update_tokens"] = sum(len(s.ratio_prompt_ids) + len(s.response_ids) for s in samples)
         seen["prompt_tokens"] = sum(len(s.prompt_ids) for s in samples)
         seen["prompts"] = [s.prompt_ids for s in samples]
-        return update(samples)
+        return update(batch)
 
     trainer.update = counting_update
     rows = []

@@ -249,3 +249,12 @@ def test_report_to_tensorboard_through_accelerate(tiny_model_dir, tmp_path):
     acc.Reload()
     assert [e.step for e in acc.Scalars("reward/mean")] == [1, 2]
     assert (tmp_path / "tb" / "metrics.jsonl").exists()  # the JSONL stays the report's source
+
+
+def test_gradient_conflict_default_depends_on_the_measured_size(tiny_model_dir, tmp_path, monkeypatch):
+    cfg = small_config(tiny_model_dir, tmp_path / "gc", "grpo.yaml")
+    assert Trainer.from_config(cfg, tmp_path / "gc", log=lambda m: None).grad_conflict_every == 10  # tiny: on
+    monkeypatch.setattr(Trainer, "GRAD_CONFLICT_AUTO_LIMIT", 10)  # as if lm_head held more than the limit
+    assert Trainer.from_config(cfg, tmp_path / "gc2", log=lambda m: None).grad_conflict_every == 0
+    cfg = small_config(tiny_model_dir, tmp_path / "gc3", "grpo.yaml", "diagnostics.grad_conflict_every=3")
+    assert Trainer.from_config(cfg, tmp_path / "gc3", log=lambda m: None).grad_conflict_every == 3

@@ -22,6 +22,8 @@ from typing import Any, Literal, Optional, get_args, get_origin
 
 import yaml
 
+from regroup.io import write_atomic  # noqa: F401  (re-exported: config.yaml is written with it)
+
 
 class ConfigError(ValueError):
     """A configuration problem, found before any compute; the message names the dotted key."""
@@ -309,8 +311,9 @@ class DiagnosticsConfig:
     embedder: str = "auto"
     """auto | minilm | char-ngram | a local sentence-transformers path."""
     grad_conflict_every: Optional[int] = None
-    """Cosine between positive and negative samples' gradients, every K steps (0: off; None: 10 for the
-    built-in tiny model, off for a real model, where the measured gradients are large)."""
+    """Cosine between positive and negative samples' gradients, every K steps (0: off; None: every 10 steps
+    when the measured parameters hold <= 5M elements, as on the built-in tiny model, else off: the
+    diagnostic copies their gradients, gigabytes for a 7B model's lm_head)."""
     grad_conflict_samples: int = 32
     """Sub-batch size for the gradient-conflict measure."""
     grad_conflict_params: str = "lm_head|embed_tokens|lora_B"
@@ -834,26 +837,6 @@ def config_from_dict(data: dict) -> RunConfig:
     cfg = _build(RunConfig, data)
     cfg.validate()
     return cfg
-
-
-def write_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write a file so that a crash leaves either the old or the new content, never a torn one."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as e:
-        try:
-            os.unlink(tmp)  # never leave the temporary file behind (a full disk would keep it forever)
-        except OSError:
-            pass
-        if isinstance(e, OSError) and e.errno in (28, 122):  # ENOSPC, EDQUOT
-            raise OSError(e.errno, f"no space left on device while writing {path}") from e
-        raise
 
 
 def save_config(cfg: RunConfig, path: str | os.PathLike) -> None:

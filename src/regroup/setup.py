@@ -98,7 +98,7 @@ def build_parts(cfg, run_dir: Path, accelerator=None, log=print) -> RunParts:
 
     trackers = tracker_names(cfg.train)
     acc = accelerator or Accelerator(cpu=not torch.cuda.is_available(), log_with=trackers or None,
-                                     project_dir=str(run_dir) if trackers else None)
+                                     project_dir=str(run_dir / "tb") if trackers else None)  # TensorBoard: RUN_DIR/tb
     ds_plugin = getattr(getattr(acc, "state", None), "deepspeed_plugin", None)
     if ds_plugin is not None:
         # DeepSpeed steps its optimizer inside every accelerator.backward while gradients sync, and

@@ -62,8 +62,7 @@ class Trainer:
         self.total_steps = train_steps(cfg, len(self.problems))
         self.embedder = build_embedder(cfg.diagnostics.embedder) if cfg.diagnostics.diversity_every else None
         d = cfg.diagnostics
-        # Off for real models by default: it copies the measured parameters' gradients (GBs on a 7B model).
-        self.grad_conflict_every = d.grad_conflict_every if d.grad_conflict_every is not None else (10 if cfg.model.path is None else 0)
+        self.grad_conflict_every = d.grad_conflict_every if d.grad_conflict_every is not None else self._default_conflict_every()
         self.watch = SignalWatch()
         self._prompt_ids: dict[str, list[int]] = {}
         self.ctx = self._context()
@@ -76,6 +75,18 @@ class Trainer:
         self.sample_log = SampleLog(self.run_dir, cfg.train.sample_every, enabled=self.is_main, tb_writer=self.logger.tensorboard_writer())
         if resume:
             self._resume()
+
+    GRAD_CONFLICT_AUTO_LIMIT = 5_000_000
+    """`diagnostics.grad_conflict_every=None` measures every 10 steps only when the measured parameters hold
+    at most this many elements: the diagnostic copies their gradients twice (gigabytes on a 7B lm_head)."""
+
+    def _default_conflict_every(self) -> int:
+        import re
+
+        pattern = re.compile(self.cfg.diagnostics.grad_conflict_params)
+        model = self.acc.unwrap_model(self.model)
+        size = sum(p.numel() for n, p in model.named_parameters() if p.requires_grad and pattern.search(n))
+        return 10 if size <= self.GRAD_CONFLICT_AUTO_LIMIT else 0
 
     @classmethod
     def from_config(cls, cfg, run_dir: str | Path, *, resume: bool = False, accelerator=None, log=print) -> "Trainer":

@@ -41,7 +41,7 @@ def no_compute(monkeypatch):
     def boom(*a, **k):
         raise AssertionError("the run was built: the error came after compute started")
 
-    monkeypatch.setattr(regroup.setup, "build_run", boom)
+    monkeypatch.setattr(regroup.setup, "build_parts", boom)
 
 
 @pytest.mark.parametrize("override, key", [
@@ -158,19 +158,20 @@ def test_a_full_disk_is_named_while_saving_a_checkpoint(tiny_model_dir, tmp_path
 
 
 def test_a_full_disk_while_writing_the_config_leaves_no_temporary_file(run_copy, capsys, monkeypatch):
-    import regroup.config
+    import regroup.io
 
     real_fsync = os.fsync
 
     def full(fd):
-        if os.readlink(f"/proc/self/fd/{fd}").endswith(f".config.yaml.tmp-{os.getpid()}"):
+        name = os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))
+        if name.startswith(".config.yaml.") and name.endswith(".tmp"):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return real_fsync(fd)
 
-    monkeypatch.setattr(regroup.config.os, "fsync", full)
+    monkeypatch.setattr(regroup.io.os, "fsync", full)
     assert main(["train", "--resume", str(run_copy), "train.steps=3"]) == 2
     assert one_line(capsys) == f"error: no space left on device while writing {run_copy / 'config.yaml'}"
-    assert [p.name for p in run_copy.iterdir() if ".tmp-" in p.name] == []
+    assert [p.name for p in run_copy.iterdir() if ".tmp" in p.name] == []
 
 
 def test_real_enospc_is_recognised():

@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from regroup.net import ChatClient, DiskCache
+from regroup.io import write_atomic
 from regroup.net.redact import check_key_env_name, redact
 from regroup.rephrase.base import RephraseOutcome, Rephraser
 from regroup.rephrase.registry import build_rephraser
@@ -29,16 +28,7 @@ def _chunks(seq: Sequence[Any], size: int) -> list[Sequence[Any]]:
 def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     """Write JSON (redacted: it quotes server errors) to a temporary file beside `path`, then rename:
     readers never see half a file."""
-    text = redact(json.dumps(data, indent=2, ensure_ascii=False))
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, redact(json.dumps(data, indent=2, ensure_ascii=False)) + "\n")
 
 
 def summarise(outcomes: Sequence[RephraseOutcome]) -> dict[str, Any]:

@@ -45,7 +45,7 @@ class DynamicSampling:
 
     def __call__(self, batch: StepBatch, ctx: StepContext) -> dict[str, float]:
         verdicts = self._global_verdicts(batch, ctx)
-        seen, rounds = len(verdicts), 0
+        rounds = 0
         while sum(ok for _, ok in verdicts) < self.target_groups and rounds < self.max_rounds:
             rounds += 1
             batch.extend(ctx.refill(rounds))
