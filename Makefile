@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo demo-quick test test-all warmup bench clean
+.PHONY: venv demo demo-quick study study-quick test test-all warmup bench clean
 
 # torch goes first: a plain `torch` requirement would pull a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -22,6 +22,12 @@ demo: $(STAMP)
 
 demo-quick: $(STAMP)
 	$(BIN)/regroup demo --quick
+
+study: $(STAMP)
+	$(BIN)/regroup study
+
+study-quick: $(STAMP)
+	$(BIN)/regroup study --quick
 
 warmup: $(STAMP)
 	$(BIN)/regroup warmup --out runs/warmup

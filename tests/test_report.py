@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 
 import pytest
 import yaml
@@ -231,3 +232,39 @@ def test_paired_standard_error_uses_per_problem_results(tmp_path):
     assert abs(ta["delta_baseline"] - 0.375) < 1e-12
     assert ta["delta_baseline_paired"] and abs(ta["delta_baseline_se"] - expected) < 1e-12
     assert ta["verdict_baseline"] == "better"  # 0.375 > 2 x 0.072; unpaired (√(0.2²+0.2²) = 0.28) would say unclear
+
+
+def _md_results_table(md: str) -> list[list[str]]:
+    """The cells of each line of report.md's results table (outer pipes stripped)."""
+    block = md.split("## Results")[1].split("## What was run")[0]
+    return [[cell.strip() for cell in re.split(r"(?<!\\)\|", line.strip()[1:-1])] for line in block.splitlines()
+            if line.startswith("|")]
+
+
+def test_markdown_table_without_any_eval_has_one_cell_per_header(tmp_path):
+    # No run has eval/summary.json, so there is no pass@k column: the header must not grow an empty cell.
+    root = tmp_path / "runs"
+    root.mkdir()
+    dirs = [_write_run(root, "grpo", BASE_CONFIG, ["reward/mean"], None),
+            _write_run(root, "dagrpo", {**BASE_CONFIG, "recipe": "dagrpo"}, ["reward/mean"], None)]
+    _, md_path = build_report(dirs, str(tmp_path / "rep"))
+    table = _md_results_table(open(md_path).read())
+    header, separator, *body = table
+    assert "" not in header
+    assert header[:2] == ["recipe", "runs"] and not any(c.startswith("pass@") for c in header)
+    assert len(body) == 2
+    assert {len(row) for row in table} == {len(header)}
+    assert separator[0] == "---" and all(c == "---:" for c in separator[1:])
+
+
+def test_training_axes_have_integer_step_ticks_and_labels():
+    from matplotlib.figure import Figure
+
+    from regroup.report.plots import label_step_axes
+
+    ax = Figure().subplots()
+    ax.plot([1, 2, 3], [0.1, 0.5, 0.2])  # left alone, matplotlib ticks this at 1.0, 1.25, 1.5, ...
+    label_step_axes(ax, "mean reward")
+    ticks = [t for t in ax.get_xticks() if 1 <= t <= 3]
+    assert ticks and all(float(t).is_integer() for t in ticks)
+    assert ax.get_xlabel() == "optimizer step" and ax.get_ylabel() == "mean reward"

@@ -167,6 +167,14 @@ def cmd_demo(args) -> int:
     return 0
 
 
+def cmd_study(args) -> int:
+    from regroup.study import run_study
+
+    html = run_study(quick=args.quick, out_root=args.out, log=_log)
+    print(f"study: {html}\n       {html.with_suffix('.md')}")
+    return 0
+
+
 def cmd_report(args) -> int:
     from regroup.report import build_report
 
@@ -310,6 +318,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="runs")
     p.add_argument("--recipes", default=None, type=_recipe_list, help="comma-separated subset of recipes")
     p.set_defaults(fn=cmd_demo)
+
+    p = sub.add_parser("study", parents=[common], help="the papers' claims in miniature: every arm, two regimes, 3 seeds, verdicts")
+    p.add_argument("--quick", action="store_true", help="a few-minute plumbing version (not evidence)")
+    p.add_argument("--out", default="runs")
+    p.set_defaults(fn=cmd_study)
 
     p = sub.add_parser("report", parents=[common], help="build report.html / report.md from finished runs")
     p.add_argument("runs", nargs="+")

@@ -55,8 +55,9 @@ def recipe_overrides(recipe: str, settings: DemoSettings) -> list[str]:
             f"train.checkpoint_every={settings.steps}", f"model.warmup_dir={settings.warmup_dir}"]
 
 
-def evaluate_model(model_path: str, problems, out_dir: Path, settings: DemoSettings, seed: int) -> dict:
-    """pass@1 / pass@k / mean@n / greedy / by difficulty of a saved model on `problems`."""
+def evaluate_model(model_path: str, problems, out_dir: Path, settings: DemoSettings, seed: int,
+                   ks: list[int] | None = None) -> dict:
+    """pass@1 / pass@k / mean@n / greedy / by difficulty of a saved model on `problems` (`ks`: default 1, 4, n)."""
     from transformers import AutoModelForCausalLM
 
     from regroup.eval.runner import evaluate
@@ -66,7 +67,7 @@ def evaluate_model(model_path: str, problems, out_dir: Path, settings: DemoSetti
     task = get_task("arithmetic")
     model = AutoModelForCausalLM.from_pretrained(model_path)
     tokenizer = load_tokenizer(model_path)
-    ks = sorted({1, settings.eval_samples} | ({4} if settings.eval_samples >= 4 else set()))
+    ks = ks or sorted({1, settings.eval_samples} | ({4} if settings.eval_samples >= 4 else set()))
     result = evaluate(model, tokenizer, problems, task.grade, n=settings.eval_samples, ks=ks, temperature=1.0,
                       max_new_tokens=48, greedy=True, batch_size=256, seed=seed, progress=False)
     out_dir.mkdir(parents=True, exist_ok=True)

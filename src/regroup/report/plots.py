@@ -13,12 +13,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from regroup.report.runs import RunGroup
 from regroup.report.smoothing import ema
 
 # One colour per recipe, in table order; grey is kept for the starting model.
-PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf"]
+PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf",
+           "#393b79", "#637939", "#ad494a"]  # 12: the study's 11 arms each get their own
 START_COLOR = "#8a8a8a"
 DPI = 100
 
@@ -61,8 +63,13 @@ TRAINING_PLOTS = [
              [("mask/pos_frac", "positive-advantage samples"), ("mask/neg_frac", "negative-advantage samples")],
              "Masked fractions of positive- and negative-advantage samples (DaGRPO, SPEC §2a)."),
     PlotSpec("anchors", "Off-policy anchors",
-             [("anchor/count", "anchors per step"), ("anchor/adv_mean", "mean anchor advantage")],
-             "Anchors (reference solutions) injected into groups and their advantage (DaGRPO, SPEC §2b)."),
+             [("anchor/count", "anchors per step"), ("anchor/adv_mean", "mean anchor advantage"),
+              ("anchor/logp_mean", "anchor log-prob per token")],
+             "Anchors (reference solutions) injected into groups, their advantage, and the policy's mean per-token "
+             "log-probability of them (DaGRPO, SPEC §2b)."),
+    PlotSpec("grad_conflict", "Gradient conflict", [("grad_conflict/cosine", "cos(positive, negative gradients)")],
+             "Cosine between the gradients of the positive- and the negative-advantage samples' losses "
+             "(−1 = directly opposed), every diagnostics.grad_conflict_every steps."),
     PlotSpec("grad_norm", "Gradient norm", [("grad_norm", "gradient norm")],
              "Gradient norm per step, log scale: spikes show unstable updates.", logy=True),
     PlotSpec("entropy", "Entropy", [("entropy", "mean token entropy")],
@@ -152,6 +159,13 @@ def _style(ax) -> None:
     ax.tick_params(labelsize=8)
 
 
+def label_step_axes(ax, ylabel: str) -> None:
+    """x: "optimizer step" with integer ticks only (a step 2.5 does not exist); y: what is plotted."""
+    ax.set_xlabel("optimizer step", fontsize=8)
+    ax.set_ylabel(ylabel, fontsize=8)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
 def _legend(fig: Figure, handles: list, labels: list[str], max_cols: int = 5) -> None:
     """One legend above all panels, so every panel keeps its full width; rows wrap at `max_cols`."""
     if handles:
@@ -188,7 +202,7 @@ def _training_plot(spec: PlotSpec, groups: Sequence[RunGroup], colors: dict[str,
         if spec.logy:
             ax.set_yscale("log")
         ax.set_title(title or key, fontsize=10)
-        ax.set_xlabel("step", fontsize=8)
+        label_step_axes(ax, title or key)
         _style(ax)
     for ax in axes[len(panels):]:
         ax.set_visible(False)

@@ -187,10 +187,10 @@ def render_markdown(title: str, rows: Sequence[dict[str, Any]], outcomes: Sequen
     lines = [f"# {title}", "", f"{len(run_dirs)} run folder(s) · {len(rows)} recipe setting(s) · generated {generated}",
              "", "## What the results show", ""]
     lines += [f"- {s}" for s in found]
-    lines += ["", "## Results", "",
-              "| recipe | runs | " + " | ".join(f"pass@{k}" for k in ks) + f" | {n_name} ± SE | greedy | Δ vs start (±2 SE) | "
-              f"Δ vs {base['label'] if base else 'baseline'} (±2 SE) | steps | wall time |",
-              "|---|" + "---:|" * (len(ks) + 7)]
+    # Built as a list so that no k column (runs without an evaluation) leaves no empty header cell.
+    header = ["recipe", "runs", *[f"pass@{k}" for k in ks], f"{n_name} ± SE", "greedy", "Δ vs start (±2 SE)",
+              f"Δ vs {base['label'] if base else 'baseline'} (±2 SE)", "steps", "wall time"]
+    lines += ["", "## Results", "", "| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
     for r in rows:
         passk = r.get("pass@k") or {}
         sd = r.get("pass@k_std") or {}

@@ -1,0 +1,289 @@
+"""`regroup study`: budgets per protocol, the study's tasks, regime choice, verdicts from hand-made results,
+and the whole pipeline at a toy size on a random tiny model (plumbing, not evidence)."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import re
+import shutil
+from dataclasses import replace
+
+import pytest
+
+from regroup.config import load_config
+from regroup.report import claims as C
+from regroup.report.claims import ArmResult, Claim
+from regroup.study import (
+    ARMS, ARMS_BY_NAME, CLAIMS, CONFIG_DIR, QUICK, Regime, StudySettings, StudyTask, arm_overrides, choose_regime, plan,
+    run_study,
+)
+
+# ----------------------------------------------------------------------------------------- claims
+
+
+def test_paired_se_by_hand():
+    # seed means 0.3, 0.1 (var 0.02); problem means 0.1, 0.3 (var 0.02): √(0.02/2 + 0.02/2)
+    assert C.paired_se([[0.2, 0.4], [0.0, 0.2]]) == pytest.approx(math.sqrt(0.02))
+    # one seed: only the problem term, var(0.2, 0.4, 0.0) = 0.04 over 3 problems
+    assert C.paired_se([[0.2, 0.4, 0.0]]) == pytest.approx(math.sqrt(0.04 / 3))
+    assert C.paired_se([[0.5]]) is None
+
+
+def _arm(counts_by_seed):
+    return ArmResult(per_problem={s: {f"p{i}": c for i, c in enumerate(row)} for s, row in counts_by_seed.items()})
+
+
+def test_compare_pass_at_1_pairs_over_seeds_and_problems():
+    a = _arm({0: [(4, 8), (8, 8)], 1: [(2, 8), (6, 8)]})  # 0.5, 1 | 0.25, 0.75
+    b = _arm({0: [(2, 8), (4, 8)], 1: [(2, 8), (4, 8)]})  # 0.25, 0.5 | 0.25, 0.5
+    c = C.compare_pass_at_k(a, b, 1)
+    assert c.delta == pytest.approx(0.25) and c.seeds == 2 and c.problems == 2
+    assert c.se == pytest.approx(math.sqrt(0.03125))  # seed means .375/.125, problem means .125/.375
+    assert C.direction_verdict(c.delta, c.se) == C.INDISTINGUISHABLE  # 0.25 < 2 · 0.177
+
+
+def test_compare_pass_at_8_uses_the_unbiased_estimator_and_skips_k_above_n():
+    a = _arm({0: [(0, 8), (3, 8)]})
+    b = _arm({0: [(0, 8), (0, 8)]})
+    c = C.compare_pass_at_k(a, b, 8)  # pass@8 with n = 8: 1 if any correct
+    assert c.delta == pytest.approx(0.5) and c.se == pytest.approx(0.5)
+    assert C.compare_pass_at_k(a, b, 32).delta is None
+    verdict = C.judge(Claim("x", "t", "a", "b", "pass@32"), "mid", {"a": a, "b": b})
+    assert verdict.verdict == C.NOT_MEASURED
+
+
+def test_compare_metric_pairs_by_seed_and_direction_minus_one():
+    a = ArmResult(mechanisms={0: {"u": 0.5}, 1: {"u": 0.7}, 2: {"u": 0.6}, 3: {}})
+    b = ArmResult(mechanisms={0: {"u": 0.8}, 1: {"u": 0.9}, 2: {"u": 0.7}, 3: {"u": 0.1}})
+    c = C.compare_metric(a, b, "u")  # diffs -0.3, -0.2, -0.1 (seed 3 did not log it)
+    assert c.seeds == 3 and c.delta == pytest.approx(-0.2) and c.se == pytest.approx(0.1 / math.sqrt(3))
+    lower = Claim("x", "fewer uniform groups", "a", "b", "u", direction=-1)
+    assert C.judge(lower, "mid", {"a": a, "b": b}).verdict == C.SUPPORTED
+    assert C.judge(replace(lower, direction=1), "mid", {"a": a, "b": b}).verdict == C.NOT_SUPPORTED
+
+
+def test_direction_verdict_boundaries():
+    assert C.direction_verdict(0.3, 0.1) == C.SUPPORTED
+    assert C.direction_verdict(-0.3, 0.1) == C.NOT_SUPPORTED
+    assert C.direction_verdict(0.2, 0.1) == C.INDISTINGUISHABLE  # exactly 2 SE is not beyond it
+    assert C.direction_verdict(-0.3, 0.1, direction=-1) == C.SUPPORTED
+    assert C.direction_verdict(0.3, None) == C.NO_SE
+    assert C.direction_verdict(None, None) == C.NOT_RUN
+
+
+def _flat(c, n=4):
+    """Two seeds × two problems, every one with c of n correct: pass@1 = c / n exactly, SE 0."""
+    return _arm({0: [(c, n), (c, n)], 1: [(c, n), (c, n)]})
+
+
+def test_matches_claim_needs_the_extra_data_to_help():
+    claim = Claim("TA-GRPO", "matches 2.5x data", "ta", "data", "pass@1", kind="matches", reference="grpo")
+    supported = C.judge(claim, "mid", {"grpo": _flat(1), "data": _flat(3), "ta": _flat(3)})
+    assert supported.verdict == C.SUPPORTED and supported.reference_comparison.delta == pytest.approx(0.5)
+    assert C.judge(claim, "mid", {"grpo": _flat(1), "data": _flat(3), "ta": _flat(2)}).verdict == C.NOT_SUPPORTED
+    # more data changes nothing: there is nothing to match
+    assert C.judge(claim, "mid", {"grpo": _flat(1), "data": _flat(1), "ta": _flat(1)}).verdict == C.INDISTINGUISHABLE
+    assert C.judge(claim, "mid", {"data": _flat(3), "ta": _flat(3)}).verdict == C.NOT_RUN
+
+
+def test_judge_all_covers_every_claim_in_every_regime_and_missing_arms_are_not_run():
+    results = {"mid": {"grpo": _flat(1), "dagrpo": _flat(3)}, "sparse": {"grpo": _flat(1)}}
+    verdicts = C.judge_all(CLAIMS, results)
+    assert len(verdicts) == 2 * len(CLAIMS)
+    by = {(v.claim.arm, v.claim.against, v.claim.measure, v.regime): v.verdict for v in verdicts}
+    assert by[("dagrpo", "grpo", "pass@1", "mid")] == C.SUPPORTED  # +50 points, SE 0
+    assert by[("dagrpo", "grpo", "pass@1", "sparse")] == C.NOT_RUN
+    assert by[("ta_grpo", "grpo", "pass@1", "mid")] == C.NOT_RUN
+
+
+def test_every_claim_names_study_arms():
+    for claim in CLAIMS:
+        assert claim.arm in ARMS_BY_NAME and claim.against in ARMS_BY_NAME
+        assert claim.reference is None or claim.reference in ARMS_BY_NAME
+
+
+# ---------------------------------------------------------------------------------------- budgets
+
+
+def test_budgets_per_protocol_by_hand():
+    s = StudySettings()  # 80 questions × 2 epochs / 8 per step = 20 steps, G = 8
+    assert s.steps == 20 and s.ks == [1, 8, 32]
+    b = {a.name: plan(a, s) for a in ARMS}
+    assert (b["grpo"].samples, b["grpo"].optimizer_steps, b["grpo"].distinct_questions) == (1280, 20, 80)
+    assert (b["grpo_data"].distinct_questions, b["grpo_data"].steps, b["grpo_data"].samples) == (200, 50, 3200)
+    # equal questions: the same 8 questions per step, (N+1)·G = 32 samples each
+    for name in ("ta_grpo", "ta_grpo_rename", "grpo_matched"):
+        assert (b[name].prompts_per_step, b[name].samples_per_step, b[name].samples, b[name].questions_drawn) \
+            == (8, 256, 5120, 160)
+    # equal samples: 2 questions × 32 = 64 samples per step, a quarter of the questions
+    for name in ("ta_grpo_eqsamples", "dagrpo_ta"):
+        assert (b[name].prompts_per_step, b[name].samples, b[name].questions_drawn) == (2, 1280, 40)
+    for name in ("dagrpo", "dagrpo_mask", "dagrpo_anchor", "grpo_dynamic"):
+        assert (b[name].samples, b[name].optimizer_steps) == (1280, 20)
+
+
+def test_every_arm_builds_a_valid_config(tiny_model_dir, tmp_path):
+    s = StudySettings()
+    for step_mix in ("1-4", "3-4"):
+        regime = Regime("r", "d", step_mix, tiny_model_dir)
+        for arm in ARMS:
+            cfg = load_config(CONFIG_DIR / arm.config, arm_overrides(arm, s, regime, 1, tmp_path / arm.name))
+            b = plan(arm, s)
+            assert cfg.recipe == arm.name and cfg.seed == 1 and cfg.model.path == tiny_model_dir
+            assert (cfg.grpo.prompts_per_step, cfg.train.steps, cfg.data.num_train) == (b.prompts_per_step, b.steps,
+                                                                                       b.distinct_questions)
+            assert cfg.train.epochs == 0  # every arm stops at its planned steps
+            assert ("rename" in cfg.data.task) == arm.rename_only
+            assert (step_mix == "3-4") == ("steps_3_4" in cfg.data.task)
+    overrides = {a.name: load_config(CONFIG_DIR / a.config, arm_overrides(a, s, Regime("r", "d", "1-4", tiny_model_dir),
+                                                                           0, tmp_path)) for a in ARMS}
+    assert overrides["grpo_dynamic"].dynamic_sampling.enabled and not overrides["grpo"].dynamic_sampling.enabled
+    assert overrides["dagrpo_anchor"].anchors.enabled and not overrides["dagrpo_anchor"].mask.enabled
+    assert overrides["dagrpo_mask"].mask.enabled and not overrides["dagrpo_mask"].anchors.enabled
+    assert overrides["grpo_matched"].grpo.samples_multiplier == 4 and not overrides["grpo_matched"].ta.enabled
+
+
+# ------------------------------------------------------------------------------------------ tasks
+
+
+def test_rename_only_rephrasings_keep_numbers_order_and_answer():
+    from regroup.tasks.arithmetic import solve_question
+
+    task = StudyTask(rename_only=True)
+    for p in task.generate(30, seed=5):
+        out = task.rephrase(p, 3, random.Random(p.id))
+        assert len(out) == 3 and len(set(out)) == 3 and p.question not in out
+        for text in out:
+            assert re.findall(r"\d+", text) == re.findall(r"\d+", p.question)  # same numbers, same order
+            assert solve_question(text) == solve_question(p.question)
+
+
+def test_step_mix_tasks_generate_only_those_steps():
+    from regroup.tasks import get_task
+
+    hard = get_task("regroup.study:steps_3_4_task")
+    assert {p.difficulty for p in hard.generate(200, seed=1)} == {"steps=3", "steps=4"}
+    assert {p.difficulty for p in get_task("regroup.study:steps_4_task").generate(50, seed=1)} == {"steps=4"}
+    rules = get_task("regroup.study:steps_3_4_task").rephrase(hard.generate(1, seed=2)[0], 3, random.Random(0))
+    assert len(rules) == 3  # the hard task keeps the full rule rephraser
+
+
+def test_sparse_regime_takes_the_first_candidate_reaching_the_threshold(monkeypatch, tmp_path):
+    import regroup.study as study
+
+    shares = iter([0.31, 0.62])
+    warmed = []
+    monkeypatch.setattr(study, "_ensure_warm", lambda path, s, steps, log: warmed.append((path, steps)) or path)
+    monkeypatch.setattr(study, "measure_all_wrong", lambda model_dir, problems, s: next(shares))
+    s = StudySettings(warmup_dir=str(tmp_path / "warm"), probe_problems=4)
+    regime = choose_regime("sparse", s, log=lambda m: None)
+    assert regime.step_mix == "4" and regime.all_wrong == 0.62
+    assert [p["all_wrong"] for p in regime.probes] == [0.31, 0.62]
+    assert all(path == str(tmp_path / "warm") for path, _ in warmed)  # the earlier snapshot was never needed
+
+    shares = iter([0.1, 0.2, 0.3])
+    regime = choose_regime("sparse", s, log=lambda m: None)  # none reaches 0.5: the last is kept, and says so
+    assert regime.all_wrong == 0.3 and "stopped at SFT step 420" in regime.description and len(regime.probes) == 3
+
+
+# ------------------------------------------------------------------------------------- end to end
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread: on a loaded 2-core machine two threads of a tiny model spin against each other
+    (measured here: the same toy study took 297 s with 2 threads, 28 s with 1)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _toy_settings(warm, arms):
+    return StudySettings(seeds=2, prompts_per_step=2, num_generations=2, questions=2, epochs=1, eval_problems=4,
+                         eval_samples=8, probe_problems=4, warmup_dir=str(warm), max_new_tokens=6, arms=arms,
+                         overrides=["diagnostics.diversity_every=1", "diagnostics.grad_conflict_every=1"])
+
+
+def _warm(tiny_model_dir, tmp_path):
+    warm = tmp_path / "warm"
+    shutil.copytree(tiny_model_dir, warm)
+    (warm / "warmup_metrics.json").write_text("{}")  # a cached warm-up: the study must reuse it
+    return warm
+
+
+def _check_outputs(html, arms, seeds):
+    study_dir = html.parent
+    page = html.read_text()
+    assert 'src="plots/' not in page and page.count("data:image/png;base64,") >= 4  # one self-contained file
+    md = (study_dir / "study.md").read_text()
+    record = json.loads((study_dir / "study.json").read_text())
+    assert [r["name"] for r in record["regimes"]] == ["mid", "sparse"]
+    for regime in ("mid", "sparse"):
+        runs = sorted(p.name for p in (study_dir / regime).iterdir() if p.is_dir() and p.name not in ("plots", "start"))
+        assert runs == sorted(f"{a}-s{s}" for a in arms for s in range(seeds))
+        assert not any((study_dir / regime / r / "checkpoints").exists() for r in runs)
+    verdict_lines = [line for line in md.split("## Verdicts")[1].split("## mid regime")[0].splitlines()
+                     if line.startswith("| ") and "paper" not in line]
+    assert len(verdict_lines) == 2 * len(CLAIMS)
+    tables, current = [], []
+    for line in md.splitlines() + [""]:
+        if line.startswith("|"):
+            current.append(len(re.split(r"(?<!\\)\|", line)))
+        elif current:
+            tables.append(current)
+            current = []
+    assert len(tables) >= 8 and all(len(set(t)) == 1 for t in tables)  # one cell per header column on every line
+    return md, record
+
+
+def test_study_end_to_end_on_a_toy_model(tiny_model_dir, tmp_path, one_thread):
+    arms = ("grpo", "grpo_matched", "ta_grpo_rename", "dagrpo_anchor")
+    html = run_study(out_root=str(tmp_path / "runs"), settings=_toy_settings(_warm(tiny_model_dir, tmp_path), arms),
+                     log=lambda m: None)
+    md, record = _check_outputs(html, arms, 2)
+    assert record["planned"]["grpo_matched"]["samples"] == 4 * record["planned"]["grpo"]["samples"]
+    assert "| TA-GRPO | Higher pass@1 than GRPO (equal questions) | mid | pass@1 | ta_grpo − grpo | — | — | not run |" in md
+    # a random model gets nothing right: the probe measures every group all wrong, so the first sparse
+    # candidate is taken, and the report says the share
+    assert record["regimes"][1]["all_wrong"] == 1.0 and record["regimes"][1]["step_mix"] == "3-4"
+    assert "| sparse | 3-4-step problems from the warm start | 100 % |" in md
+
+
+@pytest.mark.slow
+def test_study_every_arm_on_a_toy_model(tiny_model_dir, tmp_path, one_thread):
+    arms = tuple(a.name for a in ARMS)
+    html = run_study(out_root=str(tmp_path / "runs"), settings=_toy_settings(_warm(tiny_model_dir, tmp_path), None),
+                     log=lambda m: None)
+    md, _ = _check_outputs(html, arms, 2)
+    assert "| not run |" not in md.split("## Verdicts")[1].split("## mid regime")[0]
+
+
+@pytest.mark.slow
+def test_quick_study_runs(tmp_path, monkeypatch, one_thread):
+    monkeypatch.chdir(tmp_path)  # the quick warm-up goes to ./runs/warmup-quick
+    html = run_study(quick=True, out_root=str(tmp_path / "runs"), log=lambda m: None)
+    _check_outputs(html, [a.name for a in ARMS], QUICK.seeds)
+
+
+def test_cli_has_a_study_subcommand(monkeypatch, tmp_path):
+    from regroup import cli
+
+    calls = []
+    monkeypatch.setattr("regroup.study.run_study", lambda **kw: calls.append(kw) or tmp_path / "study.html")
+    assert cli.main(["study", "--quick", "--out", str(tmp_path)]) == 0
+    assert calls and calls[0]["quick"] is True and calls[0]["out_root"] == str(tmp_path)
+
+
+def test_sampled_uniform_share_undoes_the_dynamic_filter():
+    from regroup.study import SAMPLED_UNIFORM, with_sampled_uniform
+
+    # dynamic sampling: 3 of 8 groups seen were informative; its kept batch has no uniform group left
+    assert with_sampled_uniform({"groups/uniform_frac": 0.0, "dynamic/informative_frac": 0.375})[SAMPLED_UNIFORM] \
+        == pytest.approx(0.625)
+    assert with_sampled_uniform({"groups/uniform_frac": 0.25})[SAMPLED_UNIFORM] == 0.25  # no filter: as logged
+    assert SAMPLED_UNIFORM not in with_sampled_uniform({"reward/mean": 0.5})
