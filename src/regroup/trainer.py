@@ -153,15 +153,20 @@ class Trainer:
     def collect(self, step: int) -> tuple[StepBatch, dict]:
         """Run the recipe's stages for `step`: sample, reward, and whatever the recipe adds, up to masks."""
         collect_stages = self.recipe.collect_stages()
+        extra_rounds: list[dict] = []
 
         def refill(round_: int) -> StepBatch:  # dynamic sampling draws more questions through the same stages
             extra = self._draw(step, round_)
-            run_stages(collect_stages, extra, self.ctx)
+            extra_rounds.append(run_stages(collect_stages, extra, self.ctx))
             return extra
 
         self.ctx.refill = refill
         batch = self._draw(step, 0)
         metrics = run_stages(self.recipe.stages, batch, self.ctx)
+        for key in ("tokens/generated", "time/rollout", "time/reward"):  # what the extra rounds cost counts too
+            metrics[key] = metrics.get(key, 0.0) + sum(m.get(key, 0.0) for m in extra_rounds)
+        if "tokens/generated" in metrics and metrics.get("time/rollout"):
+            metrics["tokens_per_s"] = metrics["tokens/generated"] / max(metrics["time/rollout"], 1e-9)
         return batch, metrics
 
     # ------------------------------------------------------------------------------------------- update
