@@ -171,12 +171,14 @@ def _between(text: str, tag: str) -> str:
 class FlakyJudge:
     """Responder for `FakeOpenAI`: a judge whose replies end `SCORE: k` (9 for a response that is the
     reference solution itself, else a hash of the response, 1-10), except that a seeded fraction
-    `p_fault` of requests misbehave, drawn from `faults` (kind name -> action). Counts what it did."""
+    `p_fault` of requests misbehave, taking the kinds of `faults` (kind name -> action) in turn, so any
+    run with as many faults as kinds has met each kind (a random kind could miss one). Counts what it did."""
 
     def __init__(self, faults: dict, p_fault: float = 0.5, seed: int = 0):
         self.faults = faults
         self.p_fault = p_fault
         self._rng = random.Random(seed)
+        self._turn = 0
         self._lock = threading.Lock()
         self.counts: Counter[str] = Counter()
 
@@ -190,7 +192,10 @@ class FlakyJudge:
         from fake_openai import Answer, last_user_message
 
         with self._lock:
-            kind = self._rng.choice(sorted(self.faults)) if self._rng.random() < self.p_fault else "answer"
+            kind = "answer"
+            if self._rng.random() < self.p_fault:
+                kinds = sorted(self.faults)
+                kind, self._turn = kinds[self._turn % len(kinds)], self._turn + 1
             self.counts[kind] += 1
         if kind != "answer":
             return self.faults[kind]
