@@ -23,3 +23,16 @@ def benchmark_model_dir(tmp: Path) -> tuple[str, str]:
 
 def median(values: list[float]) -> float:
     return statistics.median(values)
+
+
+def honour_shared_prefix_switch(cfg) -> None:
+    """Make `grpo.shared_prefix=false` take effect in the trainer's update even before the trainer passes
+    the flag to `response_logps` itself (it then does the same thing)."""
+    if cfg.grpo.shared_prefix:
+        return
+    import functools
+
+    import regroup.trainer
+    from regroup.logprobs import response_logps
+
+    regroup.trainer.response_logps = functools.partial(response_logps, shared_prefix=False)

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import benchmark_model_dir, median  # noqa: E402
+from common import benchmark_model_dir, honour_shared_prefix_switch, median  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PAIRS = [("ta_grpo", "grpo_matched"), ("dagrpo", "grpo")]
@@ -34,7 +34,9 @@ def trainer_for(recipe: str, model_dir: str, run_dir: Path, steps: int, extra: l
         f"model.path={model_dir}", f"run_dir={run_dir}", "train.checkpoint_every=0", "train.progress=false",
         "diagnostics.diversity_every=0", "data.num_train=4000", *extra,
     ]
-    return Trainer(load_config(ROOT / "configs" / f"{recipe}.yaml", overrides), run_dir, log=lambda m: None)
+    cfg = load_config(ROOT / "configs" / f"{recipe}.yaml", overrides)
+    honour_shared_prefix_switch(cfg)
+    return Trainer(cfg, run_dir, log=lambda m: None)
 
 
 def compare(variant: str, baseline: str, model_dir: str, tmp: Path, steps: int, skip: int, extra: list[str]) -> float:
