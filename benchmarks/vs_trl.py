@@ -6,7 +6,7 @@ Settings (each runs in turn in the same process):
 - `ta32`  : TA-GRPO, 4 questions x (N+1 = 4 variants) x G = 8 = pools of 32 scored on q0, against TRL
             with G = 32 (the same 128 samples per step).
 All: the tiny model and tokenizer, 32 new tokens, beta 0, token-mean loss (TRL loss_type="dapo"),
-one micro-batch per step, one process, 2 threads, lr 1e-4, T = 1.0. TRL runs its own full `train()`
+one micro-batch per step, one process, 2 threads (`--threads`), lr 1e-4, T = 1.0. TRL runs its own full `train()`
 loop; a TrainerCallback times each of its steps (on_step_begin → on_step_end) and, right after each
 one, runs and times one regroup step — so both share the machine's state at each moment.
 
@@ -52,8 +52,9 @@ def main() -> None:
     parser.add_argument("--backend", default="hf", help="regroup rollout backend: hf | hf_generate")
     parser.add_argument("--settings", default="grpo,g16,ta32", help=f"comma list of {sorted(SETTINGS)}")
     parser.add_argument("overrides", nargs="*", help="extra dotted overrides for regroup (e.g. grpo.shared_prefix=false)")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (1 on a machine other jobs load)")
     args = parser.parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     results = {name: run_setting(name, args) for name in args.settings.split(",")}
     print("\nsummary (ratio of median step times regroup/trl; step-by-step ratio quartiles [min, max]):")
     for name, (ratio, spread) in results.items():
@@ -84,7 +85,7 @@ def run_setting(setting: str, args) -> tuple[float, tuple]:
         *setting_overrides, f"rollout.max_new_tokens={NEW_TOKENS}", f"rollout.backend={args.backend}",
         f"grpo.micro_batch_size={PROMPTS * generations}", "grpo.beta=0.0", "grpo.loss_agg=token_mean", "optim.lr=1e-4",
         f"train.steps={args.steps + args.warmup_steps + 5}", "train.checkpoint_every=0", "train.progress=false",
-        "diagnostics.diversity_every=0", "data.num_train=2000", *args.overrides,
+        "diagnostics.diversity_every=0", "data.num_train=2000", f"train.threads={args.threads}", *args.overrides,
     ])
     honour_shared_prefix_switch(regroup_cfg)
     ours = Trainer(regroup_cfg, tmp / "regroup", log=lambda m: None)
@@ -128,7 +129,7 @@ def run_setting(setting: str, args) -> tuple[float, tuple]:
     t_trl, t_ours = median(times["trl"][skip:]), median(times["regroup"][skip:])
     step_ratios = sorted(o / t for o, t in zip(times["regroup"][skip:], times["trl"][skip:]))
     print(f"\n== {setting}: regroup {config_file} {' '.join(setting_overrides)} vs TRL G = {generations}")
-    print(f"model: {model_desc}; {PROMPTS} prompts x {generations} samples x {NEW_TOKENS} new tokens, beta 0, 2 threads")
+    print(f"model: {model_desc}; {PROMPTS} prompts x {generations} samples x {NEW_TOKENS} new tokens, beta 0, {args.threads} threads")
     print(f"steps measured: {len(times['trl']) - skip} each (after {skip} warm-up steps)")
     print(f"trl      median step {t_trl:.3f} s")
     print(f"regroup  median step {t_ours:.3f} s   (rollout backend {args.backend}, "
