@@ -26,13 +26,11 @@ def median(values: list[float]) -> float:
 
 
 def honour_shared_prefix_switch(cfg) -> None:
-    """Make `grpo.shared_prefix=false` take effect in the trainer's update even before the trainer passes
-    the flag to `response_logps` itself (it then does the same thing)."""
-    if cfg.grpo.shared_prefix:
-        return
+    """Make `grpo.shared_prefix` take effect in the trainer's update even before the trainer passes the
+    flag to `response_logps` itself (it then does the same thing)."""
     import functools
 
     import regroup.trainer
     from regroup.logprobs import response_logps
 
-    regroup.trainer.response_logps = functools.partial(response_logps, shared_prefix=False)
+    regroup.trainer.response_logps = functools.partial(response_logps, shared_prefix=cfg.grpo.shared_prefix)
