@@ -153,3 +153,13 @@ def test_no_repeated_prompt_uses_one_padded_forward():
     assert calls == [3]
     plain, _ = response_logps(model, batch, 1.0, shared_prefix=False)
     torch.testing.assert_close(shared, plain)
+
+
+def test_all_empty_responses_still_give_a_differentiable_result():
+    _, model = next(_models())
+    gen = torch.Generator().manual_seed(5)
+    p = _rand(5, gen)
+    batch = collate([_sample(p, []), _sample(p, [])], pad_id=0)
+    logps, _ = response_logps(model, batch, 1.0)
+    assert logps.shape == (2, 1) and logps.requires_grad
+    (logps * batch.completion_mask).sum().backward()  # a zero loss, but no error

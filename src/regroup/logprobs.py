@@ -74,7 +74,8 @@ def _trim_padding(batch: RolloutBatch, p: int, t: int):
     real_prompt_cols = attention[:, :p].any(0).nonzero()
     start = int(real_prompt_cols[0]) if len(real_prompt_cols) else p
     real_resp_cols = batch.completion_mask.any(0).nonzero()
-    t_kept = int(real_resp_cols[-1]) + 1 if len(real_resp_cols) else 0
+    # keep at least one column, so the log-probs stay a function of the weights (backward needs a graph)
+    t_kept = min(t, int(real_resp_cols[-1]) + 1 if len(real_resp_cols) else 1)
     end = p + t_kept
     return (batch.input_ids[:, start:end], attention[:, start:end], batch.position_ids[:, start:end],
             p - start, t_kept)
