@@ -52,6 +52,13 @@ def _anchor_samples(gen):
     return [_sample(p, _rand(n, gen)) for n in (3, 5, 2)] + [_sample(p, _rand(7, gen), anchor=True)]
 
 
+def _long_anchor_samples(gen):
+    """DaGRPO with a reference solution much longer than the sampled responses: two length buckets."""
+    p, q = _rand(6, gen), _rand(9, gen)
+    return ([_sample(p, _rand(n, gen)) for n in (3, 2, 4)] + [_sample(p, _rand(20, gen), anchor=True)]
+            + [_sample(q, _rand(n, gen), group=1) for n in (1, 4, 3)] + [_sample(q, _rand(17, gen), anchor=True, group=1)])
+
+
 def _logps_and_grads(model, batch, shared, temperature):
     model.zero_grad(set_to_none=True)
     logps, entropy = response_logps(model, batch, temperature, with_entropy=True, shared_prefix=shared)
@@ -63,7 +70,7 @@ def _logps_and_grads(model, batch, shared, temperature):
 
 
 @pytest.mark.parametrize("name, model", list(_models()))
-@pytest.mark.parametrize("build", [_grpo_samples, _ta_grpo_samples, _anchor_samples])
+@pytest.mark.parametrize("build", [_grpo_samples, _ta_grpo_samples, _anchor_samples, _long_anchor_samples])
 def test_shared_prefix_equals_padded_forward(name, model, build):
     model.train()  # the update runs in train mode (dropout is 0 in these configs)
     assert shared_prefix_supported(model)
@@ -163,3 +170,27 @@ def test_all_empty_responses_still_give_a_differentiable_result():
     logps, _ = response_logps(model, batch, 1.0)
     assert logps.shape == (2, 1) and logps.requires_grad
     (logps * batch.completion_mask).sum().backward()  # a zero loss, but no error
+
+
+def test_length_buckets_split_off_long_rows_only_when_it_pays():
+    from regroup.logprobs import length_buckets
+
+    # 6 rows of <= 4 tokens and 2 of 20: one bucket pads 8 x 20 = 160, split 6 x 4 + 2 x 20 = 64
+    rows = length_buckets(torch.tensor([3, 20, 2, 4, 1, 17, 4, 3]))
+    assert [r.tolist() for r in rows] == [[0, 2, 3, 4, 6, 7], [1, 5]]
+    # 7 x 6 = 42 vs best split 5 x 4 + 2 x 6 = 32: saves 24 % < 25 %, one bucket
+    assert [r.tolist() for r in length_buckets(torch.tensor([6, 2, 4, 3, 6, 1, 4]))] == [list(range(7))]
+    assert [r.tolist() for r in length_buckets(torch.tensor([5]))] == [[0]]
+
+
+def test_long_anchors_run_in_their_own_bucket():
+    _, model = next(_models())
+    batch = collate(_long_anchor_samples(torch.Generator().manual_seed(6)), pad_id=0)
+    rows = []
+    hook = model.get_input_embeddings().register_forward_hook(lambda m, inp, out: rows.append(tuple(inp[0].shape)))
+    try:
+        response_logps(model, batch, 1.0)
+    finally:
+        hook.remove()
+    p = batch.input_ids.shape[1] - batch.completion_length
+    assert rows == [(2, p), (6, 3), (2, 19)]  # 2 prompts once; 6 short responses to 4 tokens; 2 anchors to 20

@@ -10,13 +10,16 @@ Two ways to get the same numbers:
   cache is expanded to the prompt's rows (an index, whose backward sums the rows' gradients into the
   one prompt computation) and the responses run on it. The last prompt position's logits predict the
   first response token; the last response token is never fed (it predicts nothing the loss uses).
+  Responses run in up to two length buckets (`length_buckets`), so a few long rows — a DaGRPO anchor
+  is a full reference solution — do not pad every sampled response to their length.
 
 Both paths also drop the columns that are padding in every row of the micro-batch (collate pads to
 the whole batch's longest prompt and response, a micro-batch may need less); the log-probs of dropped
 response columns are 0, like every padded position, which the loss masks.
 
 `tests/test_logprobs.py` checks that log-probs and parameter gradients equal the padded forward's
-within 1e-5 (fp32) for GRPO, TA-GRPO q0 ratios and anchors, on Qwen3 (sdpa) and Llama / Qwen2 (eager).
+within 1e-5 (fp32) for GRPO, TA-GRPO q0 ratios and anchors (short and long), on Qwen3 (sdpa), Llama
+(eager) and Qwen2 (sdpa, q/k/v bias).
 """
 
 from __future__ import annotations
@@ -46,24 +49,33 @@ def response_logps(model, batch: RolloutBatch, temperature: float = 1.0, with_en
     """
     p_all, t_all = batch.input_ids.shape[1] - batch.completion_length, batch.completion_length
     ids, attention, positions, p, t = _trim_padding(batch, p_all, t_all)
-    logits = None
+    rows_all = torch.arange(len(ids), device=ids.device)
+    pieces = None
     if shared_prefix and t > 0 and shared_prefix_supported(model):
-        logits = _shared_prefix_logits(model, ids, attention, positions, p, t)
-    if logits is None:
-        logits = _padded_logits(model, ids, attention, positions, t)
-    logits = logits.float()  # [B, t, V]
-    if temperature > 0 and temperature != 1.0:
-        logits = logits / temperature
-    log_probs = logits.log_softmax(-1)  # [B, t, V]
-    targets = ids[:, p : p + t]  # [B, t]
-    logps = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [B, t]
-    entropy = None
-    if with_entropy:
-        with torch.no_grad():
-            entropy = -(log_probs.exp() * log_probs).sum(-1)  # [B, t]
-    if t < t_all:  # dropped all-padding response columns: 0, as on any padded position
-        logps = torch.nn.functional.pad(logps, (0, t_all - t))  # [B, T]
-        entropy = None if entropy is None else torch.nn.functional.pad(entropy, (0, t_all - t))
+        lengths = batch.completion_mask[:, :t].sum(1).long().clamp(min=1)  # [B]
+        pieces = _shared_prefix_logits(model, ids, attention, positions, p, t, lengths)
+    if pieces is None:
+        pieces = [(rows_all, _padded_logits(model, ids, attention, positions, t))]
+    logps_parts, entropy_parts = [], []
+    for rows, logits in pieces:  # logits [n, t_b, V] for rows [n]
+        t_b = logits.shape[1]
+        logits = logits.float()
+        if temperature > 0 and temperature != 1.0:
+            logits = logits / temperature
+        log_probs = logits.log_softmax(-1)  # [n, t_b, V]
+        targets = ids[rows, p : p + t_b]  # [n, t_b]
+        logps = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [n, t_b]
+        # columns past t_b (all-padding in this piece or micro-batch): 0, as on any padded position
+        logps_parts.append(torch.nn.functional.pad(logps, (0, t_all - t_b)))  # [n, T]
+        if with_entropy:
+            with torch.no_grad():
+                entropy = -(log_probs.exp() * log_probs).sum(-1)  # [n, t_b]
+                entropy_parts.append(torch.nn.functional.pad(entropy, (0, t_all - t_b)))
+    order = torch.cat([rows for rows, _ in pieces])  # [B]: row of each assembled line
+    inverse = torch.empty_like(order)
+    inverse[order] = rows_all
+    logps = torch.cat(logps_parts)[inverse]  # [B, T]
+    entropy = torch.cat(entropy_parts)[inverse] if with_entropy else None
     return logps, entropy
 
 
@@ -134,9 +146,32 @@ def distinct_prompts(ids: torch.Tensor, attention: torch.Tensor) -> tuple[torch.
     return first[order], remap[inverse]
 
 
-def _shared_prefix_logits(model, ids, attention, positions, p: int, t: int) -> torch.Tensor | None:
-    """Logits [B, t, V] from one forward per distinct prompt and the responses on its expanded cache;
-    None when no prompt repeats (the padded forward then costs the same or less)."""
+def length_buckets(lengths: torch.Tensor, min_saving: float = 0.25) -> list[torch.Tensor]:
+    """Rows [n] of each response-length bucket. One bucket pads every response to the longest; two
+    (the shortest k rows, the rest) are used when that cuts the padded positions by at least
+    `min_saving` — e.g. a DaGRPO anchor much longer than its group's sampled responses."""
+    sorted_lengths, order = lengths.sort()  # [B]
+    b, longest = len(lengths), int(sorted_lengths[-1])
+    k = torch.arange(1, b, device=lengths.device)  # split after the k shortest rows
+    split_cost = k * sorted_lengths[:-1] + (b - k) * longest  # [B-1] padded positions of the two buckets
+    if b < 2 or float(split_cost.min()) > (1 - min_saving) * b * longest:
+        return [torch.arange(b, device=lengths.device)]
+    cut = int(k[split_cost.argmin()])
+    return [order[:cut].sort().values, order[cut:].sort().values]
+
+
+def _expanded_cache(layers_kv: list[tuple[torch.Tensor, torch.Tensor]], index: torch.Tensor):
+    """A DynamicCache whose every layer holds the K/V rows `index` of `layers_kv` ([U, ...] -> [n, ...]);
+    indexing is differentiable, so each row's gradient flows back into its prompt's one computation."""
+    from transformers import DynamicCache
+
+    return DynamicCache(ddp_cache_data=[(k[index], v[index]) for k, v in layers_kv])
+
+
+def _shared_prefix_logits(model, ids, attention, positions, p: int, t: int, lengths: torch.Tensor):
+    """[(rows [n], logits [n, t_b, V])] per response-length bucket, from one forward per distinct prompt
+    and each bucket's responses on the expanded cache; None when no prompt repeats (the padded forward
+    then costs the same or less)."""
     from transformers import DynamicCache
 
     if p == 0:
@@ -150,12 +185,18 @@ def _shared_prefix_logits(model, ids, attention, positions, p: int, t: int) -> t
         input_ids=ids[first, :p], attention_mask=attention[first, :p], position_ids=positions[first, :p],
         use_cache=True, logits_to_keep=1, **{kw: cache},
     ).logits  # [U, 1, V]: predicts response token 0
-    first_logits = prompt_logits[prompt_of_row]  # [B, 1, V]
-    if t == 1:
-        return first_logits
-    cache.batch_select_indices(prompt_of_row)  # every layer's K/V [U, ...] -> [B, ...], differentiable
-    response_logits = model(
-        input_ids=ids[:, p : p + t - 1], attention_mask=attention[:, : p + t - 1],
-        position_ids=positions[:, p : p + t - 1], use_cache=True, **{kw: cache},
-    ).logits  # [B, t-1, V]: response position k predicts response token k+1
-    return torch.cat([first_logits, response_logits], dim=1)  # [B, t, V]
+    layers_kv = [(layer.keys, layer.values) for layer in cache.layers]  # per layer [U, kv, P, D]
+    pieces = []
+    for rows in length_buckets(lengths):
+        t_b = int(lengths[rows].max())
+        first_logits = prompt_logits[prompt_of_row[rows]]  # [n, 1, V]
+        if t_b == 1:
+            pieces.append((rows, first_logits))
+            continue
+        response_logits = model(
+            input_ids=ids[rows, p : p + t_b - 1], attention_mask=attention[rows, : p + t_b - 1],
+            position_ids=positions[rows, p : p + t_b - 1], use_cache=True,
+            **{kw: _expanded_cache(layers_kv, prompt_of_row[rows])},
+        ).logits  # [n, t_b-1, V]: response position k predicts response token k+1
+        pieces.append((rows, torch.cat([first_logits, response_logits], dim=1)))  # [n, t_b, V]
+    return pieces
