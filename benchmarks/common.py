@@ -26,11 +26,19 @@ def median(values: list[float]) -> float:
 
 
 def honour_shared_prefix_switch(cfg) -> None:
-    """Make `grpo.shared_prefix` take effect in the trainer's update even before the trainer passes the
-    flag to `response_logps` itself (it then does the same thing)."""
+    """Until the trainer is wired for issue 15, do here what it will do: pass `grpo.shared_prefix` to
+    `response_logps`, and (shared prefix on) order the update's samples by prompt
+    (`logprobs.order_by_prompt`) so micro-batches keep a group's rows, anchors included, together."""
     import functools
 
     import regroup.trainer
-    from regroup.logprobs import response_logps
+    from regroup.logprobs import order_by_prompt, response_logps
 
     regroup.trainer.response_logps = functools.partial(response_logps, shared_prefix=cfg.grpo.shared_prefix)
+    trainer_cls = regroup.trainer.Trainer
+    original = getattr(trainer_cls, "_update_before_issue15", trainer_cls.update)
+    trainer_cls._update_before_issue15 = original
+    if cfg.grpo.shared_prefix:
+        trainer_cls.update = lambda self, samples: original(self, order_by_prompt(samples))
+    else:
+        trainer_cls.update = original

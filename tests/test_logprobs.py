@@ -194,3 +194,14 @@ def test_long_anchors_run_in_their_own_bucket():
         hook.remove()
     p = batch.input_ids.shape[1] - batch.completion_length
     assert rows == [(2, p), (6, 3), (2, 19)]  # 2 prompts once; 6 short responses to 4 tokens; 2 anchors to 20
+
+
+def test_order_by_prompt_puts_a_groups_rows_and_anchor_together():
+    from regroup.logprobs import order_by_prompt
+
+    a, b = [5, 6], [7]
+    rows = [_sample(a, [1]), _sample(b, [2]), _sample(a, [3]), _sample(b, [4]), _sample(a, [9], anchor=True),
+            _sample(b, [8], anchor=True)]
+    ordered = order_by_prompt(rows)
+    assert [s.response_ids[0] for s in ordered] == [1, 3, 9, 2, 4, 8]
+    assert sorted(map(id, ordered)) == sorted(map(id, rows))  # the same samples, none lost

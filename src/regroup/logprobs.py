@@ -79,6 +79,18 @@ def response_logps(model, batch: RolloutBatch, temperature: float = 1.0, with_en
     return logps, entropy
 
 
+def order_by_prompt(samples: list) -> list:
+    """The samples with rows of the same ratio prompt next to each other (stable: prompts in order of
+    first appearance, rows in their order), so a micro-batch holds few distinct prompts for the shared
+    prefix to share. DaGRPO appends each group's anchor after all sampled rows; without this, a
+    micro-batch boundary splits groups from their anchors and the last micro-batch holds one row of
+    every prompt. Nothing downstream depends on a sample's position (regroup.batch)."""
+    first_seen: dict[tuple[int, ...], int] = {}
+    for s in samples:
+        first_seen.setdefault(tuple(s.ratio_prompt_ids), len(first_seen))
+    return sorted(samples, key=lambda s: first_seen[tuple(s.ratio_prompt_ids)])
+
+
 def _trim_padding(batch: RolloutBatch, p: int, t: int):
     """(input_ids, attention, positions, P', T') without the leading prompt columns and trailing response
     columns that are padding in every row. Positions come from the attention cumsum, so they do not change."""
