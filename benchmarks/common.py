@@ -23,3 +23,5 @@ def benchmark_model_dir(tmp: Path) -> tuple[str, str]:
 
 def median(values: list[float]) -> float:
     return statistics.median(values)
+
+

@@ -17,6 +17,9 @@ Counting (stated in the JSON as well):
   on CPU unless a peak is given). Attention's sequence-length term is left out (it is small at these
   lengths), so MFU is slightly understated.
 Each recipe runs `--warmup-steps` untimed steps then `--steps` timed ones; medians are reported.
+`--shared-prefix on,off` runs every recipe with the shared-prefix update (grpo.shared_prefix) on, then
+off. Train tokens/s and MFU count the tokens the update scores (prompt + response per sample), so with
+the shared prefix on they are effective rates: the update computes each distinct prompt once.
 With vLLM installed (and CUDA), the colocated vLLM sampler is timed once, on the first recipe's prompts.
 """
 
@@ -35,6 +38,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/common.py
 H200_BF16_DENSE_TFLOPS = 989.0
 
 
@@ -87,7 +91,8 @@ def build_model_dir(size: Size, out: Path, device: str) -> int:
     return params
 
 
-def make_trainer(recipe: str, rephrasings: int, size: Size, model_dir: Path, run_dir: Path):
+def make_trainer(recipe: str, rephrasings: int, size: Size, model_dir: Path, run_dir: Path, shared_prefix: bool = True):
+
     from regroup.config import load_config
     from regroup.trainer import Trainer
 
@@ -98,15 +103,15 @@ def make_trainer(recipe: str, rephrasings: int, size: Size, model_dir: Path, run
         f"grpo.num_generations={size.generations}", f"grpo.micro_batch_size={size.micro_batch_size}",
         f"rollout.max_new_tokens={size.max_new_tokens}", f"rollout.batch_size={size.samples_per_step}",
         "train.steps=1000", "train.checkpoint_every=0", "train.progress=false",
-        "diagnostics.diversity_every=0", "diagnostics.grad_conflict_every=0",
+        "diagnostics.diversity_every=0", "diagnostics.grad_conflict_every=0", f"grpo.shared_prefix={shared_prefix}",
     ]
     return Trainer.from_config(load_config(ROOT / "configs" / f"{recipe}.yaml", overrides), run_dir, log=lambda m: None)
 
 
 def measure_recipe(recipe: str, rephrasings: int, size: Size, model_dir: Path, run_dir: Path, params: int,
-                   steps: int, warmup: int, peak_flops: float | None, with_vllm: bool) -> dict:
+                   steps: int, warmup: int, peak_flops: float | None, with_vllm: bool, shared_prefix: bool = True) -> dict:
     """Median rollout and update throughput over `steps` timed Trainer steps."""
-    trainer = make_trainer(recipe, rephrasings, size, model_dir, run_dir)
+    trainer = make_trainer(recipe, rephrasings, size, model_dir, run_dir, shared_prefix)
     beta = trainer.cfg.grpo.beta
     seen: dict = {}
     update = trainer.update
@@ -129,7 +134,7 @@ def measure_recipe(recipe: str, rephrasings: int, size: Size, model_dir: Path, r
     rollout_flops = 2 * params * (med["prompt_tokens"] + med["generated"])
     update_flops = (6 + (2 if beta > 0 else 0)) * params * med["update_tokens"]
     result = {
-        "recipe": recipe, "samples_per_step": len(seen["prompts"]), "beta": beta, **med,
+        "recipe": recipe, "samples_per_step": len(seen["prompts"]), "beta": beta, "shared_prefix": shared_prefix, **med,
         "rollout_backend": trainer.cfg.rollout.backend,
         "rollout_tokens_per_s": med["generated"] / med["rollout_s"],
         "rollout_tflops": rollout_flops / med["rollout_s"] / 1e12,
@@ -178,11 +183,12 @@ def format_table(report: dict) -> str:
     def pct(x):
         return "-" if x is None else f"{100 * x:.1f}%"
 
-    lines = [f"{'recipe':8s} {'sampler':8s} {'rollout tok/s':>14s} {'rollout MFU':>12s} "
+    lines = [f"{'recipe':8s} {'sampler':8s} {'prefix':6s} {'rollout tok/s':>14s} {'rollout MFU':>12s} "
              f"{'train tok/s':>12s} {'train MFU':>10s} {'step s':>8s}"]
     for r in report["results"]:
-        lines.append(f"{r['recipe']:8s} {r['rollout_backend']:8s} {r['rollout_tokens_per_s']:14,.0f} {pct(r['rollout_mfu']):>12s} "
-                     f"{r['train_tokens_per_s']:12,.0f} {pct(r['train_mfu']):>10s} {r['step_s']:8.2f}")
+        prefix = "shared" if r.get("shared_prefix", True) else "padded"
+        lines.append(f"{r['recipe']:8s} {r['rollout_backend']:8s} {prefix:6s} {r['rollout_tokens_per_s']:14,.0f} "
+                     f"{pct(r['rollout_mfu']):>12s} {r['train_tokens_per_s']:12,.0f} {pct(r['train_mfu']):>10s} {r['step_s']:8.2f}")
         if "vllm" in r:
             v = r["vllm"]
             lines.append(f"{r['recipe']:8s} {'vllm':8s} {v['rollout_tokens_per_s']:14,.0f} {pct(v['rollout_mfu']):>12s}")
@@ -202,7 +208,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help=f"peak for MFU (default: {H200_BF16_DENSE_TFLOPS:g}, H200 bf16 dense, on CUDA; none on CPU)")
     parser.add_argument("--no-vllm", action="store_true", help="skip the vLLM sampler even if installed")
+    parser.add_argument("--shared-prefix", default="on", help="on | off | on,off: the update's shared prefix (grpo.shared_prefix)")
     args = parser.parse_args(argv)
+    prefix_modes = [{"on": True, "off": False}[m] for m in args.shared_prefix.split(",")]
 
     size = SIZES[args.size]
     cuda = torch.cuda.is_available()
@@ -220,12 +228,13 @@ def main(argv: list[str] | None = None) -> dict:
         model_dir = Path(tmp) / "model"
         params = build_model_dir(size, model_dir, "cuda" if cuda else "cpu")
         results = []
-        for i, recipe in enumerate(recipes):
+        runs = [(recipe, shared) for recipe in recipes for shared in prefix_modes]
+        for i, (recipe, shared) in enumerate(runs):
             # vLLM once: its rollout speed does not depend on the recipe, and a second engine in the same
             # process may not find the GPU memory the first one still holds.
-            results.append(measure_recipe(recipe, RECIPES[recipe], size, model_dir, Path(tmp) / recipe, params,
+            results.append(measure_recipe(recipe, RECIPES[recipe], size, model_dir, Path(tmp) / f"{recipe}-{i}", params,
                                           args.steps, args.warmup_steps, peak * 1e12 if peak else None,
-                                          with_vllm and i == 0))
+                                          with_vllm and i == 0, shared))
             if cuda:
                 torch.cuda.empty_cache()
     report = {

@@ -87,14 +87,15 @@ def main() -> None:
     parser.add_argument("--judge", action="store_true")
     parser.add_argument("--pairs", default=",".join(f"{a}:{b}" for a, b in PAIRS))
     parser.add_argument("overrides", nargs="*", help="extra dotted overrides for every trainer")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (1 on a machine other jobs load)")
     args = parser.parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     tmp = Path(tempfile.mkdtemp(prefix="regroup-overhead-"))
     model_dir, desc = benchmark_model_dir(tmp / "model")
     print(f"model: {desc}; 128 samples per step; {args.steps} measured steps after {args.skip}")
     for pair in args.pairs.split(","):
         variant, baseline = pair.split(":")
-        compare(variant, baseline, model_dir, tmp, args.steps, args.skip, args.overrides)
+        compare(variant, baseline, model_dir, tmp, args.steps, args.skip, [f"train.threads={args.threads}", *args.overrides])
     if args.judge:
         judge_throughput()
 

@@ -62,3 +62,39 @@ def test_sampler_fast_path_equals_hf_path(tiny_model_dir):
         assert [c.token_ids for c in fast] == [c.token_ids for c in slow]
         for a, b in zip(fast, slow):
             torch.testing.assert_close(torch.tensor(a.logps), torch.tensor(b.logps), atol=1e-4, rtol=1e-4)
+
+
+def test_distinct_prompt_rows_in_first_appearance_order():
+    from regroup.rollout.hf import distinct_prompt_rows
+
+    assert distinct_prompt_rows([[5, 6], [7], [5, 6], [7], [8]]) == ([[5, 6], [7], [8]], [0, 1, 0, 1, 2])
+    assert distinct_prompt_rows([[5, 6], [5, 6]], share=False) == ([[5, 6], [5, 6]], [0, 1])
+
+
+@pytest.mark.parametrize("use_fast", [True, False])
+def test_shared_prefill_samples_what_one_prefill_per_row_samples(tiny_model_dir, use_fast, monkeypatch):
+    """The trainer's call: one row per sample, a group's rows repeating its prompt, one seed per row."""
+    from transformers import AutoModelForCausalLM
+
+    from regroup.models.load import load_tokenizer
+
+    model, tok = AutoModelForCausalLM.from_pretrained(tiny_model_dir), load_tokenizer(tiny_model_dir)
+    questions = ["Mia has 3 cats.", "Tom has 12 apples. He eats 2. How many?", "Sum 4 and 5."]
+    prompts = [encode_prompt(tok, q) for q in questions for _ in range(4)]  # 3 groups x G = 4
+    seeds = list(range(100, 112))
+    prefills = []
+    original = FastDecoder._forward
+    monkeypatch.setattr(FastDecoder, "_forward", lambda self, ids, *a: prefills.append(tuple(ids.shape)) or original(self, ids, *a))
+    hook = model.get_input_embeddings().register_forward_hook(lambda m, inp, out: prefills.append(tuple(inp[0].shape)))
+    try:
+        params = SamplingParams(temperature=1.0, max_new_tokens=16, n=1)
+        shared = HFSampler(model, tok, use_fast=use_fast, shared_prefill=True).generate(prompts, params, seed=seeds)
+        per_row = HFSampler(model, tok, use_fast=use_fast, shared_prefill=False).generate(prompts, params, seed=seeds)
+    finally:
+        hook.remove()
+    assert [c.token_ids for c in shared] == [c.token_ids for c in per_row]
+    assert len({tuple(c.token_ids) for c in shared}) > 3  # rows of one prompt did draw different samples
+    for a, b in zip(shared, per_row):
+        torch.testing.assert_close(torch.tensor(a.logps), torch.tensor(b.logps), atol=1e-5, rtol=1e-5)
+    prefill_rows = [shape[0] for shape in prefills if shape[1] > 1]  # decode steps feed one position
+    assert prefill_rows == [3, 12]  # the shared sampler prefilled 3 distinct prompts, the other 12 rows

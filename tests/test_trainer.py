@@ -258,3 +258,32 @@ def test_gradient_conflict_default_depends_on_the_measured_size(tiny_model_dir, 
     assert Trainer.from_config(cfg, tmp_path / "gc2", log=lambda m: None).grad_conflict_every == 0
     cfg = small_config(tiny_model_dir, tmp_path / "gc3", "grpo.yaml", "diagnostics.grad_conflict_every=3")
     assert Trainer.from_config(cfg, tmp_path / "gc3", log=lambda m: None).grad_conflict_every == 3
+
+
+def test_sharded_checkpoint_path_saves_full_weights_and_training_state_and_resumes(tiny_model_dir, tmp_path, monkeypatch):
+    """The trainer's FSDP / ZeRO-3 save and resume path (gather + accelerate state), run in one process with
+    `is_sharded` forced on; the collectives themselves are tested in 2 processes in tests/test_sharded.py."""
+    import regroup.trainer as trainer_module
+    from transformers import AutoModelForCausalLM
+
+    straight = Trainer.from_config(small_config(tiny_model_dir, tmp_path / "a", "grpo.yaml",
+                                                "rewards=[_dist_worker:digit_reward]"), tmp_path / "a", log=lambda m: None)
+    straight.train()
+    monkeypatch.setattr(trainer_module, "is_sharded", lambda acc: True)
+    crashed = Trainer.from_config(small_config(tiny_model_dir, tmp_path / "b", "grpo.yaml",
+                                               "rewards=[_dist_worker:digit_reward]"), tmp_path / "b", log=lambda m: None)
+    for step in range(2):
+        crashed.logger.log(step + 1, crashed.train_step(step))
+        crashed.step = step + 1
+    path = crashed.save()
+    assert (path / "accelerate_state").is_dir() and (path / "model.safetensors").exists()
+    assert not list((tmp_path / "b" / "checkpoints").glob(".sharded-*"))
+    loaded = AutoModelForCausalLM.from_pretrained(path)  # plain HF weights
+    assert all(torch.equal(v, crashed.model.state_dict()[k]) for k, v in loaded.state_dict().items())
+    resumed = Trainer.from_config(small_config(tiny_model_dir, tmp_path / "b", "grpo.yaml",
+                                               "rewards=[_dist_worker:digit_reward]"), tmp_path / "b", resume=True,
+                                  log=lambda m: None)
+    assert resumed.step == 2
+    resumed.train()
+    a, b = weights(straight.model), weights(resumed.model)
+    assert all(torch.equal(a[k], b[k]) for k in a)

@@ -239,3 +239,48 @@ def test_build_sampler_selects_vllm(fake_vllm, tmp_path):
 
     sampler = build_sampler(RolloutConfig(backend="vllm"), TinyPolicy(str(tmp_path)), TinyTokenizer())
     assert isinstance(sampler, VLLMSampler)
+
+
+def test_engine_settings_come_from_the_config(fake_vllm, tmp_path):
+    from regroup.rollout.vllm import VLLMSampler
+
+    cfg = RolloutConfig(backend="vllm", vllm_max_model_len=300, vllm_enable_sleep_mode=True, max_new_tokens=20)
+    sampler = VLLMSampler(TinyPolicy(str(tmp_path)), TinyTokenizer(), cfg)  # sleep mode: the config's value
+    kw = sampler.llm.kwargs
+    assert (kw["max_model_len"], kw["enable_sleep_mode"], kw["tensor_parallel_size"]) == (300, True, 1)
+    assert sampler.llm.calls == ["sleep2"]
+
+    cfg = RolloutConfig(backend="vllm", max_new_tokens=20)  # max_model_len 0: prompt limit + new tokens
+    sampler = VLLMSampler(TinyPolicy(str(tmp_path)), TinyTokenizer(), cfg, max_prompt_tokens=100)
+    assert sampler.llm.kwargs["max_model_len"] == 120 and sampler.llm.kwargs["enable_sleep_mode"] is False
+    assert sampler.llm.calls == []  # no sleep mode: awake from the start
+    sampler = VLLMSampler(TinyPolicy(str(tmp_path)), TinyTokenizer(), cfg)
+    assert "max_model_len" not in sampler.llm.kwargs  # nothing known: vLLM's own limit
+
+
+def test_tensor_parallel_engines_are_refused(fake_vllm, tmp_path):
+    from regroup.rollout.vllm import VLLMSampler
+
+    with pytest.raises(ValueError, match="vllm_tensor_parallel_size=2"):
+        VLLMSampler(TinyPolicy(str(tmp_path)), TinyTokenizer(), RolloutConfig(backend="vllm", vllm_tensor_parallel_size=2))
+
+
+def test_weight_loader_prefers_the_in_process_model_then_apply_model():
+    from regroup.rollout.vllm import engine_weight_loader
+
+    seen = []
+    model = types.SimpleNamespace(load_weights=lambda weights: seen.append(("v1", list(weights))))
+    runner = types.SimpleNamespace(model_runner=types.SimpleNamespace(model=model))
+    v1 = types.SimpleNamespace(llm_engine=types.SimpleNamespace(model_executor=types.SimpleNamespace(
+        driver_worker=types.SimpleNamespace(worker=runner))))
+    engine_weight_loader(v1)([("w", 1)])
+    assert seen == [("v1", [("w", 1)])]
+
+    class ApplyOnly:
+        def apply_model(self, fn):
+            return fn(types.SimpleNamespace(load_weights=lambda weights: seen.append(("apply", list(weights)))))
+
+    engine_weight_loader(ApplyOnly())(iter([("w", 2)]))
+    assert seen[-1] == ("apply", [("w", 2)])
+    with pytest.raises(RuntimeError, match="cannot push weights"):
+        engine_weight_loader(object())

@@ -107,8 +107,12 @@ def is_disk_full(exc: BaseException) -> bool:
                                    "os error 28", "Errno 28"))
 
 
-def save_checkpoint(run_dir, step: int, model, tokenizer, trainer_state: dict, keep: int = 2) -> Path:
-    """Write checkpoint `step` atomically and keep only the newest `keep` (see `_retain`)."""
+def save_checkpoint(run_dir, step: int, model, tokenizer, trainer_state: dict, keep: int = 2,
+                    write_weights=None) -> Path:
+    """Write checkpoint `step` atomically and keep only the newest `keep` (see `_retain`).
+
+    `write_weights(folder)` replaces `model.save_pretrained` + tokenizer (sharded runs write gathered
+    weights and move their sharded training state in; see `regroup.sharded`)."""
     root = checkpoint_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     _remove_leftovers(root)
@@ -116,9 +120,12 @@ def save_checkpoint(run_dir, step: int, model, tokenizer, trainer_state: dict, k
     tmp = root / f".tmp-step-{step:06d}-{os.getpid()}"
     tmp.mkdir()
     try:
-        model.save_pretrained(tmp, safe_serialization=True)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(tmp)
+        if write_weights is not None:
+            write_weights(tmp)
+        else:
+            model.save_pretrained(tmp, safe_serialization=True)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(tmp)
         torch.save(trainer_state, tmp / STATE)
         files = {p.relative_to(tmp).as_posix(): _sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
         (tmp / MANIFEST).write_text(json.dumps({"step": step, "files": files}, indent=1))

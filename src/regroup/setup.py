@@ -61,7 +61,7 @@ def resolve_model_path(cfg, log=print) -> str:
     return ensure_warm_model(cfg.model.warmup_dir, log=log)
 
 
-def build_sampler(rollout_cfg, model, tokenizer):
+def build_sampler(rollout_cfg, model, tokenizer, max_prompt_tokens: int | None = None):
     if rollout_cfg.backend == "hf":
         from regroup.rollout.hf import HFSampler
 
@@ -72,7 +72,7 @@ def build_sampler(rollout_cfg, model, tokenizer):
         return HFGenerateSampler(model, tokenizer, batch_size=rollout_cfg.batch_size)
     from regroup.rollout.vllm import VLLMSampler
 
-    return VLLMSampler(model, tokenizer, rollout_cfg)
+    return VLLMSampler(model, tokenizer, rollout_cfg, max_prompt_tokens=max_prompt_tokens)
 
 
 def train_steps(cfg, num_problems: int) -> int:
@@ -128,5 +128,5 @@ def build_parts(cfg, run_dir: Path, accelerator=None, log=print) -> RunParts:
     # Not prepared by accelerate: it would step the schedule once per process.
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(o.warmup_steps, total, o.schedule, o.min_lr_ratio))
     model, optimizer = acc.prepare(model, optimizer)
-    sampler = build_sampler(cfg.rollout, acc.unwrap_model(model), tokenizer)
+    sampler = build_sampler(cfg.rollout, acc.unwrap_model(model), tokenizer, cfg.data.max_prompt_tokens)
     return RunParts(cfg, acc, model, tokenizer, reference, optimizer, scheduler, sampler, task, problems)

@@ -12,6 +12,7 @@ writes logs and checkpoints.
 from __future__ import annotations
 
 import math
+import shutil
 import time
 import warnings
 from contextlib import nullcontext
@@ -27,12 +28,15 @@ from regroup.checkpoint import (
 )
 from regroup.config import save_config
 from regroup.data_stream import QuestionStream
-from regroup.logprobs import response_logps
+from regroup.logprobs import prompt_order, response_logps
 from regroup.metrics import MetricsLogger, tracker_names
 from regroup.models.prompting import encode_prompt, encode_response
 from regroup.rollout.base import SamplingParams
 from regroup.sample_log import SampleLog
 from regroup.setup import train_steps
+from regroup.sharded import (
+    TRAINING_STATE_DIR, full_state_dict, is_sharded, load_training_state, save_training_state, write_hf_weights,
+)
 from regroup.stages.base import StepBatch, StepContext, load_stage_states, run_stages, stage_states
 from regroup.stages.diagnostics import SignalWatch, build_embedder, group_diversity, reward_diagnostics
 from regroup.stages.grad_conflict import gradient_conflict
@@ -193,9 +197,11 @@ class Trainer:
             return {"skipped_empty": 1.0}
         if not samples:  # another process has samples: join its collectives with a zero-weight row
             return self._empty_update()
-        batch = self._to_device(collate(samples, self.pad_id))
-        advantages = step_batch.advantages.to(self.acc.device)  # [B]
-        weights = None if step_batch.weights is None else step_batch.weights.to(self.acc.device)  # [B]
+        # Rows of one prompt side by side, so a micro-batch shares few prompt forwards (anchors join their group).
+        order = prompt_order(samples) if g.shared_prefix else list(range(len(samples)))
+        batch = self._to_device(collate([samples[i] for i in order], self.pad_id))
+        advantages = step_batch.advantages[order].to(self.acc.device)  # [B]
+        weights = None if step_batch.weights is None else step_batch.weights[order].to(self.acc.device)  # [B]
         metrics: dict = {}
         if self.grad_conflict_every and self.step % self.grad_conflict_every == 0:
             d = cfg.diagnostics
@@ -398,10 +404,33 @@ class Trainer:
 
     def save(self) -> Path | None:
         self.acc.wait_for_everyone()
+        if is_sharded(self.acc):
+            return self._save_sharded()
         path = None
         if self.is_main:
             path = save_checkpoint(self.run_dir, self.step, self.acc.unwrap_model(self.model), self.tokenizer,
                                    self.state(), keep=self.cfg.train.keep_checkpoints)
+        self.acc.wait_for_everyone()
+        return path
+
+    def _save_sharded(self) -> Path | None:
+        """FSDP / ZeRO-3: every process joins the weight gather and writes its optimizer shards; rank 0 then
+        writes the checkpoint (full HF weights + those shards + trainer state) atomically as usual."""
+        weights = full_state_dict(self.acc, self.model)  # collective; the full tensors on rank 0
+        staging = self.run_dir / "checkpoints" / f".sharded-step-{self.step:06d}"
+        save_training_state(self.acc, staging)  # collective: each process its own shards
+        path = None
+        if self.is_main:
+            def write_weights(folder: Path) -> None:
+                write_hf_weights(self.acc.unwrap_model(self.model), weights, folder)
+                self.tokenizer.save_pretrained(folder)
+                (staging / TRAINING_STATE_DIR).rename(folder / TRAINING_STATE_DIR)
+
+            state = self.state()
+            state["optimizer"] = None  # sharded: restored from accelerate_state/ on every process
+            path = save_checkpoint(self.run_dir, self.step, self.acc.unwrap_model(self.model), self.tokenizer,
+                                   state, keep=self.cfg.train.keep_checkpoints, write_weights=write_weights)
+            shutil.rmtree(staging, ignore_errors=True)
         self.acc.wait_for_everyone()
         return path
 
@@ -412,8 +441,11 @@ class Trainer:
             self.logger.truncate_after(0)  # steps logged before the crash are logged again
             return
         state = load_trainer_state(path)
-        load_model_weights(self.acc.unwrap_model(self.model), path)
-        self.optimizer.load_state_dict(state["optimizer"])
+        if state.get("optimizer") is None:  # a sharded run's checkpoint: weights and optimizer shards
+            load_training_state(self.acc, path)
+        else:
+            load_model_weights(self.acc.unwrap_model(self.model), path)
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.stream.load_state_dict(state["stream"])
         stages = state.get("stages")

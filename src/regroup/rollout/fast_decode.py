@@ -95,8 +95,17 @@ class FastDecoder:
         half = x.shape[-1] // 2
         return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
 
-    def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor, max_new_tokens: int):
-        """Prefill a left-padded prompt batch; returns last-position logits [B, V] and the decode state."""
+    def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor, max_new_tokens: int,
+              rows: torch.Tensor | None = None):
+        """Prefill a left-padded prompt batch [U, P]; returns last-position logits [N, V] and the decode
+        state of N sequences. `rows` [N] (default: one per prompt) names each sequence's prompt: a prompt
+        is prefilled once and its cache copied to its sequences."""
+        if rows is not None and len(rows) != len(input_ids):
+            logits, state = self.start(input_ids, attention_mask, positions, max_new_tokens)
+            for key in ("k", "v"):
+                state[key] = state[key][:, rows]  # [L, N, kv, S, D]
+            state["valid"] = state["valid"][rows]  # [N, S]
+            return logits[rows], state
         b, p = input_ids.shape
         dtype = self.embed.dtype
         total = p + max_new_tokens

@@ -28,12 +28,25 @@ def _top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     return logits.masked_fill(drop, float("-inf"))
 
 
+def distinct_prompt_rows(prompts: list[list[int]], share: bool = True) -> tuple[list[list[int]], list[int]]:
+    """(distinct prompts in order of first appearance, index into them of every row). The trainer asks
+    for one sample per row (its own seed), so a group's G rows repeat one prompt: it is prefilled once
+    and its KV cache copied to the G rows. `share=False` keeps one prefill row per row."""
+    if not share:
+        return [list(p) for p in prompts], list(range(len(prompts)))
+    index: dict[tuple[int, ...], int] = {}
+    rows = [index.setdefault(tuple(p), len(index)) for p in prompts]
+    return [list(p) for p in index], rows
+
+
 class HFSampler:
     """Samples from an HF causal LM with a lean KV-cached loop; shares the training model's weights."""
 
-    def __init__(self, model, tokenizer, batch_size: int = 256, use_fast: bool = True):
+    def __init__(self, model, tokenizer, batch_size: int = 256, use_fast: bool = True, shared_prefill: bool = True):
         self.model = model
         self.use_fast = use_fast
+        self.shared_prefill = shared_prefill
+        """Prefill each distinct prompt of a chunk once and copy its KV cache to its rows."""
         self._fast = None
         self.tokenizer = tokenizer
         self.batch_size = batch_size
@@ -54,8 +67,9 @@ class HFSampler:
             self._fast.refresh()
         return self._fast or None
 
-    def _hf_start(self, input_ids, attention, positions):
-        """Prefill with the HF forward and a DynamicCache; returns (logits [N, V], advance fn)."""
+    def _hf_start(self, input_ids, attention, positions, prompt_of_row):
+        """Prefill the distinct prompts [U, P] with the HF forward and a DynamicCache, expand it to the rows
+        (prompt_of_row [N]); returns (logits [N, V], advance fn)."""
         from transformers import DynamicCache
 
         cache = DynamicCache()
@@ -68,12 +82,17 @@ class HFSampler:
             return self.model(input_ids=ids, attention_mask=box["attention"], position_ids=pos,
                               use_cache=True, logits_to_keep=1, **{cache_kw: cache}).logits[:, -1, :]
 
+        logits = forward(input_ids, positions)  # [U, V]
+        if len(prompt_of_row) != len(input_ids):
+            cache.batch_select_indices(prompt_of_row)
+        box["attention"] = attention[prompt_of_row]  # [N, P]
+
         def advance(next_tok, step_pos):
             ones = torch.ones((box["attention"].shape[0], 1), dtype=box["attention"].dtype, device=next_tok.device)
             box["attention"] = torch.cat([box["attention"], ones], dim=1)
             return forward(next_tok[:, None], step_pos)
 
-        return forward(input_ids, positions), advance
+        return logits[prompt_of_row], advance
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int | list[int] | None = None) -> list[Completion]:
@@ -111,24 +130,27 @@ class HFSampler:
         was_training = self.model.training
         self.model.eval()
         batch = len(chunk)
-        prompt_len = max(len(p) for _, p in chunk)
-        input_ids = torch.full((batch, prompt_len), self.pad_id, dtype=torch.long)  # [N, P], left-padded
-        attention = torch.zeros((batch, prompt_len), dtype=torch.long)  # [N, P]
-        for row, (_, p) in enumerate(chunk):
+        distinct, prompt_of_row = distinct_prompt_rows([p for _, p in chunk], self.shared_prefill)
+        prompt_len = max(len(p) for p in distinct)
+        input_ids = torch.full((len(distinct), prompt_len), self.pad_id, dtype=torch.long)  # [U, P], left-padded
+        attention = torch.zeros((len(distinct), prompt_len), dtype=torch.long)  # [U, P]
+        for row, p in enumerate(distinct):
             input_ids[row, prompt_len - len(p) :] = torch.tensor(p)
             attention[row, prompt_len - len(p) :] = 1
         input_ids, attention = input_ids.to(device), attention.to(device)
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)  # [N, P]
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)  # [U, P]
+        prompt_of_row = torch.tensor(prompt_of_row, device=device)  # [N]
 
         rows_per_prompt = [(i, sum(1 for j, _ in chunk if j == i)) for i in dict.fromkeys(i for i, _ in chunk)]
         decoder = self._decoder()
         if decoder is not None:
-            logits, state = decoder.start(input_ids, attention, positions, params.max_new_tokens)
+            logits, state = decoder.start(input_ids, attention, positions, params.max_new_tokens, rows=prompt_of_row)
 
             def advance(next_tok, step_pos):
                 return decoder.step(next_tok, step_pos[:, 0], state)
         else:
-            logits, advance = self._hf_start(input_ids, attention, positions)
+            logits, advance = self._hf_start(input_ids, attention, positions, prompt_of_row)
+        positions = positions[prompt_of_row]  # [N, P]
         tokens = torch.full((batch, params.max_new_tokens), self.pad_id, dtype=torch.long, device=device)  # [N, T]
         logps = torch.zeros((batch, params.max_new_tokens), dtype=torch.float32, device=device)  # [N, T]
         finished = torch.zeros(batch, dtype=torch.bool, device=device)  # [N]

@@ -56,17 +56,21 @@ def vllm_param_name(name: str) -> str | None:
 
 def push_weights(model, load: Callable[[Iterable], object]) -> int:
     """Feed `model`'s current weights to `load([(name, tensor)])` one tensor at a time (no full copy);
-    LoRA adapters are merged for the push and unmerged afterwards. Returns the number pushed."""
+    LoRA adapters are merged for the push and unmerged afterwards. Under FSDP / ZeRO-3 each parameter
+    is gathered whole first (`sharded.full_parameters`; every process pushes, so the gathers line up).
+    Returns the number pushed."""
+    from regroup.sharded import full_parameters
+
     is_peft = hasattr(model, "peft_config") and hasattr(model, "merge_adapter")
     if is_peft:
         model.merge_adapter()
     try:
         pushed = 0
-        for name, param in model.named_parameters():
+        for name, tensor in full_parameters(model):
             target = vllm_param_name(name)
             if target is None:
                 continue
-            load([(target, param.data)])
+            load([(target, tensor)])
             pushed += 1
         return pushed
     finally:
@@ -74,20 +78,40 @@ def push_weights(model, load: Callable[[Iterable], object]) -> int:
             model.unmerge_adapter()
 
 
+# Where the in-process engine keeps its model, newest vLLM first: V1's worker wrapper, then V0's runner.
+_IN_PROCESS_MODEL_PATHS = (
+    ("llm_engine", "model_executor", "driver_worker", "worker", "model_runner", "model"),
+    ("llm_engine", "model_executor", "driver_worker", "model_runner", "model"),
+)
+
+
 def engine_weight_loader(llm) -> Callable[[Iterable], object]:
-    """The in-process model's `load_weights` (what TRL's colocate mode calls), else `apply_model`."""
-    try:
-        return llm.llm_engine.model_executor.driver_worker.model_runner.model.load_weights
-    except AttributeError:
-        if not hasattr(llm, "apply_model"):
-            raise RuntimeError("this vLLM version exposes neither driver_worker.model_runner.model nor "
-                               "LLM.apply_model: cannot push weights into the engine") from None
+    """How to hand weights to the colocated engine: the in-process model's `load_weights` (zero-copy;
+    what TRL's colocate mode calls), else the public `LLM.apply_model` (runs a function on the
+    engine's model; documented since vLLM 0.9).
 
-        def load(weights):
-            weights = list(weights)
-            return llm.apply_model(lambda model: model.load_weights(weights))
+    vLLM's documented weight-transfer API (`init_weight_transfer_engine` / `start_weight_update` /
+    `update_weights` / `finish_weight_update`, NCCL or CUDA-IPC backends) moves weights from a trainer
+    in *another* process into the engine; with the engine in this process (external_launcher) the
+    model's own `load_weights` is the same update without serialising handles, so it is not used here.
+    """
+    for path in _IN_PROCESS_MODEL_PATHS:
+        target = llm
+        for attr in path:
+            target = getattr(target, attr, None)
+            if target is None:
+                break
+        if target is not None and callable(getattr(target, "load_weights", None)):
+            return target.load_weights
+    if not hasattr(llm, "apply_model"):
+        raise RuntimeError("this vLLM version exposes neither the in-process model (driver_worker.[worker.]model_runner"
+                           ".model) nor LLM.apply_model: cannot push weights into the engine")
 
-        return load
+    def load(weights):
+        weights = list(weights)
+        return llm.apply_model(lambda model: model.load_weights(weights))
+
+    return load
 
 
 def _base_path(model) -> str:
@@ -115,42 +139,54 @@ def _set_launcher_env() -> None:
             os.environ["MASTER_PORT"] = str(s.getsockname()[1])
 
 
+def engine_kwargs(model, rollout_cfg, sleep_mode: bool, max_prompt_tokens: int | None = None) -> dict:
+    """`vllm.LLM(...)` arguments for a colocated engine over the policy's folder."""
+    if rollout_cfg.vllm_tensor_parallel_size != 1:
+        # external_launcher makes the processes of a tensor-parallel group one engine, which needs the
+        # same requests from each of them; regroup gives each process its own groups and does not yet
+        # gather them across the group, so the engine would hang or answer the wrong prompts.
+        raise ValueError(f"rollout.vllm_tensor_parallel_size={rollout_cfg.vllm_tensor_parallel_size}: the colocated "
+                         "vLLM engine supports 1 only (each process samples its own groups)")
+    kwargs = dict(
+        model=_base_path(model),
+        dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
+        gpu_memory_utilization=rollout_cfg.vllm_gpu_memory_utilization,
+        enable_sleep_mode=sleep_mode,
+        tensor_parallel_size=rollout_cfg.vllm_tensor_parallel_size,
+        distributed_executor_backend="external_launcher",  # the engine lives in this process
+        logprobs_mode="processed_logprobs",  # after temperature, as the learner scores
+        seed=int(os.environ.get("RANK", "0")),
+    )
+    max_len = rollout_cfg.vllm_max_model_len
+    if not max_len and max_prompt_tokens:
+        max_len = max_prompt_tokens + rollout_cfg.max_new_tokens
+    if max_len:
+        kwargs["max_model_len"] = int(max_len)
+    return kwargs
+
+
 class VLLMSampler:
     """The Sampler seam over a colocated `vllm.LLM`.
 
-    `enable_sleep_mode` None means: `rollout_cfg.vllm_enable_sleep_mode` when the config has it, else on
-    when CUDA is available (vLLM's sleep mode is CUDA-only). `llm` is for tests: an engine to use instead
-    of building one.
+    Engine settings come from the rollout config: `vllm_gpu_memory_utilization`, `vllm_max_model_len`
+    (0: `max_prompt_tokens + max_new_tokens` when `max_prompt_tokens` is given, else the model's own
+    limit), `vllm_enable_sleep_mode` and `vllm_tensor_parallel_size`. `enable_sleep_mode` None means
+    the config's value. `llm` is for tests: an engine to use instead of building one.
     """
 
-    def __init__(self, model, tokenizer, rollout_cfg, *, enable_sleep_mode: bool | None = None, llm=None):
+    def __init__(self, model, tokenizer, rollout_cfg, *, enable_sleep_mode: bool | None = None, llm=None,
+                 max_prompt_tokens: int | None = None):
         vllm = import_vllm()
         self._vllm = vllm
         self.model = model
         self.tokenizer = tokenizer
         self.eos_id = tokenizer.eos_token_id
         if enable_sleep_mode is None:
-            enable_sleep_mode = getattr(rollout_cfg, "vllm_enable_sleep_mode", None)
-        if enable_sleep_mode is None:
-            import torch
-
-            enable_sleep_mode = torch.cuda.is_available()
+            enable_sleep_mode = rollout_cfg.vllm_enable_sleep_mode
         self.sleep_mode = bool(enable_sleep_mode)
         if llm is None:
             _set_launcher_env()
-            kwargs = dict(
-                model=_base_path(model),
-                dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
-                gpu_memory_utilization=rollout_cfg.vllm_gpu_memory_utilization,
-                enable_sleep_mode=self.sleep_mode,
-                distributed_executor_backend="external_launcher",  # the engine lives in this process
-                logprobs_mode="processed_logprobs",  # after temperature, as the learner scores
-                seed=int(os.environ.get("RANK", "0")),
-            )
-            max_len = getattr(rollout_cfg, "vllm_max_model_len", None)
-            if max_len:
-                kwargs["max_model_len"] = max_len
-            llm = vllm.LLM(**kwargs)
+            llm = vllm.LLM(**engine_kwargs(model, rollout_cfg, self.sleep_mode, max_prompt_tokens))
         self.llm = llm
         self._load = engine_weight_loader(llm)
         # Level-2 sleep drops the weights: they are pushed again on every wake-up.
