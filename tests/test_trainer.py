@@ -154,7 +154,8 @@ def test_mini_batches_make_k_optimizer_steps_with_pi_old_from_before_the_first(t
     monkeypatch.setattr(trainer_module, "policy_loss", spy)
     metrics = trainer.update(batch)
     assert len(grads) == 2 and trainer.scheduler.last_epoch == 2
-    assert ratios[0] == 0.0 and ratios[-1] > 0.0  # pi_theta moved between the mini-batches
+    # first mini-batch: pi_theta == pi_old (up to float noise of another micro-batch split); then it moved
+    assert ratios[0] < 1e-5 and ratios[-1] > 1e-3
     assert "clip/low_frac" in metrics
 
     # the first mini-batch alone, through a fresh trainer with one mini-batch
