@@ -28,7 +28,7 @@ from regroup.config import RunConfig, save_config
 from regroup.data_stream import QuestionStream
 from regroup.logprobs import response_logps
 from regroup.metrics import MetricsLogger
-from regroup.models.prompting import encode_prompt, encode_response
+from regroup.models.prompting import encode_response
 from regroup.recipes import build_recipe
 from regroup.rollout.base import SamplingParams
 from regroup.stages.diagnostics import build_embedder, group_diversity, reward_diagnostics
@@ -65,6 +65,7 @@ class Trainer:
         self.model, self.tokenizer, self.reference = parts.model, parts.tokenizer, parts.reference
         self.optimizer, self.scheduler, self.sampler = parts.optimizer, parts.scheduler, parts.sampler
         self.task, self.problems = parts.task, parts.problems
+        self.prompter = parts.prompter
         self.is_main = self.acc.is_main_process
         self.world, self.rank = self.acc.num_processes, self.acc.process_index
         if cfg.grpo.prompts_per_step % self.world:
@@ -88,7 +89,7 @@ class Trainer:
         data set would otherwise keep every prompt it ever saw)."""
         ids = self._prompt_ids.pop(text, None)
         if ids is None:
-            ids = encode_prompt(self.tokenizer, text)
+            ids = self.prompter.encode(text)
         self._prompt_ids[text] = ids  # most recent last
         if len(self._prompt_ids) > PROMPT_CACHE_SIZE:
             del self._prompt_ids[next(iter(self._prompt_ids))]
