@@ -71,7 +71,7 @@ class DataConfig:
     task: str = "arithmetic"
     """Task providing the grader, step scorer and rule rephrasings ("arithmetic" or "pkg.mod:obj")."""
     train_file: Optional[str] = None
-    """JSONL / JSON / Parquet / CSV file or HF dataset folder. None: generate from the task."""
+    """JSONL / JSON / Parquet / CSV file, HF dataset folder, or hf:NAME[:CONFIG][@SPLIT]. None: generate from the task."""
     num_train: int = 20000
     """Questions to generate when `train_file` is None."""
     num_eval: int = 256
@@ -415,7 +415,7 @@ class RunConfig:
                     float(weight)
                 except ValueError:
                     raise ConfigError(f"rewards: weight of {name!r} is not a number: {weight!r}") from None
-        if self.data.train_file is not None and not os.path.exists(self.data.train_file):
+        if self.data.train_file is not None and not self.data.train_file.startswith("hf:") and not os.path.exists(self.data.train_file):
             raise ConfigError(f"data.train_file: no such file or folder: {self.data.train_file}")
         if self.model.path is not None and not os.path.isdir(self.model.path):
             raise ConfigError(f"model.path: no such model folder: {self.model.path}")

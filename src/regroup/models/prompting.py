@@ -70,9 +70,10 @@ class Prompter:
         """Token ids of the prompt for `question`."""
         if self.builtin_model:
             return encode_prompt(self.tokenizer, question)
-        # The chat template writes its special tokens (BOS included) itself; a plain prompt gets the
-        # tokenizer's usual ones.
-        return list(self.tokenizer(self.render(question), add_special_tokens=not self.use_chat)["input_ids"])
+        if self.use_chat:
+            out = self.tokenizer.apply_chat_template(self.messages(question), add_generation_prompt=True, tokenize=True)
+            return list(out["input_ids"] if hasattr(out, "keys") else out)
+        return list(self.tokenizer(self.render(question), add_special_tokens=True)["input_ids"])
 
     def too_long(self, question: str) -> bool:
         """Whether the prompt of `question` exceeds `max_tokens` (never, when no limit is set)."""
