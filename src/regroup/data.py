@@ -529,7 +529,7 @@ def local_sources_dir() -> Path:
 
 
 def source_rows(name: str, hub: HubSpec | None, source: str | None = None,
-                fields_hint: str = "") -> tuple[list[dict], str]:
+                fields_hint: str = "", path_flag: str = "--source PATH") -> tuple[list[dict], str]:
     """(rows, where they came from) of the named data set `name`.
 
     Looked for in order: `source` (a file, a datasets folder or an `hf:` spec) when given; a local copy
@@ -545,7 +545,7 @@ def source_rows(name: str, hub: HubSpec | None, source: str | None = None,
     target = local / f"{name}.jsonl"
     if hub is None:
         raise SourceUnavailable(name, None, None, f"no hub copy is known: place the rows{fields_hint} at {target} "
-                                                  "or pass their path with --source")
+                                                  f"or pass {path_flag}")
     spec = f"{HUB_PREFIX}{hub.name}" + (f":{hub.config}" if hub.config else "") + f"@{hub.split}"
     try:
         return load_hub_rows(hub), spec
@@ -553,7 +553,7 @@ def source_rows(name: str, hub: HubSpec | None, source: str | None = None,
         reason = err.message.split(". Offline")[0]
         raise SourceUnavailable(name, None, None, f"{reason}. Place the {hub.split} split of {hub.name}"
                                                   + (f" ({hub.config})" if hub.config else "")
-                                                  + f"{fields_hint} at {target} (JSONL or Parquet), or pass its path") from None
+                                                  + f"{fields_hint} at {target} (JSONL or Parquet), or pass {path_flag}") from None
 
 
 def problems_from_rows(rows: Iterable[Mapping[str, Any]], fields: FieldMap, origin: str) -> list[Problem]:

@@ -204,7 +204,7 @@ def protocol(bench: Benchmark, paper: str) -> Protocol:
 def load_benchmark(name: str, source: str | None = None, limit: int | None = None) -> tuple[list[Problem], str, int]:
     """(problems, where the rows came from, rows skipped as unusable) of benchmark `name`."""
     bench = BENCHMARKS[name]
-    rows, origin = source_rows(name, bench.hub, source, bench.fields)
+    rows, origin = source_rows(name, bench.hub, source, bench.fields, f"--bench-file {name}=PATH")
     problems = [p for i, row in enumerate(rows) if (p := bench.to_problem(row, i)) is not None]
     skipped = len(rows) - len(problems)
     if not problems:
