@@ -119,7 +119,18 @@ def test_champ_from_the_installed_package(tmp_path):
 def test_unknown_target():
     with pytest.raises(DataError, match="choose one of"):
         prepare("nosuch", "x.jsonl")
-    assert set(TARGETS) == {"math", "openr1_math_46k", "deepscaler", "ta_grpo", "champ"}
+    assert set(TARGETS) == {"math", "openr1_math_46k", "deepscaler", "ta_grpo", "champ", "arithmetic_heldout"}
+
+
+def test_arithmetic_heldout_is_disjoint_from_default_training(tmp_path):
+    from regroup.config import DataConfig
+    from regroup.tasks import get_task
+
+    summary = prepare("arithmetic_heldout", str(tmp_path / "h.jsonl"), limit=16)
+    held = load_problems(tmp_path / "h.jsonl").problems
+    assert summary["written"] == len(held) == 16
+    train = {p.question for p in get_task("arithmetic").generate(DataConfig().num_train, seed=DataConfig().seed)}
+    assert not any(p.question in train for p in held)
 
 
 def test_parse_hub_spec():

@@ -283,3 +283,12 @@ def test_format_markdown():
     assert md[0] == "| benchmark | problems | n | pass@1 | pass@4 | mean@n ± SE | greedy |"
     assert md[2] == "| a | 2 | 4 | 50.0 | - | 50.0 ± 10.0 | - |"
     assert md[3].startswith("| **average** | 2 | 4 | 50.0 |")
+
+
+def test_prompt_config_file_gives_a_plain_model_the_run_prompting(tmp_path, tiny_model_dir):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(f"model:\n  path: {tiny_model_dir}\ndata:\n  prompt_template: \"Q: {{question}}\"\n"
+                      "rewards:\n  functions: [math]\n  correct_threshold: 0.5\n")
+    setup = runner.load_eval_setup(tiny_model_dir, config_file=str(recipe))
+    assert setup.prompter.template == "Q: {question}" and setup.correct_threshold == 0.5
+    assert setup.run_config == str(recipe)

@@ -113,7 +113,8 @@ def cmd_eval(args) -> int:
     from regroup.eval.runner import format_table, run_bench_cli, run_eval_cli
 
     prompt = {k: v for k, v in {"system_prompt": args.system_prompt, "prompt_template": args.prompt_template,
-                                "chat_template": args.chat_template}.items() if v is not None}
+                                "chat_template": args.chat_template, "config_file": args.prompt_config}.items()
+              if v is not None}
     common = dict(max_new_tokens=args.max_new_tokens, limit=args.limit, device=args.device, dtype=args.dtype,
                   backend=args.backend, prompt=prompt, greedy=not args.no_greedy)
     try:
@@ -134,7 +135,7 @@ def cmd_eval(args) -> int:
                 top_p=0.95 if args.top_p is None else args.top_p,
                 question_field=args.question_field, answer_field=args.answer_field, checker=args.checker, **common,
             )
-    except (ValueError, FileNotFoundError, ImportError, DataError) as e:
+    except (ValueError, FileNotFoundError, ImportError, DataError) as e:  # ConfigError is a ValueError
         if args.debug:
             raise
         _log(f"eval error: {e}")
@@ -252,6 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--system-prompt", default=None, help="override the run's data.system_prompt")
     p.add_argument("--prompt-template", default=None, help="override the run's data.prompt_template ({question})")
     p.add_argument("--chat-template", choices=["auto", "on", "off"], default=None)
+    p.add_argument("--prompt-config", default=None, metavar="YAML",
+                   help="prompt (and count correct) as this recipe / run config does (default: the checkpoint's run)")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     p.set_defaults(fn=cmd_eval)
 

@@ -141,7 +141,21 @@ TARGETS = {
     "ta_grpo": PrepareTarget("ta_grpo", None, " (rows index, sub_index, question or problem, answer)", None,
                              "TA-GRPO's released rephrasings: rows sharing `index` fold into one problem with variants"),
     "champ": PrepareTarget("champ", None, "", champ_row, "CHAMP: 270 competition problems, from the champ-dataset package"),
+    "arithmetic_heldout": PrepareTarget("arithmetic_heldout", None, "", None,
+                                        "the built-in task's held-out problems (data.eval_seed), none of them a "
+                                        "default training question: `--limit` of them, 256 by default"),
 }
+
+
+def arithmetic_heldout(limit: int | None) -> list[Problem]:
+    """The held-out problems a default run of the built-in task is evaluated on (`regroup.setup`)."""
+    from regroup.config import DataConfig
+    from regroup.setup import heldout_problems
+    from regroup.tasks import get_task
+
+    data, task = DataConfig(), get_task("arithmetic")
+    train = task.generate(data.num_train, seed=data.seed)
+    return heldout_problems(task, limit or data.num_eval, data.eval_seed, train)
 
 
 def _fold_ta_rows(rows: list[dict], origin: str) -> list[Problem]:
@@ -157,6 +171,10 @@ def prepare(name: str, out: str, source: str | None = None, limit: int | None = 
     if name not in TARGETS:
         raise DataError(name, None, None, f"unknown data set; choose one of {', '.join(TARGETS)}")
     target = TARGETS[name]
+    if name == "arithmetic_heldout":
+        problems = arithmetic_heldout(limit)
+        save_problems(problems, out)
+        return {"target": name, "source": "built-in arithmetic task", "written": len(problems), "skipped": 0}
     if name == "champ" and source is None:
         rows, origin = champ_rows(), "champ-dataset package"
     elif name == "champ":

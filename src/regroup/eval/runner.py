@@ -355,25 +355,31 @@ def run_config_path(model_path: str) -> str | None:
 
 def load_eval_setup(model_path: str, *, dtype: str = "float32", device: str | None = None,
                     system_prompt: str | None = None, prompt_template: str | None = None,
-                    chat_template: str | None = None, correct_threshold: float | None = None) -> EvalSetup:
+                    chat_template: str | None = None, correct_threshold: float | None = None,
+                    config_file: str | None = None) -> EvalSetup:
     """Load `model_path` (HF folder or regroup checkpoint, full or LoRA) with the prompting of its run.
 
     For a checkpoint, `data.system_prompt` / `prompt_template` / `chat_template` and
-    `rewards.correct_threshold` come from the run's config.yaml; explicit arguments override them.
+    `rewards.correct_threshold` come from the run's config.yaml (or from `config_file`, a recipe or
+    run config, e.g. to evaluate the starting model as the run will prompt it); explicit arguments
+    override them.
     """
     import yaml
 
-    from regroup.config import DataConfig, RewardsConfig, config_from_dict
-    from regroup.models.load import load_for_inference
+    from regroup.config import DataConfig, RewardsConfig, config_from_dict, load_config
+    from regroup.models.load import is_adapter_dir, load_for_inference
     from regroup.models.prompting import build_prompter
 
     if not os.path.isdir(model_path):
         raise FileNotFoundError(f"model directory not found: {model_path}")
-    cfg_path = run_config_path(model_path)
-    cfg = config_from_dict(yaml.safe_load(open(cfg_path, encoding="utf-8"))) if cfg_path else None
+    cfg_path = config_file or run_config_path(model_path)
+    if config_file is not None:
+        cfg = load_config(config_file)
+    else:
+        cfg = config_from_dict(yaml.safe_load(open(cfg_path, encoding="utf-8"))) if cfg_path else None
     data_cfg = cfg.data if cfg is not None else DataConfig()
     base_path = None
-    if cfg is not None and cfg.model.path:
+    if cfg is not None and cfg.model.path and is_adapter_dir(model_path):
         from regroup.setup import resolve_model_path
 
         base_path = resolve_model_path(cfg)  # a LoRA checkpoint's base (GGUF: the cached conversion)
