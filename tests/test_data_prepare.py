@@ -164,3 +164,13 @@ def test_source_rows_without_hub_copy(tmp_path, monkeypatch):
     monkeypatch.setenv("REGROUP_DATA_DIR", str(tmp_path))
     with pytest.raises(DataError, match=str(tmp_path / "thing.jsonl")):
         source_rows("thing", None)
+
+
+def test_cli_data_prepare(tmp_path, capsys):
+    from regroup.cli import main
+
+    src = write_jsonl(tmp_path / "src.jsonl", DEEPSCALER_ROWS)
+    assert main(["data", "prepare", "deepscaler", "--source", src, "--out", str(tmp_path / "o.jsonl")]) == 0
+    assert json.loads(capsys.readouterr().out)["written"] == 1
+    assert main(["data", "prepare", "nosuch", "--out", str(tmp_path / "o.jsonl")]) == 2
+    assert "choose one of" in capsys.readouterr().err
