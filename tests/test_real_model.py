@@ -22,7 +22,8 @@ pytestmark = [
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 BOXED = "{question}\nPut your final answer within \\boxed{}."
-# One worked example: without it SmolLM2-135M writes an empty `\boxed{}` (measured: 0 of 8 greedy answers).
+# One worked example: without it no greedy SmolLM2-135M answer on 8 one-step problems was graded correct
+# (several wrote an empty `\boxed{}`); with it 2 of 8 were.
 SYSTEM = ("Example: Q: Ann has 2 pens. She buys 3 more. How many pens does Ann have now? "
           "A: 2 + 3 = 5. The answer is \\boxed{5}.")
 
