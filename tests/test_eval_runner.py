@@ -218,3 +218,77 @@ def test_run_eval_cli_math_checker(saved_model, problems, tmp_path):
     assert rows[0]["mean@n"] == 0.0  # a random model writes no \\boxed{} answer
     top = json.loads((out / "summary.json").read_text())
     assert top["settings"]["checker"] == "math" and top["checker_stats"]["checked"] == 3 * (2 + 1)
+
+
+# ------------------------------------------------------------- a regroup checkpoint's own prompting (issue 11)
+
+
+def _fake_run(tmp_path, tiny_model_dir, **data):
+    import shutil
+
+    from regroup.config import RunConfig, save_config
+
+    run = tmp_path / "run"
+    ckpt = run / "checkpoints" / "step-000002"
+    shutil.copytree(tiny_model_dir, ckpt)
+    cfg = RunConfig()
+    cfg.model.path = tiny_model_dir
+    for key, value in data.items():
+        setattr(cfg.data, key, value)
+    cfg.rewards.correct_threshold = 0.75
+    save_config(cfg, run / "config.yaml")
+    return ckpt
+
+
+def test_eval_reads_prompting_and_threshold_from_the_run(tmp_path, tiny_model_dir):
+    template = "{question}\nPut the final answer in \\boxed{}."
+    ckpt = _fake_run(tmp_path, tiny_model_dir, prompt_template=template, system_prompt="Be brief.")
+    assert runner.run_config_path(str(ckpt)) == str(tmp_path / "run" / "config.yaml")
+    assert runner.run_config_path(tiny_model_dir) is None
+    setup = runner.load_eval_setup(str(ckpt))
+    assert setup.prompter.template == template and setup.prompter.system_prompt == "Be brief."
+    assert setup.correct_threshold == 0.75
+    # An explicit flag wins over the run's setting.
+    assert runner.load_eval_setup(str(ckpt), prompt_template="Q: {question}").prompter.template == "Q: {question}"
+    plain = runner.load_eval_setup(tiny_model_dir)
+    assert plain.prompter.template is None and plain.correct_threshold == 1.0
+
+
+def test_evaluate_uses_the_prompter_and_threshold(tiny, problems):
+    from regroup.models.prompting import Prompter
+
+    model, tok = tiny
+    seen = []
+
+    class Recording(Prompter):
+        def encode(self, question):
+            seen.append(question)
+            return super().encode(question)
+
+    prompter = Recording(tok, use_chat=True, template="Q: {question}")
+    res = evaluate(model, tok, problems[:2], lambda t, p: 0.6, n=1, ks=(1,), max_new_tokens=2, progress=False,
+                   prompter=prompter, correct_threshold=0.7)
+    assert seen == [p.question for p in problems[:2]]
+    assert res.summary["mean@n"] == 0.0 and res.summary["settings"]["prompt"]["prompt_template"] == "Q: {question}"
+    res = evaluate(model, tok, problems[:2], lambda t, p: 0.6, n=1, ks=(1,), max_new_tokens=2, progress=False,
+                   prompter=prompter, correct_threshold=0.6)
+    assert res.summary["mean@n"] == 1.0
+
+
+def test_format_markdown():
+    rows = [{"benchmark": "a", "num_problems": 2, "n": 4, "pass@1": 0.5, "pass@4": None, "mean@n": 0.5, "stderr": 0.1,
+             "greedy": None}]
+    rows.append(average_row(rows))
+    md = runner.format_markdown(rows).splitlines()
+    assert md[0] == "| benchmark | problems | n | pass@1 | pass@4 | mean@n ± SE | greedy |"
+    assert md[2] == "| a | 2 | 4 | 50.0 | - | 50.0 ± 10.0 | - |"
+    assert md[3].startswith("| **average** | 2 | 4 | 50.0 |")
+
+
+def test_prompt_config_file_gives_a_plain_model_the_run_prompting(tmp_path, tiny_model_dir):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(f"model:\n  path: {tiny_model_dir}\ndata:\n  prompt_template: \"Q: {{question}}\"\n"
+                      "rewards:\n  functions: [math]\n  correct_threshold: 0.5\n")
+    setup = runner.load_eval_setup(tiny_model_dir, config_file=str(recipe))
+    assert setup.prompter.template == "Q: {question}" and setup.correct_threshold == 0.5
+    assert setup.run_config == str(recipe)

@@ -288,3 +288,18 @@ def test_sharded_checkpoint_path_saves_full_weights_and_training_state_and_resum
     resumed.train()
     a, b = weights(straight.model), weights(resumed.model)
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_over_long_questions_are_skipped_and_counted(tiny_model_dir, tmp_path):
+    from regroup.data import save_problems
+    from regroup.tasks import get_task
+
+    problems = get_task("arithmetic").generate(12, seed=5)
+    huge = problems[3].__class__(problems[3].id + "-huge", "x" * 50_000_000, problems[3].answer, problems[3].solution)
+    data = tmp_path / "train.jsonl"
+    save_problems(problems[:3] + [huge] + problems[3:], data)
+    cfg = small_config(tiny_model_dir, tmp_path / "long", "grpo.yaml", f"data.train_file={data}", "data.task=arithmetic",
+                       "train.steps=3", "data.max_prompt_tokens=200", "rewards=[_dist_worker:digit_reward]")
+    trainer = Trainer.from_config(cfg, tmp_path / "long", log=lambda m: None)
+    last = trainer.train()
+    assert last["data/skipped_long"] == 1.0  # the 50 MB question, never tokenized nor sampled

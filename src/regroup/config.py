@@ -75,7 +75,7 @@ class DataConfig:
     task: str = "arithmetic"
     """Task providing the grader, step scorer and rule rephrasings ("arithmetic" or "pkg.mod:obj")."""
     train_file: Optional[str] = None
-    """JSONL / JSON / Parquet / CSV file or HF dataset folder. None: generate from the task."""
+    """JSONL / JSON / Parquet / CSV file, HF dataset folder, or hf:NAME[:CONFIG][@SPLIT]. None: generate from the task."""
     num_train: int = 20000
     """Questions to generate when `train_file` is None."""
     question_field: str = "question"
@@ -652,6 +652,8 @@ def _check_variants(cfg: "RunConfig") -> None:
     if cfg.data.train_file is None:
         raise ConfigError("ta.rephraser: 'dataset' takes the variants stored in data.train_file, and none is set "
                           "(generated questions have no stored variants); use ta.rephraser=rules")
+    if str(cfg.data.train_file).startswith("hf:"):
+        return  # a hub data set: its columns are checked when it loads, before the model does
     check_readable("data.train_file", cfg.data.train_file)
     from regroup.data import DataError, peek_columns
 
@@ -666,8 +668,8 @@ def _check_variants(cfg: "RunConfig") -> None:
 
 
 def check_readable(key: str, path: str | None) -> None:
-    """A data file (or datasets folder) that exists and can be read."""
-    if path is None:
+    """A data file (or datasets folder) that exists and can be read; `hf:` specs are read by `datasets`."""
+    if path is None or str(path).startswith("hf:"):
         return
     if not os.path.exists(path):
         raise ConfigError(f"{key}: no such file or folder: {path}")

@@ -1,5 +1,6 @@
-"""Problems from files: JSONL, JSON, Parquet, CSV and `datasets.save_to_disk` folders, with errors that
-name the file, row and field, and TA-GRPO's released (index, sub_index) layout folded into variants."""
+"""Problems from files: JSONL, JSON, Parquet, CSV, `datasets.save_to_disk` folders and Hugging Face
+datasets (`hf:NAME[:CONFIG][@SPLIT]`), with errors that name the file, row and field, and TA-GRPO's
+released (index, sub_index) layout folded into variants."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ from typing import Any
 
 from regroup.tasks.base import Problem
 
-__all__ = ["DataError", "FieldMap", "LoadResult", "load_problems", "save_problems"]
+__all__ = ["DataError", "FieldMap", "LoadResult", "HubSpec", "parse_hub_spec", "load_problems", "save_problems"]
+
+HUB_PREFIX = "hf:"
 
 _FORMATS = (".jsonl", ".ndjson", ".json", ".parquet", ".csv")
 
@@ -167,7 +170,55 @@ def _dataset_rows(path: str) -> Iterator[tuple[int, Any]]:
     yield from enumerate(ds, start=1)
 
 
+@dataclass(frozen=True)
+class HubSpec:
+    """A dataset read through `datasets.load_dataset(name, config, split=split)`."""
+
+    name: str
+    config: str | None = None
+    split: str = "train"
+
+
+def parse_hub_spec(spec: str) -> HubSpec | None:
+    """`hf:NAME[:CONFIG][@SPLIT]` -> HubSpec (split defaults to train); None for anything else (a path).
+
+    NAME is a hub id (`EleutherAI/hendrycks_math`) or a local folder of data files, which
+    `load_dataset` reads offline: `hf:HuggingFaceH4/MATH-500@test`, `hf:allenai/ai2_arc:ARC-Challenge@test`.
+    """
+    if not spec.startswith(HUB_PREFIX):
+        return None
+    rest = spec[len(HUB_PREFIX):]
+    rest, at, split = rest.rpartition("@") if "@" in rest else (rest, "", "")
+    name, _, config = rest.partition(":")
+    if not name or (at and not split):
+        raise DataError(spec, None, None, "expected hf:NAME[:CONFIG][@SPLIT], e.g. hf:HuggingFaceH4/MATH-500@test")
+    return HubSpec(name, config or None, split or "train")
+
+
+def load_hub_rows(spec: HubSpec, origin: str | None = None) -> list[dict]:
+    """The rows of a hub (or local-folder) dataset split; DataError naming the spec when it cannot be read."""
+    import datasets
+
+    origin = origin or f"{HUB_PREFIX}{spec.name}" + (f":{spec.config}" if spec.config else "") + f"@{spec.split}"
+    try:
+        ds = datasets.load_dataset(spec.name, spec.config, split=spec.split)
+    except Exception as exc:  # offline (ConnectionError / OfflineModeIsEnabled), unknown name, bad config or split
+        first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+        raise DataError(origin, None, None, f"cannot load {spec.name!r} (config {spec.config}, split {spec.split}): "
+                                            f"{first}. Offline, save the split where the hub is reachable "
+                                            "(Dataset.to_json / save_to_disk) and pass that file or folder") from None
+    return list(ds)
+
+
+def _hub_rows(path: str) -> Iterator[tuple[int, Any]]:
+    spec = parse_hub_spec(path)
+    assert spec is not None
+    yield from enumerate(load_hub_rows(spec, origin=path), start=1)
+
+
 def _rows(path: str) -> Iterator[tuple[int, Any]]:
+    if path.startswith(HUB_PREFIX):
+        return _hub_rows(path)
     if os.path.isdir(path):
         return _dataset_rows(path)
     if not os.path.exists(path):
@@ -403,7 +454,8 @@ def _folded(rows: list[_Row], fields: FieldMap, skip: bool, skipped: list[DataEr
 
 def load_problems(path: str | os.PathLike[str], fields: FieldMap | None = None, *,
                   skip_bad_rows: bool = False) -> LoadResult:
-    """The problems in `path` (.jsonl, .json list, .parquet, .csv, or a datasets.save_to_disk folder).
+    """The problems in `path` (.jsonl, .json list, .parquet, .csv, a datasets.save_to_disk folder, or
+    `hf:NAME[:CONFIG][@SPLIT]` read through `datasets.load_dataset`).
 
     Rows in TA-GRPO's layout (rows carrying `index` and `sub_index`) are folded: one Problem per
     `index`, its question from sub_index 0 and its variants from the others in sub_index order.
@@ -460,3 +512,67 @@ def peek_columns(path: str | os.PathLike[str], max_rows: int = 1000) -> set[str]
         if isinstance(row, Mapping):
             columns.update(str(k) for k in row)
     return columns
+
+
+# ----------------------------------------------------------------------------------- named sources
+
+
+class SourceUnavailable(DataError):
+    """A named data set (a prepare target or a benchmark) that is neither local nor downloadable."""
+
+
+def read_rows(path: str | os.PathLike[str]) -> list[dict]:
+    """The raw rows (mappings) of a file, a datasets folder or an `hf:` spec; DataError for the first bad row."""
+    path = os.fspath(path)
+    rows = []
+    for number, value in _rows(path):
+        if isinstance(value, DataError):
+            raise value
+        if not isinstance(value, Mapping):
+            raise DataError(path, number, None, f"expected an object, got {type(value).__name__}")
+        rows.append(dict(value))
+    if not rows:
+        raise DataError(path, None, None, "empty file: no rows")
+    return rows
+
+
+def local_sources_dir() -> Path:
+    """Where named data sets are looked for before the hub: $REGROUP_DATA_DIR (default ~/.cache/regroup/data)."""
+    return Path(os.environ.get("REGROUP_DATA_DIR", Path.home() / ".cache" / "regroup" / "data"))
+
+
+def source_rows(name: str, hub: HubSpec | None, source: str | None = None,
+                fields_hint: str = "", path_flag: str = "--source PATH") -> tuple[list[dict], str]:
+    """(rows, where they came from) of the named data set `name`.
+
+    Looked for in order: `source` (a file, a datasets folder or an `hf:` spec) when given; a local copy
+    `local_sources_dir()/NAME.{jsonl,parquet,json,csv}` or folder `NAME/`; then the hub. When none
+    works, SourceUnavailable says in one line which file to place where.
+    """
+    if source is not None:
+        return read_rows(source), source
+    local = local_sources_dir()
+    for candidate in [local / f"{name}{ext}" for ext in (".jsonl", ".parquet", ".json", ".csv")] + [local / name]:
+        if candidate.exists():
+            return read_rows(candidate), str(candidate)
+    target = local / f"{name}.jsonl"
+    if hub is None:
+        raise SourceUnavailable(name, None, None, f"no hub copy is known: place the rows{fields_hint} at {target} "
+                                                  f"or pass {path_flag}")
+    spec = f"{HUB_PREFIX}{hub.name}" + (f":{hub.config}" if hub.config else "") + f"@{hub.split}"
+    try:
+        return load_hub_rows(hub), spec
+    except DataError as err:
+        reason = err.message.split(". Offline")[0]
+        config = f" ({hub.config})" if hub.config else ""
+        raise SourceUnavailable(name, None, None, f"{reason}. Place the {hub.split} split of {hub.name}{config}"
+                                                  f"{fields_hint} at {target} (JSONL or Parquet), or pass {path_flag}") from None
+
+
+def problems_from_rows(rows: Iterable[Mapping[str, Any]], fields: FieldMap, origin: str) -> list[Problem]:
+    """Problems from in-memory rows with the same checks and TA layout folding as `load_problems`."""
+    skipped: list[DataError] = []
+    collected = _collect(origin, enumerate(rows, start=1), False, skipped)
+    ta = fields.index is not None and fields.sub_index is not None and any(
+        fields.index in r.data and fields.sub_index in r.data for r in collected)
+    return (_folded if ta else _plain)(collected, fields, False, skipped)

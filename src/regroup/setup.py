@@ -24,6 +24,8 @@ class RunParts:
     sampler: object
     task: object
     problems: list
+    prompter: object = None
+    """Question -> prompt ids (regroup.models.prompting.Prompter): chat template, system prompt, template."""
 
 
 def seed_everything(seed: int) -> None:
@@ -53,8 +55,13 @@ def heldout_problems(task, num_eval: int, eval_seed: int, train_problems: list |
 
 
 def resolve_model_path(cfg, log=print) -> str:
-    """cfg.model.path, or the built-in tiny model warmed up (cached in cfg.model.warmup_dir)."""
+    """cfg.model.path (a GGUF file there converted once to a cached HF folder), or the built-in tiny
+    model warmed up (cached in cfg.model.warmup_dir)."""
     if cfg.model.path:
+        if cfg.model.gguf_file:
+            from regroup.models.load import gguf_to_hf
+
+            return gguf_to_hf(cfg.model.path, cfg.model.gguf_file, log=log)
         return cfg.model.path
     from regroup.warmup import ensure_warm_model
 
@@ -118,6 +125,9 @@ def build_parts(cfg, run_dir: Path, accelerator=None, log=print) -> RunParts:
     problems = training_problems(cfg, task, log)
     model_path = resolve_model_path(cfg, log)
     tokenizer = load_tokenizer(model_path)
+    from regroup.models.prompting import build_prompter
+
+    prompter = build_prompter(cfg.data, tokenizer, builtin_model=not cfg.model.path)
     model = load_policy(model_path, cfg.model, acc.device)
     model.train()
     reference = ReferenceModel(model) if cfg.grpo.beta > 0 else None
@@ -129,4 +139,4 @@ def build_parts(cfg, run_dir: Path, accelerator=None, log=print) -> RunParts:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(o.warmup_steps, total, o.schedule, o.min_lr_ratio))
     model, optimizer = acc.prepare(model, optimizer)
     sampler = build_sampler(cfg.rollout, acc.unwrap_model(model), tokenizer, cfg.data.max_prompt_tokens)
-    return RunParts(cfg, acc, model, tokenizer, reference, optimizer, scheduler, sampler, task, problems)
+    return RunParts(cfg, acc, model, tokenizer, reference, optimizer, scheduler, sampler, task, problems, prompter)

@@ -30,7 +30,7 @@ from regroup.config import save_config
 from regroup.data_stream import QuestionStream
 from regroup.logprobs import prompt_order, response_logps
 from regroup.metrics import MetricsLogger, tracker_names
-from regroup.models.prompting import encode_prompt, encode_response
+from regroup.models.prompting import encode_response
 from regroup.rollout.base import SamplingParams
 from regroup.sample_log import SampleLog
 from regroup.setup import train_steps
@@ -57,6 +57,7 @@ class Trainer:
         self.model, self.tokenizer, self.reference = parts.model, parts.tokenizer, parts.reference
         self.optimizer, self.scheduler, self.sampler = parts.optimizer, parts.scheduler, parts.sampler
         self.task, self.problems = parts.task, parts.problems
+        self.prompter = parts.prompter
         self.is_main = self.acc.is_main_process
         self.world, self.rank = self.acc.num_processes, self.acc.process_index
         if cfg.grpo.prompts_per_step % self.world:
@@ -69,6 +70,7 @@ class Trainer:
         self.grad_conflict_every = d.grad_conflict_every if d.grad_conflict_every is not None else self._default_conflict_every()
         self.watch = SignalWatch()
         self._prompt_ids: dict[str, list[int]] = {}
+        self.skipped_long = 0
         self.ctx = self._context()
         self.step = 0
         if self.is_main:
@@ -107,7 +109,7 @@ class Trainer:
         data set would otherwise keep every prompt it ever saw)."""
         ids = self._prompt_ids.pop(text, None)
         if ids is None:
-            ids = encode_prompt(self.tokenizer, text)
+            ids = self.prompter.encode(text)
         self._prompt_ids[text] = ids  # most recent last
         if len(self._prompt_ids) > PROMPT_CACHE_SIZE:
             del self._prompt_ids[next(iter(self._prompt_ids))]
@@ -146,13 +148,32 @@ class Trainer:
     def _draw(self, step: int, round_: int) -> StepBatch:
         """This process's slice of the next global batch of questions; group ids unique within the step."""
         pps = self.cfg.grpo.prompts_per_step
-        questions = self.stream.next_batch(pps)
+        questions = [p for p in self.stream.next_batch(pps) if self._prompt_fits(p)]
+        drawn = pps
+        while len(questions) < pps:  # every process draws the same stream, so all skip the same questions
+            if drawn >= 100 * pps:
+                raise ValueError(f"{drawn - len(questions)} of {drawn} questions in a row are longer than "
+                                 f"data.max_prompt_tokens={self.cfg.data.max_prompt_tokens}: raise the limit or check the data")
+            questions += [p for p in self.stream.next_batch(1) if self._prompt_fits(p)]
+            drawn += 1
+        self.skipped_long += drawn - pps
         per_rank = pps // self.world
         first = self.rank * per_rank
         rounds = self.cfg.dynamic_sampling.max_rounds + 1 if self.cfg.dynamic_sampling.enabled else 1
         base = (step * rounds + round_) * pps
         return StepBatch(step=step, problems=questions[first : first + per_rank],
                          group_ids=[base + first + i for i in range(per_rank)])
+
+    MAX_CHARS_PER_TOKEN = 64
+    """A question longer than max_prompt_tokens x this many characters is too long without tokenizing it."""
+
+    def _prompt_fits(self, problem) -> bool:
+        """Whether the question's prompt is within `data.max_prompt_tokens` (an over-long one is skipped and
+        counted as `data/skipped_long`, never sampled: one 50 MB question once took 18.9 GB before dying)."""
+        limit = self.cfg.data.max_prompt_tokens
+        if len(problem.question) > limit * self.MAX_CHARS_PER_TOKEN:
+            return False
+        return len(self._encode(problem.question)) <= limit
 
     def collect(self, step: int) -> tuple[StepBatch, dict]:
         """Run the recipe's stages for `step`: sample, reward, and whatever the recipe adds, up to masks."""
@@ -167,6 +188,7 @@ class Trainer:
         self.ctx.refill = refill
         batch = self._draw(step, 0)
         metrics = run_stages(self.recipe.stages, batch, self.ctx)
+        metrics["data/skipped_long"] = float(self.skipped_long)  # since the start of the run
         for key in ("tokens/generated", "time/rollout", "time/reward"):  # what the extra rounds cost counts too
             metrics[key] = metrics.get(key, 0.0) + sum(m.get(key, 0.0) for m in extra_rounds)
         if "tokens/generated" in metrics and metrics.get("time/rollout"):

@@ -75,12 +75,12 @@ def _json_default(obj: Any) -> Any:
     return str(obj)
 
 
-def is_correct(score: float | None) -> bool:
+def is_correct(score: float | None, threshold: float = CORRECT_THRESHOLD) -> bool:
     """Whether a grader score counts as a solved sample (None — unscoreable — counts as wrong)."""
     if score is None:
         return False
     score = float(score)
-    return math.isfinite(score) and score >= CORRECT_THRESHOLD
+    return math.isfinite(score) and score >= threshold
 
 
 def _check_ks(ks: Sequence[int]) -> list[int]:
@@ -161,12 +161,16 @@ def evaluate(
     seed: int = 0,
     progress: bool = True,
     sampler=None,
+    prompter=None,
+    correct_threshold: float = CORRECT_THRESHOLD,
 ) -> EvalResult:
     """Sample `n` responses per problem (and one greedy one), grade them, and summarise (SPEC §5).
 
-    `grader(response_text, problem)` returns a score; ≥ 0.5 counts as correct, None as wrong.
-    `batch_size` bounds the number of sequences per generate call. `sampler` defaults to
+    `grader(response_text, problem)` returns a score; ≥ `correct_threshold` counts as correct, None as
+    wrong. `batch_size` bounds the number of sequences per generate call. `sampler` defaults to
     `HFSampler(model, tokenizer)`; pass another backend (same `generate` interface) to reuse it.
+    `prompter` (regroup.models.prompting.Prompter) formats the questions as in training; None: the
+    tokenizer's chat template around the bare question.
     The model's train/eval mode is restored afterwards.
     """
     from regroup.models.prompting import encode_prompt
@@ -184,7 +188,8 @@ def evaluate(
 
         sampler = HFSampler(model, tokenizer, batch_size=batch_size)
 
-    prompts = [encode_prompt(tokenizer, p.question) for p in problems]
+    prompts = [prompter.encode(p.question) if prompter is not None else encode_prompt(tokenizer, p.question)
+               for p in problems]
     correct = [0] * len(problems)
     first_text: list[str | None] = [None] * len(problems)
     greedy_ok: list[bool | None] = [None] * len(problems)
@@ -207,7 +212,7 @@ def evaluate(
                 i = start + comp.prompt_index
                 if first_text[i] is None:
                     first_text[i] = comp.text
-                correct[i] += int(is_correct(grader(comp.text, problems[i])))
+                correct[i] += int(is_correct(grader(comp.text, problems[i]), correct_threshold))
                 truncated += int(comp.truncated)
             bar.update(len(chunk) * n)
         if greedy:
@@ -216,7 +221,7 @@ def evaluate(
                 for comp in sampler.generate(chunk, greedy_params, seed=None):
                     i = start + comp.prompt_index
                     greedy_text[i] = comp.text
-                    greedy_ok[i] = is_correct(grader(comp.text, problems[i]))
+                    greedy_ok[i] = is_correct(grader(comp.text, problems[i]), correct_threshold)
                 bar.update(len(chunk))
     finally:
         bar.close()
@@ -237,8 +242,10 @@ def evaluate(
     ]
     settings = {
         "n": n, "ks": ks, "temperature": temperature, "top_p": top_p,
-        "max_new_tokens": max_new_tokens, "greedy": greedy, "seed": seed,
+        "max_new_tokens": max_new_tokens, "greedy": greedy, "seed": seed, "correct_threshold": correct_threshold,
     }
+    if prompter is not None:
+        settings["prompt"] = prompter.describe()
     summary = summarize(results, ks, greedy)
     summary["truncated_frac"] = truncated / (len(problems) * n) if problems else None
     summary["settings"] = settings
@@ -311,6 +318,94 @@ def average_row(rows: Sequence[dict[str, Any]], label: str = "average") -> dict[
     return out
 
 
+@dataclass
+class EvalSet:
+    """One benchmark to run: its problems, grader and sampling settings."""
+
+    name: str
+    problems: list
+    grader: Grader
+    n: int
+    ks: list[int]
+    temperature: float
+    top_p: float
+    source: str
+    skipped: int = 0
+
+
+@dataclass
+class EvalSetup:
+    """What `regroup eval` evaluates with: the model, its tokenizer, the run's prompting and threshold."""
+
+    model: Any
+    tokenizer: Any
+    prompter: Any
+    correct_threshold: float
+    run_config: str | None
+    """The config.yaml the prompting was read from (the model is a regroup checkpoint), or None."""
+
+
+def run_config_path(model_path: str) -> str | None:
+    """RUN/config.yaml when `model_path` is a regroup checkpoint folder RUN/checkpoints/step-N, else None."""
+    folder = os.path.abspath(model_path)
+    parent = os.path.dirname(folder)
+    candidate = os.path.join(os.path.dirname(parent), "config.yaml")
+    return candidate if os.path.basename(parent) == "checkpoints" and os.path.isfile(candidate) else None
+
+
+def load_eval_setup(model_path: str, *, dtype: str = "float32", device: str | None = None,
+                    system_prompt: str | None = None, prompt_template: str | None = None,
+                    chat_template: str | None = None, correct_threshold: float | None = None,
+                    config_file: str | None = None) -> EvalSetup:
+    """Load `model_path` (HF folder or regroup checkpoint, full or LoRA) with the prompting of its run.
+
+    For a checkpoint, `data.system_prompt` / `prompt_template` / `chat_template` and
+    `rewards.correct_threshold` come from the run's config.yaml (or from `config_file`, a recipe or
+    run config, e.g. to evaluate the starting model as the run will prompt it); explicit arguments
+    override them.
+    """
+    import yaml
+
+    from regroup.config import DataConfig, RewardsConfig, config_from_dict, load_config
+    from regroup.models.load import is_adapter_dir, load_for_inference
+    from regroup.models.prompting import build_prompter
+
+    if not os.path.isdir(model_path):
+        raise FileNotFoundError(f"model directory not found: {model_path}")
+    cfg_path = config_file or run_config_path(model_path)
+    if config_file is not None:
+        cfg = load_config(config_file)
+    else:
+        cfg = config_from_dict(yaml.safe_load(open(cfg_path, encoding="utf-8"))) if cfg_path else None
+    data_cfg = cfg.data if cfg is not None else DataConfig()
+    base_path = None
+    if cfg is not None and cfg.model.path and is_adapter_dir(model_path):
+        from regroup.setup import resolve_model_path
+
+        base_path = resolve_model_path(cfg)  # a LoRA checkpoint's base (GGUF: the cached conversion)
+    model, tokenizer = load_for_inference(model_path, dtype=dtype, device=device, base_path=base_path)
+    for key, value in (("system_prompt", system_prompt), ("prompt_template", prompt_template),
+                       ("chat_template", chat_template)):
+        if value is not None:
+            setattr(data_cfg, key, value)
+    builtin = cfg is not None and not cfg.model.path
+    prompter = build_prompter(data_cfg, tokenizer, builtin_model=builtin)
+    if correct_threshold is None:
+        correct_threshold = (cfg.rewards if cfg is not None else RewardsConfig()).correct_threshold
+    return EvalSetup(model, tokenizer, prompter, correct_threshold, cfg_path)
+
+
+def build_eval_sampler(backend: str, model, tokenizer, batch_size: int, max_new_tokens: int):
+    """The generation backend for evaluation: hf (default) or vllm (`rollout.backend` of the trainer)."""
+    from regroup.config import RolloutConfig
+    from regroup.setup import build_sampler
+
+    if backend not in ("hf", "vllm"):
+        raise ValueError(f"--backend must be hf or vllm, got {backend!r}")
+    return build_sampler(RolloutConfig(backend=backend, batch_size=batch_size, max_new_tokens=max_new_tokens),
+                         model, tokenizer)
+
+
 def run_eval_cli(
     model_path: str,
     data_files: Sequence[str],
@@ -333,15 +428,22 @@ def run_eval_cli(
     skip_bad_rows: bool = False,
     device: str | None = None,
     progress: bool = True,
+    dtype: str = "float32",
+    backend: str = "hf",
+    prompt: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
-    """Evaluate a saved HF causal LM on benchmark files; write per-benchmark and overall results.
+    """Evaluate a saved HF causal LM (or regroup checkpoint) on benchmark files; write per-benchmark
+    and overall results.
 
-    Writes `out_dir/<bench>/per_problem.jsonl`, `out_dir/<bench>/summary.json` and
-    `out_dir/summary.json` ({"model", "settings", "rows"}: one row per benchmark plus an "average"
-    row). `checker="task"` grades with `get_task(task).grade`; `checker="math"` with math-verify
-    (`answer_marker`: text marking the final answer, else the last `\\boxed{}`). `limit` keeps the
-    first `limit` problems of each file. Returns the rows.
+    Writes `out_dir/<bench>/per_problem.jsonl`, `out_dir/<bench>/summary.json`, `out_dir/summary.json`
+    ({"model", "settings", "rows"}: one row per benchmark plus an "average" row) and
+    `out_dir/summary.md`. `checker="task"` grades with `get_task(task).grade`; `checker="math"` with
+    math-verify (`answer_marker`: text marking the final answer, else the last `\\boxed{}`). `limit`
+    keeps the first `limit` problems of each file. `prompt` overrides the prompting (system_prompt,
+    prompt_template, chat_template, correct_threshold) read from a checkpoint's run. Returns the rows.
     """
+    from regroup.data import FieldMap, load_problems
+
     if not data_files:
         raise ValueError("run_eval_cli needs at least one benchmark file in data_files")
     ks = _check_ks(ks)
@@ -349,67 +451,121 @@ def run_eval_cli(
         raise FileNotFoundError(f"model directory not found: {model_path}")
     grader = _make_grader(checker, task, answer_marker)
     try:
-        return _run_benchmarks(
-            model_path, data_files, out_dir, grader, n=n, ks=ks, temperature=temperature, top_p=top_p,
-            max_new_tokens=max_new_tokens, question_field=question_field, answer_field=answer_field,
-            greedy=greedy, batch_size=batch_size, seed=seed, limit=limit, skip_bad_rows=skip_bad_rows,
-            device=device, progress=progress,
-            settings={"checker": checker, "task": task if checker == "task" else None, "answer_marker": answer_marker},
-        )
+        sets, taken = [], set()
+        for path in data_files:
+            loaded = load_problems(path, fields=FieldMap(question=question_field, answer=answer_field),
+                                   skip_bad_rows=skip_bad_rows)
+            problems = list(loaded.problems)[:limit] if limit is not None else list(loaded.problems)
+            if not problems:
+                raise ValueError(f"no usable problems in {path} (skipped {len(loaded.skipped)} bad rows)")
+            sets.append(EvalSet(_bench_name(path, taken), problems, grader, n, list(ks), temperature, top_p,
+                                os.path.abspath(path), len(loaded.skipped)))
+        setup = load_eval_setup(model_path, dtype=dtype, device=device, **(prompt or {}))
+        settings = {"checker": checker, "task": task if checker == "task" else None, "answer_marker": answer_marker}
+        return evaluate_sets(setup, sets, out_dir, model_path=model_path, max_new_tokens=max_new_tokens, greedy=greedy,
+                             batch_size=batch_size, seed=seed, limit=limit, progress=progress, backend=backend,
+                             settings=settings, checker_stats=grader)
     finally:
         close = getattr(grader, "close", None)
         if callable(close):
             close()  # the math checker runs a worker process
 
 
-def _run_benchmarks(model_path: str, data_files: Sequence[str], out_dir: str, grader: Grader, *, n: int,
-                    ks: list[int], temperature: float, top_p: float, max_new_tokens: int, question_field: str,
-                    answer_field: str, greedy: bool, batch_size: int, seed: int, limit: int | None,
-                    skip_bad_rows: bool, device: str | None, progress: bool,
-                    settings: dict[str, Any]) -> list[dict[str, Any]]:
-    """The body of `run_eval_cli` once the grader exists: load, evaluate each file, write results."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def run_bench_cli(
+    model_path: str,
+    benches: Sequence[str],
+    out_dir: str,
+    *,
+    paper: str = "dagrpo",
+    n: int | None = None,
+    ks: Sequence[int] | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    max_new_tokens: int = 512,
+    greedy: bool = False,
+    batch_size: int = 64,
+    seed: int = 0,
+    limit: int | None = None,
+    device: str | None = None,
+    dtype: str = "float32",
+    backend: str = "hf",
+    bench_files: dict[str, str] | None = None,
+    prompt: dict[str, Any] | None = None,
+    progress: bool = True,
+) -> list[dict[str, Any]]:
+    """Evaluate on named benchmarks (`regroup.eval.benchmarks`), each with the sampling protocol of
+    `paper` ("dagrpo" or "ta_grpo") unless n / ks / temperature / top_p are given. `bench_files`
+    maps a benchmark name to a local file or folder standing in for the hub. Writes the same files
+    as `run_eval_cli`; returns the rows (one per benchmark plus the average)."""
+    from regroup.eval.benchmarks import BENCHMARKS, grader_for, load_benchmark, protocol
+    from regroup.rewards.math_verify import MathAnswerChecker
 
-    from regroup.data import FieldMap, load_problems
+    if paper not in ("dagrpo", "ta_grpo"):
+        raise ValueError(f"--protocol must be dagrpo or ta_grpo, got {paper!r}")
+    unknown = sorted(set(bench_files or {}) - set(BENCHMARKS))
+    if unknown:
+        raise ValueError(f"--bench-file names unknown benchmark(s) {unknown}; choose from {', '.join(BENCHMARKS)}")
+    checker = MathAnswerChecker()
+    try:
+        sets = []
+        for name in benches:
+            bench = BENCHMARKS[name]
+            problems, origin, skipped = load_benchmark(name, (bench_files or {}).get(name), limit)
+            proto = protocol(bench, paper)
+            bench_n = n if n is not None else proto.n
+            bench_ks = [k for k in (ks if ks is not None else proto.ks) if k <= bench_n] or [1]
+            sets.append(EvalSet(name, problems, grader_for(bench, checker), bench_n, _check_ks(bench_ks),
+                                proto.temperature if temperature is None else temperature,
+                                proto.top_p if top_p is None else top_p, origin, skipped))
+        setup = load_eval_setup(model_path, dtype=dtype, device=device, **(prompt or {}))
+        return evaluate_sets(setup, sets, out_dir, model_path=model_path, max_new_tokens=max_new_tokens, greedy=greedy,
+                             batch_size=batch_size, seed=seed, limit=limit, progress=progress, backend=backend,
+                             settings={"protocol": paper}, checker_stats=checker)
+    finally:
+        checker.close()
 
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    model = AutoModelForCausalLM.from_pretrained(model_path)
-    if device:
-        model.to(device)
-    model.eval()
 
+def evaluate_sets(setup: EvalSetup, sets: Sequence[EvalSet], out_dir: str, *, model_path: str, max_new_tokens: int,
+                  greedy: bool, batch_size: int, seed: int, limit: int | None, progress: bool, backend: str,
+                  settings: dict[str, Any], checker_stats=None) -> list[dict[str, Any]]:
+    """Evaluate every set with one loaded model; write per-set files, summary.json and summary.md."""
+    sampler = build_eval_sampler(backend, setup.model, setup.tokenizer, batch_size, max_new_tokens)
     os.makedirs(out_dir, exist_ok=True)
+    all_ks = sorted({k for s in sets for k in s.ks})
     rows: list[dict[str, Any]] = []
-    taken: set[str] = set()
-    for path in data_files:
-        loaded = load_problems(path, fields=FieldMap(question=question_field, answer=answer_field), skip_bad_rows=skip_bad_rows)
-        problems = list(loaded.problems)[:limit] if limit is not None else list(loaded.problems)
-        if not problems:
-            raise ValueError(f"no usable problems in {path} (skipped {len(loaded.skipped)} bad rows)")
-        bench = _bench_name(path, taken)
+    for es in sets:
         result = evaluate(
-            model, tokenizer, problems, grader, n=n, ks=ks, temperature=temperature, top_p=top_p,
-            max_new_tokens=max_new_tokens, greedy=greedy, batch_size=batch_size, seed=seed, progress=progress,
+            setup.model, setup.tokenizer, es.problems, es.grader, n=es.n, ks=es.ks, temperature=es.temperature,
+            top_p=es.top_p, max_new_tokens=max_new_tokens, greedy=greedy, batch_size=batch_size, seed=seed,
+            progress=progress, sampler=sampler, prompter=setup.prompter, correct_threshold=setup.correct_threshold,
         )
-        result.summary["source"] = os.path.abspath(path)
-        result.summary["skipped_rows"] = len(loaded.skipped)
-        bench_dir = os.path.join(out_dir, bench)
+        result.summary["source"] = es.source
+        result.summary["skipped_rows"] = es.skipped
+        bench_dir = os.path.join(out_dir, es.name)
         os.makedirs(bench_dir, exist_ok=True)
         with open(os.path.join(bench_dir, "per_problem.jsonl"), "w", encoding="utf-8") as f:
             for p in result.problems:
                 f.write(json.dumps(asdict(p), default=_json_default) + "\n")
         _write_json(os.path.join(bench_dir, "summary.json"), result.summary)
-        rows.append(_row(bench, result.summary, ks))
+        rows.append(_row(es.name, result.summary, all_ks))
 
     rows.append(average_row(rows))
+    uniform = {key: getattr(sets[0], key) for key in ("n", "temperature", "top_p")} if sets else {}
+    for key in list(uniform):
+        if any(getattr(s, key) != uniform[key] for s in sets):
+            uniform[key] = "per benchmark"
     settings = {
-        "n": n, "ks": ks, "temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens,
-        **settings, "greedy": greedy, "seed": seed, "limit": limit,
+        **uniform, "ks": all_ks, "max_new_tokens": max_new_tokens, **settings, "greedy": greedy, "seed": seed,
+        "limit": limit, "backend": backend, "correct_threshold": setup.correct_threshold,
+        "prompt": setup.prompter.describe(), "run_config": setup.run_config,
+        "per_benchmark": {s.name: {"n": s.n, "ks": s.ks, "temperature": s.temperature, "top_p": s.top_p} for s in sets},
     }
     top: dict[str, Any] = {"model": os.path.abspath(model_path), "settings": settings, "rows": rows}
-    if isinstance(getattr(grader, "stats", None), dict):
-        top["checker_stats"] = dict(grader.stats)  # type: ignore[attr-defined]  # timeouts etc. of math-verify
+    if isinstance(getattr(checker_stats, "stats", None), dict):
+        top["checker_stats"] = dict(checker_stats.stats)  # timeouts etc. of math-verify
     _write_json(os.path.join(out_dir, "summary.json"), top)
+    with open(os.path.join(out_dir, "summary.md"), "w", encoding="utf-8") as f:
+        f.write(format_markdown(rows) + "\n")
     return rows
 
 
@@ -449,3 +605,20 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
 def _pct(value: float | None) -> str:
     """A fraction as a percentage with one decimal, or "-" when missing."""
     return "-" if value is None else f"{100 * value:.1f}"
+
+
+def format_markdown(rows: Sequence[dict[str, Any]]) -> str:
+    """The result rows as a Markdown table: accuracies in percent, mean@n as "mean ± SE"."""
+    if not rows:
+        return "(no results)"
+    metric_keys = [k for k in rows[0] if k.startswith("pass@")]
+    headers = ["benchmark", "problems", "n", *metric_keys, "mean@n ± SE", "greedy"]
+    out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    for r in rows:
+        mean, se = r.get("mean@n"), r.get("stderr")
+        mean_txt = _pct(mean) + (f" ± {100 * se:.1f}" if mean is not None and se is not None else "")
+        name = f"**{r['benchmark']}**" if r["benchmark"] == "average" else str(r["benchmark"])
+        cells = [name, str(r.get("num_problems", "")), "-" if r.get("n") is None else str(r["n"]),
+                 *[_pct(r.get(k)) for k in metric_keys], mean_txt, _pct(r.get("greedy"))]
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
