@@ -195,3 +195,26 @@ def test_truncated_is_with_q0_ratios_is_refused_and_per_row_otherwise():
                            has_behaviour_logps=torch.tensor([True, False]))
     w = trainer._is_weight(old, part)
     assert w.tolist() == [[1.5, 1.0], [1.0, 1.0]]  # min(0.5/0.25, 1.5), 1 ; anchor row: 1
+
+
+def test_judge_is_shown_the_question_the_response_answered_unless_asked_for_q0():
+    from regroup.stages.masking import DistinctivenessMasker
+
+    class Recording:
+        stats: dict = {}
+
+        def __init__(self):
+            self.questions = []
+
+        def score_batch(self, items):
+            self.questions += [it.question for it in items]
+            return [5.0] * len(items)
+
+    samples = [_sample(0, 1.0), _sample(0, 0.0, variant=1)]
+    samples[1].question_text = "rephrased question 0"
+    for setting, want in (("own", ["question 0", "rephrased question 0"]), ("original", ["question 0", "question 0"])):
+        scorer = Recording()
+        DistinctivenessMasker(scorer, 3.0, question=setting).score(samples)
+        assert scorer.questions == want, setting
+    with pytest.raises(ValueError):
+        DistinctivenessMasker(Recording(), 3.0, question="q0")

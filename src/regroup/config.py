@@ -824,9 +824,26 @@ def check_resume_overrides(overrides: list[str] | tuple[str, ...]) -> None:
                               f"{', '.join(RESUME_OVERRIDABLE)})")
 
 
+PACKAGED_CONFIGS = Path(__file__).resolve().parent / "configs"
+"""The shipped recipes (package data; `configs/` in a checkout links here)."""
+
+
+def resolve_config_path(path: str | os.PathLike) -> Path:
+    """A recipe file: `path` as given, else a shipped recipe by name (`grpo`, `grpo.yaml`, `paper/dagrpo_both`)."""
+    given = Path(path)
+    if given.exists():
+        return given.resolve()
+    for candidate in (PACKAGED_CONFIGS / given, PACKAGED_CONFIGS / given.with_suffix(".yaml"),
+                      PACKAGED_CONFIGS / given.name, PACKAGED_CONFIGS / Path(given.name).with_suffix(".yaml")):
+        if str(path) and candidate.is_file():
+            return candidate
+    return given.resolve()  # reported as not found by _read_yaml
+
+
 def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
-    """Read a YAML recipe, apply dotted overrides, type-check, validate. No model is touched."""
-    data = apply_overrides(_read_yaml(Path(path).resolve()) if path else {}, overrides)
+    """Read a YAML recipe (a file, or a shipped recipe's name), apply dotted overrides, type-check, validate.
+    No model is touched."""
+    data = apply_overrides(_read_yaml(resolve_config_path(path)) if path else {}, overrides)
     cfg = _build(RunConfig, data)
     cfg.validate()
     return cfg

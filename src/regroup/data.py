@@ -9,7 +9,6 @@ import io
 import json
 import math
 import os
-import tempfile
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -375,7 +374,7 @@ def _problem(row: _Row, fields: FieldMap, default_id: str) -> Problem:
 # ----------------------------------------------------------------------------------- assembling
 
 
-def _collect(path: str, items: Iterable[tuple[int, Any]], skip: bool, skipped: list[DataError]) -> list[_Row]:
+def _collect(path: str, items: Iterable[tuple[int, Any]], skipped: list[DataError]) -> list[_Row]:
     rows = []
     for number, value in items:
         try:
@@ -385,13 +384,11 @@ def _collect(path: str, items: Iterable[tuple[int, Any]], skip: bool, skipped: l
                 raise DataError(path, number, None, f"expected an object, got {type(value).__name__}")
             rows.append(_Row(path, number, value))
         except DataError as err:
-            if not skip:
-                raise
             skipped.append(err)
     return rows
 
 
-def _plain(rows: list[_Row], fields: FieldMap, skip: bool, skipped: list[DataError]) -> list[Problem]:
+def _plain(rows: list[_Row], fields: FieldMap, skipped: list[DataError]) -> list[Problem]:
     problems: list[Problem] = []
     first_row: dict[str, int] = {}
     for row in rows:
@@ -402,13 +399,11 @@ def _plain(rows: list[_Row], fields: FieldMap, skip: bool, skipped: list[DataErr
             first_row[problem.id] = row.number
             problems.append(problem)
         except DataError as err:
-            if not skip:
-                raise
             skipped.append(err)
     return problems
 
 
-def _folded(rows: list[_Row], fields: FieldMap, skip: bool, skipped: list[DataError]) -> list[Problem]:
+def _folded(rows: list[_Row], fields: FieldMap, skipped: list[DataError]) -> list[Problem]:
     """TA-GRPO's layout: rows sharing `index` are one question; sub_index 0 is q0, > 0 its variants."""
     index_name, sub_name = fields.index, fields.sub_index
     assert index_name is not None and sub_name is not None
@@ -433,16 +428,11 @@ def _folded(rows: list[_Row], fields: FieldMap, skip: bool, skipped: list[DataEr
                 variants.setdefault(key, []).append((sub, row, row.required_text(fields.question)))
             seen[key, sub] = row.number
         except DataError as err:
-            if not skip:
-                raise
             skipped.append(err)
     for key, items in variants.items():
         if key not in originals:
             for _, row, _ in items:
-                err = row.error(sub_name, f"variant of {index_name}={key} has no original row ({sub_name}=0)")
-                if not skip:
-                    raise err
-                skipped.append(err)
+                skipped.append(row.error(sub_name, f"variant of {index_name}={key} has no original row ({sub_name}=0)"))
     problems = []
     for key in order:
         _, problem = originals[key]
@@ -468,12 +458,12 @@ def load_problems(path: str | os.PathLike[str], fields: FieldMap | None = None, 
     skipped: list[DataError] = []
     # Row errors are always collected, so that without skip_bad_rows the error raised is the first
     # bad row of the file whichever check found it.
-    rows = _collect(path, _rows(path), True, skipped)
+    rows = _collect(path, _rows(path), skipped)
     if not rows and not skipped:
         raise DataError(path, None, None, "empty file: no rows")
     ta = fields.index is not None and fields.sub_index is not None and any(
         fields.index in r.data and fields.sub_index in r.data for r in rows)
-    problems = (_folded if ta else _plain)(rows, fields, True, skipped)
+    problems = (_folded if ta else _plain)(rows, fields, skipped)
     skipped.sort(key=lambda e: e.row or 0)
     if skipped and not skip_bad_rows:
         raise skipped[0]
@@ -485,20 +475,11 @@ def load_problems(path: str | os.PathLike[str], fields: FieldMap | None = None, 
 
 def save_problems(problems: Iterable[Problem], path: str | os.PathLike[str]) -> None:
     """Writes `problems` as JSONL (one `Problem.to_dict()` per line), atomically, creating folders."""
+    from regroup.io import write_atomic
+
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for p in problems:
-                f.write(json.dumps(p.to_dict(), ensure_ascii=False) + "\n")
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_atomic(target, "".join(json.dumps(p.to_dict(), ensure_ascii=False) + "\n" for p in problems))
 
 
 def peek_columns(path: str | os.PathLike[str], max_rows: int = 1000) -> set[str]:
@@ -572,7 +553,10 @@ def source_rows(name: str, hub: HubSpec | None, source: str | None = None,
 def problems_from_rows(rows: Iterable[Mapping[str, Any]], fields: FieldMap, origin: str) -> list[Problem]:
     """Problems from in-memory rows with the same checks and TA layout folding as `load_problems`."""
     skipped: list[DataError] = []
-    collected = _collect(origin, enumerate(rows, start=1), False, skipped)
+    collected = _collect(origin, enumerate(rows, start=1), skipped)
     ta = fields.index is not None and fields.sub_index is not None and any(
         fields.index in r.data and fields.sub_index in r.data for r in collected)
-    return (_folded if ta else _plain)(collected, fields, False, skipped)
+    problems = (_folded if ta else _plain)(collected, fields, skipped)
+    if skipped:  # the first bad row, whichever check found it
+        raise min(skipped, key=lambda e: e.row or 0)
+    return problems

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 RECIPES = ["grpo", "grpo_matched", "ta_grpo", "dagrpo", "dagrpo_ta"]
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"  # package data: found from a wheel install too
 
 
 @dataclass
@@ -45,11 +45,12 @@ QUICK = DemoSettings(steps=3, samples_per_step=32, eval_problems=32, eval_sample
 def recipe_overrides(recipe: str, settings: DemoSettings) -> list[str]:
     """Prompts per step so that every recipe generates `samples_per_step` samples."""
     from regroup.config import load_config
+    from regroup.stages.groups import samples_per_question
 
     cfg = load_config(CONFIG_DIR / f"{recipe}.yaml")
-    per_question = cfg.grpo.num_generations * cfg.grpo.samples_multiplier
-    if cfg.ta.enabled:
-        per_question = cfg.grpo.num_generations * (cfg.ta.n_variants + 1)
+    per_question = samples_per_question(cfg.grpo.num_generations, cfg.grpo.samples_multiplier,
+                                        cfg.ta.n_variants if cfg.ta.enabled else 0,
+                                        cfg.anchors.count if cfg.anchors.enabled and cfg.anchors.mode == "add" else 0)
     prompts = max(1, settings.samples_per_step // per_question)
     return [f"grpo.prompts_per_step={prompts}", f"train.steps={settings.steps}",
             f"train.checkpoint_every={settings.steps}", f"model.warmup_dir={settings.warmup_dir}"]

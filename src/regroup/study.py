@@ -40,7 +40,7 @@ from pathlib import Path
 from regroup.report.claims import ArmResult, Claim
 from regroup.tasks.arithmetic import ArithmeticConfig, ArithmeticTask, apply_transforms
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"  # package data: found from a wheel install too
 N_VARIANTS = 3  # TA-GRPO's N in configs/ta_grpo.yaml and dagrpo_ta.yaml
 
 

@@ -570,12 +570,10 @@ def evaluate_sets(setup: EvalSetup, sets: Sequence[EvalSet], out_dir: str, *, mo
 
 
 def _write_json(path: str, obj: Any) -> None:
-    """Write JSON atomically (temp file + rename), so a reader never sees half a file."""
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2, default=_json_default)
-        f.write("\n")
-    os.replace(tmp, path)
+    """Write JSON atomically, so a reader never sees half a file."""
+    from regroup.io import write_atomic
+
+    write_atomic(path, json.dumps(obj, indent=2, default=_json_default) + "\n")
 
 
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
