@@ -268,3 +268,16 @@ def test_training_axes_have_integer_step_ticks_and_labels():
     ticks = [t for t in ax.get_xticks() if 1 <= t <= 3]
     assert ticks and all(float(t).is_integer() for t in ticks)
     assert ax.get_xlabel() == "optimizer step" and ax.get_ylabel() == "mean reward"
+
+
+def test_eval_during_training_answers_and_dynamic_sampling_are_drawn(tmp_path):
+    root = tmp_path / "runs"
+    root.mkdir()
+    keys = ["reward/mean", "eval/pass@1", "eval/pass@4", "reward/extracted_frac", "dynamic/informative_frac"]
+    run = _write_run(root, "grpo", {**BASE_CONFIG, "seed": 0, "run_dir": "runs/grpo"}, keys, None)
+    out = tmp_path / "report"
+    html_path, _ = build_report([run], str(out), title="t")
+    html = open(html_path).read()
+    for name in ("heldout", "answers", "dynamic_sampling"):
+        assert (out / "plots" / f"{name}.png").stat().st_size > 1000, name
+        assert f'src="plots/{name}.png"' in html, name

@@ -55,6 +55,16 @@ class PlotOutcome:
 TRAINING_PLOTS = [
     PlotSpec("reward", "Reward", [("reward/mean", "mean reward")],
              "Mean verifiable reward of the sampled responses at each step."),
+    PlotSpec("heldout", "Held-out accuracy during training", [("eval/pass@*", "")],
+             "pass@k on held-out questions every train.eval_every steps (data.eval_file or the task's held-out set)."),
+    PlotSpec("answers", "Answers the checker could read",
+             [("reward/extracted_frac", "answer extracted"), ("reward/timeout_frac", "grader timed out")],
+             "Share of responses with an extractable final answer, and of checks that hit the time limit: a reward "
+             "stuck at 0 with few extracted answers is a format problem, not a reasoning one."),
+    PlotSpec("dynamic_sampling", "Dynamic sampling",
+             [("dynamic/informative_frac", "informative groups (of those sampled)"), ("dynamic/rounds", "extra rounds")],
+             "DAPO dynamic sampling: the share of sampled groups with differing rewards, and the extra sampling "
+             "rounds needed to fill the batch."),
     PlotSpec("uniform_groups", "Uniform-reward groups",
              [("groups/all_correct_frac", "all correct"), ("groups/all_wrong_frac", "all wrong"),
               ("groups/uniform_frac", "all equal (either)")],
