@@ -30,7 +30,7 @@ from regroup.config import save_config
 from regroup.data_stream import QuestionStream
 from regroup.logprobs import prompt_order, response_logps
 from regroup.metrics import MetricsLogger, tracker_names
-from regroup.models.prompting import encode_response
+from regroup.models.prompting import encode_prompt, encode_response
 from regroup.rollout.base import SamplingParams
 from regroup.sample_log import SampleLog
 from regroup.setup import train_steps
@@ -57,7 +57,7 @@ class Trainer:
         self.model, self.tokenizer, self.reference = parts.model, parts.tokenizer, parts.reference
         self.optimizer, self.scheduler, self.sampler = parts.optimizer, parts.scheduler, parts.sampler
         self.task, self.problems = parts.task, parts.problems
-        self.prompter = parts.prompter
+        self.prompter = parts.prompter  # None: the plain one-turn prompt (`models.prompting.encode_prompt`)
         self.is_main = self.acc.is_main_process
         self.world, self.rank = self.acc.num_processes, self.acc.process_index
         if cfg.grpo.prompts_per_step % self.world:
@@ -109,7 +109,7 @@ class Trainer:
         data set would otherwise keep every prompt it ever saw)."""
         ids = self._prompt_ids.pop(text, None)
         if ids is None:
-            ids = self.prompter.encode(text)
+            ids = self.prompter.encode(text) if self.prompter is not None else encode_prompt(self.tokenizer, text)
         self._prompt_ids[text] = ids  # most recent last
         if len(self._prompt_ids) > PROMPT_CACHE_SIZE:
             del self._prompt_ids[next(iter(self._prompt_ids))]
