@@ -172,6 +172,21 @@ def _grads(model) -> list[torch.Tensor]:
     return [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
 
 
+def _trl_loss_and_grads(trainer, model_dir, beta: float):
+    """The crafted inputs (with old / ref log-probs; no ref when beta is 0), TRL's loss on them and its
+    parameter gradients; the model's gradients are zeroed again for the regroup side."""
+    model = trainer.model
+    inputs = _add_old_and_ref(model, _crafted_inputs(model.config.vocab_size, model_dir[1].pad_token_id))
+    if beta == 0.0:
+        inputs.pop("ref_per_token_logps")
+    model.zero_grad()
+    trl_loss = trainer._compute_loss(model, inputs)
+    trl_loss.backward()
+    trl_grads = _grads(model)
+    model.zero_grad()
+    return inputs, trl_loss, trl_grads
+
+
 LOSS_CASES = list(
     itertools.product(
         sorted(AGG_MODES),
@@ -195,15 +210,7 @@ def test_loss_and_gradients_equal_trl(model_dir, tmp_path_factory, agg, kl, eps)
         epsilon_high=eps_high,
     )
     model = trainer.model
-    tok = model_dir[1]
-    inputs = _add_old_and_ref(model, _crafted_inputs(model.config.vocab_size, tok.pad_token_id))
-    if beta == 0.0:
-        inputs.pop("ref_per_token_logps")
-
-    model.zero_grad()
-    trl_loss = trainer._compute_loss(model, inputs)
-    trl_loss.backward()
-    trl_grads = _grads(model)
+    inputs, trl_loss, trl_grads = _trl_loss_and_grads(trainer, model_dir, beta)
     trl_metrics = {k: v[-1] for k, v in trainer._metrics["train"].items()}
 
     model.zero_grad()
@@ -349,14 +356,7 @@ def test_gspo_sequence_ratio_equals_trl(model_dir, tmp_path_factory, agg, beta, 
                        importance_sampling_level="sequence", epsilon=0.2, epsilon_high=0.28,
                        use_bias_correction_kl=correction)
     model = trainer.model
-    tok = model_dir[1]
-    inputs = _add_old_and_ref(model, _crafted_inputs(model.config.vocab_size, tok.pad_token_id))
-    if beta == 0.0:
-        inputs.pop("ref_per_token_logps")
-    model.zero_grad()
-    trl_loss = trainer._compute_loss(model, inputs)
-    trl_loss.backward()
-    trl_grads = _grads(model)
+    inputs, trl_loss, trl_grads = _trl_loss_and_grads(trainer, model_dir, beta)
 
     model.zero_grad()
     mask = inputs["completion_mask"]

@@ -23,6 +23,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/fake_opena
 FIGURES: dict[str, list[str]] = {}
 
 
+@pytest.fixture(scope="module")
+def finished_run(tiny_model_dir, tmp_path_factory):
+    """A finished 2-step run (a checkpoint each step), made in this process through the CLI."""
+    import reliability_helpers as h
+    from regroup.cli import main
+
+    run = tmp_path_factory.mktemp("finished") / "run"
+    assert main(h.train_args(tiny_model_dir, run, "grpo.yaml", "train.steps=2")) == 0
+    return run
+
+
+@pytest.fixture
+def run_copy(finished_run, tmp_path):
+    """A copy of `finished_run` a test may change."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    return run
+
+
 @pytest.fixture
 def figures(request) -> Callable[[str], None]:
     """`figures(line)` adds a line to this test's entry in the session's "reliability figures"."""

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -34,21 +33,6 @@ def folder_state(run_dir: Path) -> dict[str, int]:
     """Every file under the run folder (the lock file aside) with its size."""
     return {p.relative_to(run_dir).as_posix(): p.stat().st_size for p in sorted(run_dir.rglob("*"))
             if p.is_file() and p.name != ".lock"}
-
-
-@pytest.fixture(scope="module")
-def finished_run(tiny_model_dir, tmp_path_factory):
-    """A finished 2-step run (a checkpoint each step), made in this process through the CLI."""
-    run = tmp_path_factory.mktemp("finished") / "run"
-    assert main(h.train_args(tiny_model_dir, run, "grpo.yaml", "train.steps=2")) == 0
-    return run
-
-
-@pytest.fixture
-def run_copy(finished_run, tmp_path):
-    run = tmp_path / "run"
-    shutil.copytree(finished_run, run)
-    return run
 
 
 # --------------------------------------------------------------------------------- fresh over old

@@ -8,7 +8,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -77,20 +76,6 @@ def test_debug_shows_the_traceback(tmp_path, no_compute):
 
 
 # ----------------------------------------------------------------------------------------- resume
-
-
-@pytest.fixture(scope="module")
-def finished_run(tiny_model_dir, tmp_path_factory):
-    run = tmp_path_factory.mktemp("finished") / "run"
-    assert main(h.train_args(tiny_model_dir, run, "grpo.yaml", "train.steps=2")) == 0
-    return run
-
-
-@pytest.fixture
-def run_copy(finished_run, tmp_path):
-    run = tmp_path / "run"
-    shutil.copytree(finished_run, run)
-    return run
 
 
 def test_config_with_resume_is_an_error(run_copy, capsys, no_compute):
