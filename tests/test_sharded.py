@@ -26,16 +26,20 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 @pytest.fixture(scope="module")
 def fsdp_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("fsdp2")
-    cmd = [_accelerate(), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision",
-           "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()), str(WORKER), str(out)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "",
            "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-    if proc.returncode != 0:
-        errors = [line for line in proc.stderr.splitlines() if "rror" in line]
-        pytest.fail(f"accelerate launch failed ({proc.returncode}):\n" + "\n".join(errors[:30]))
-    return out, [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    # In the full suite a worker has twice aborted at start-up or exit ("terminate called without an active
+    # exception", SIGABRT inside torch's gloo process group) where it passes alone: one fresh launch on a new
+    # port is allowed; a second failure fails the test with the worker's output.
+    for attempt in range(2):
+        out = tmp_path_factory.mktemp("fsdp2")
+        cmd = [_accelerate(), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+               "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
+               str(WORKER), str(out)]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+        if proc.returncode == 0:
+            return out, [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    pytest.fail(f"accelerate launch failed twice ({proc.returncode}):\n" + proc.stderr[-4000:])
 
 
 @pytest.mark.distributed
