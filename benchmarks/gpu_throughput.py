@@ -111,6 +111,9 @@ def make_trainer(recipe: str, rephrasings: int, size: Size, model_dir: Path, run
 def measure_recipe(recipe: str, rephrasings: int, size: Size, model_dir: Path, run_dir: Path, params: int,
                    steps: int, warmup: int, peak_flops: float | None, with_vllm: bool, shared_prefix: bool = True) -> dict:
     """Median rollout and update throughput over `steps` timed Trainer steps."""
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     trainer = make_trainer(recipe, rephrasings, size, model_dir, run_dir, shared_prefix)
     beta = trainer.cfg.grpo.beta
     seen: dict = {}
@@ -141,6 +144,8 @@ def measure_recipe(recipe: str, rephrasings: int, size: Size, model_dir: Path, r
         "train_tokens_per_s": med["update_tokens"] / med["update_s"],
         "train_tflops": update_flops / med["update_s"] / 1e12,
         "step_s": med["rollout_s"] + med["update_s"],
+        # weights, optimizer state, (reference,) activations and the rollout's KV cache together
+        "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
     }
     result["rollout_mfu"] = result["rollout_tflops"] * 1e12 / peak_flops if peak_flops else None
     result["train_mfu"] = result["train_tflops"] * 1e12 / peak_flops if peak_flops else None
@@ -184,14 +189,15 @@ def format_table(report: dict) -> str:
         return "-" if x is None else f"{100 * x:.1f}%"
 
     lines = [f"{'recipe':8s} {'sampler':8s} {'prefix':6s} {'rollout tok/s':>14s} {'rollout MFU':>12s} "
-             f"{'train tok/s':>12s} {'train MFU':>10s} {'step s':>8s}"]
+             f"{'train tok/s':>12s} {'train MFU':>10s} {'step s':>8s} {'peak GiB':>9s}"]
     for r in report["results"]:
         prefix = "shared" if r.get("shared_prefix", True) else "padded"
         lines.append(f"{r['recipe']:8s} {r['rollout_backend']:8s} {prefix:6s} {r['rollout_tokens_per_s']:14,.0f} "
-                     f"{pct(r['rollout_mfu']):>12s} {r['train_tokens_per_s']:12,.0f} {pct(r['train_mfu']):>10s} {r['step_s']:8.2f}")
+                     f"{pct(r['rollout_mfu']):>12s} {r['train_tokens_per_s']:12,.0f} {pct(r['train_mfu']):>10s} {r['step_s']:8.2f} "
+                     + ("        -" if r.get("peak_memory_gib") is None else f"{r['peak_memory_gib']:9.1f}"))
         if "vllm" in r:
             v = r["vllm"]
-            lines.append(f"{r['recipe']:8s} {'vllm':8s} {v['rollout_tokens_per_s']:14,.0f} {pct(v['rollout_mfu']):>12s}")
+            lines.append(f"{r['recipe']:8s} {'vllm':8s} {'-':6s} {v['rollout_tokens_per_s']:14,.0f} {pct(v['rollout_mfu']):>12s}")
     peak = report["peak_tflops"]
     lines.append(f"params {report['params'] / 1e6:.1f}M, {report['dtype']} on {report['device']}; "
                  + (f"MFU against a peak of {peak:g} TFLOP/s" if peak else "no MFU (no peak given for this device)"))
@@ -224,6 +230,8 @@ def main(argv: list[str] | None = None) -> dict:
     with_vllm = not args.no_vllm and _vllm_usable()
 
     start = time.perf_counter()
+    out_path = Path(args.out)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(tmp) / "model"
         params = build_model_dir(size, model_dir, "cuda" if cuda else "cpu")
@@ -237,7 +245,17 @@ def main(argv: list[str] | None = None) -> dict:
                                           with_vllm and i == 0, shared))
             if cuda:
                 torch.cuda.empty_cache()
-    report = {
+            # after every run, so a run cut off by a time limit still leaves the finished ones
+            report = _report(args, size, params, peak, cuda, with_vllm, results, start)
+            out_path.write_text(json.dumps(report, indent=2))
+            print(format_table(report) if i == len(runs) - 1 else f"done: {recipe}, shared prefix {shared}", flush=True)
+    print(f"wrote {args.out} ({report['wall_s']:.0f} s)")
+    return report
+
+
+def _report(args, size: Size, params: int, peak: float | None, cuda: bool, with_vllm: bool, results: list[dict],
+            start: float) -> dict:
+    return {
         "size": args.size, "shape": asdict(size), "params": params, "dtype": size.dtype,
         "device": torch.cuda.get_device_name(0) if cuda else "cpu", "peak_tflops": peak,
         "flops": {"rollout": "2*params*(prompt+generated tokens)",
@@ -246,11 +264,6 @@ def main(argv: list[str] | None = None) -> dict:
         "steps": args.steps, "warmup_steps": args.warmup_steps, "results": results,
         "wall_s": time.perf_counter() - start,
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2))
-    print(format_table(report))
-    print(f"wrote {args.out} ({report['wall_s']:.0f} s)")
-    return report
 
 
 if __name__ == "__main__":

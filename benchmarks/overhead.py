@@ -41,6 +41,8 @@ def compare(variant: str, baseline: str, model_dir: str, tmp: Path, steps: int, 
     trainers = {name: trainer_for(name, model_dir, tmp / name, steps + skip, extra) for name in (variant, baseline)}
     per_token = {variant: [], baseline: []}
     per_step = {variant: [], baseline: []}
+    phases = {variant: {}, baseline: {}}  # name -> time/* metric -> seconds per measured step
+    tokens = {variant: [], baseline: []}
     for step in range(steps + skip):
         for name, trainer in trainers.items():
             t0 = time.perf_counter()
@@ -49,10 +51,17 @@ def compare(variant: str, baseline: str, model_dir: str, tmp: Path, steps: int, 
             if step >= skip:
                 per_token[name].append(seconds / max(m["tokens/generated"], 1.0))
                 per_step[name].append(seconds)
+                tokens[name].append(m["tokens/generated"])
+                for key, value in m.items():
+                    if key.startswith("time/") and key != "time/step":
+                        phases[name].setdefault(key, []).append(value)
     ratio = median(per_token[variant]) / median(per_token[baseline])
     for name in (variant, baseline):
+        # Where the step goes: the median of each timed phase; the rest is the trainer's own bookkeeping.
+        parts = ", ".join(f"{key[5:]} {median(v):.3f}" for key, v in sorted(phases[name].items()))
         print(f"  {name:14s} median {1e3 * median(per_token[name]):.3f} ms per generated token, "
-              f"{median(per_step[name]):.3f} s per step of 128 samples")
+              f"{median(per_step[name]):.3f} s per step of 128 samples, "
+              f"{median(tokens[name]):.0f} generated tokens; phases (s): {parts}")
     print(f"ratio {variant}/{baseline} = {ratio:.3f} per generated token, "
           f"{median(per_step[variant]) / median(per_step[baseline]):.3f} per step")
     return ratio

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
-from regroup.batch import Sample, collate
+from regroup.batch import RolloutBatch, Sample, collate
 from regroup.logprobs import distinct_prompts, response_logps, shared_prefix_supported
+
+
+# REGROUP_TEST_DEVICE=cuda runs the equality test on a GPU (its SDPA kernels differ from the CPU's);
+# benchmarks/gpu_session.sh does so when a session is lent one.
+DEVICE = os.environ.get("REGROUP_TEST_DEVICE", "cpu")
 
 
 def _models():
@@ -63,7 +70,7 @@ def _logps_and_grads(model, batch, shared, temperature):
     model.zero_grad(set_to_none=True)
     logps, entropy = response_logps(model, batch, temperature, with_entropy=True, shared_prefix=shared)
     mask = batch.completion_mask
-    weights = torch.linspace(-1.0, 2.0, mask.numel()).view_as(mask)  # any loss: distinct weight per token
+    weights = torch.linspace(-1.0, 2.0, mask.numel(), device=mask.device).view_as(mask)  # any loss: distinct weight per token
     (logps * weights * mask).sum().backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     return logps.detach() * mask, entropy * mask, grads
@@ -72,11 +79,12 @@ def _logps_and_grads(model, batch, shared, temperature):
 @pytest.mark.parametrize("name, model", list(_models()))
 @pytest.mark.parametrize("build", [_grpo_samples, _ta_grpo_samples, _anchor_samples, _long_anchor_samples])
 def test_shared_prefix_equals_padded_forward(name, model, build):
-    model.train()  # the update runs in train mode (dropout is 0 in these configs)
+    model.to(DEVICE).train()  # the update runs in train mode (dropout is 0 in these configs)
     assert shared_prefix_supported(model)
     gen = torch.Generator().manual_seed(3)
     samples = build(gen)
     batch = collate(samples, pad_id=0, completion_length=max(len(s.response_ids) for s in samples) + 2)  # +2 all-pad columns
+    batch = RolloutBatch(**{k: v.to(DEVICE) for k, v in batch.__dict__.items()})
     for temperature in (1.0, 0.7):
         plain = _logps_and_grads(model, batch, False, temperature)
         shared = _logps_and_grads(model, batch, True, temperature)
@@ -205,3 +213,17 @@ def test_order_by_prompt_puts_a_groups_rows_and_anchor_together():
     ordered = order_by_prompt(rows)
     assert [s.response_ids[0] for s in ordered] == [1, 3, 9, 2, 4, 8]
     assert sorted(map(id, ordered)) == sorted(map(id, rows))  # the same samples, none lost
+
+
+def test_auto_shared_prefix_is_on_for_cpu_only_and_explicit_values_win():
+    from regroup.config import ConfigError, load_config
+    from regroup.logprobs import use_shared_prefix
+
+    assert use_shared_prefix("auto", "cpu") and use_shared_prefix("auto", torch.device("cpu"))
+    assert not use_shared_prefix("auto", "cuda:0")  # no GPU needed: only the device type is read
+    assert use_shared_prefix(True, "cuda") and not use_shared_prefix(False, "cpu")
+    assert load_config(None, []).grpo.shared_prefix == "auto"
+    assert load_config(None, ["grpo.shared_prefix=false"]).grpo.shared_prefix is False
+    for bad in ("grpo.shared_prefix=1", "grpo.shared_prefix=sometimes"):
+        with pytest.raises(ConfigError, match="grpo.shared_prefix"):
+            load_config(None, [bad])

@@ -160,8 +160,11 @@ class GRPOConfig:
     """Optimizer steps per rollout batch: the batch is split into this many mini-batches (TA-GRPO's scripts: 2)."""
     importance_level: Literal["token", "sequence"] = "token"
     """token: PPO per-token ratio; sequence: GSPO's length-normalised sequence ratio and clip."""
-    shared_prefix: bool = True
-    """Forward each distinct prompt once per micro-batch and run its responses on that cache (exact)."""
+    shared_prefix: Literal["auto", True, False] = "auto"
+    """Forward each distinct prompt once per micro-batch and run its responses on that cache (exact).
+    auto: on on a CPU, off on an accelerator, where the extra forward's kernel launches cost more than
+    the prompt positions it saves (`logprobs.use_shared_prefix`, BENCHMARKS.md); true keeps it on there
+    for its lower peak memory."""
 
 
 @dataclass
@@ -705,7 +708,7 @@ def _check_value(value: Any, hint: Any, key: str) -> Any:
         return _check_value(value, args[0], key)
     if origin is Literal:
         choices = get_args(hint)
-        if value not in choices:
+        if not any(value == c and type(value) is type(c) for c in choices):  # 1 is not True
             hint_text = _did_you_mean(value, [str(c) for c in choices]) if isinstance(value, str) else ""
             raise ConfigError(f"{key}: must be one of {', '.join(map(repr, choices))}; got {value!r}{hint_text}")
         return value

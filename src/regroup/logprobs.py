@@ -96,6 +96,17 @@ def order_by_prompt(samples: list) -> list:
     return [samples[i] for i in prompt_order(samples)]
 
 
+def use_shared_prefix(setting: bool | str, device: torch.device | str) -> bool:
+    """grpo.shared_prefix resolved for the device the update runs on. "auto" is on only on a CPU. On an
+    H200 (bf16, Qwen3-0.6B shape, 16 prompts x 8 responses of 256 tokens, benchmarks/update_prefix.py)
+    the shared forward took 1.73x the padded one's time at micro-batch 16, 1.27x at 32 and 0.99x at 64:
+    its second forward call doubles the kernel launches, and a GPU at these sizes waits on launches,
+    not on the prompt positions saved. On a CPU it is the faster path (BENCHMARKS.md)."""
+    if setting == "auto":
+        return torch.device(device).type == "cpu"
+    return bool(setting)
+
+
 def _trim_padding(batch: RolloutBatch, p: int, t: int):
     """(input_ids, attention, positions, P', T') without the leading prompt columns and trailing response
     columns that are padding in every row. Positions come from the attention cumsum, so they do not change."""

@@ -28,7 +28,7 @@ from regroup.checkpoint import (
 )
 from regroup.config import save_config
 from regroup.data_stream import QuestionStream
-from regroup.logprobs import prompt_order, response_logps
+from regroup.logprobs import prompt_order, response_logps, use_shared_prefix
 from regroup.metrics import MetricsLogger, tracker_names
 from regroup.models.prompting import encode_prompt, encode_response
 from regroup.rollout.base import SamplingParams
@@ -69,6 +69,7 @@ class Trainer:
         d = cfg.diagnostics
         self.grad_conflict_every = d.grad_conflict_every if d.grad_conflict_every is not None else self._default_conflict_every()
         self.watch = SignalWatch()
+        self.shared_prefix = use_shared_prefix(cfg.grpo.shared_prefix, self.acc.device)
         self._prompt_ids: dict[str, list[int]] = {}
         self.skipped_long = 0
         self.ctx = self._context()
@@ -220,7 +221,7 @@ class Trainer:
         if not samples:  # another process has samples: join its collectives with a zero-weight row
             return self._empty_update()
         # Rows of one prompt side by side, so a micro-batch shares few prompt forwards (anchors join their group).
-        order = prompt_order(samples) if g.shared_prefix else list(range(len(samples)))
+        order = prompt_order(samples) if self.shared_prefix else list(range(len(samples)))
         batch = self._to_device(collate([samples[i] for i in order], self.pad_id))
         advantages = step_batch.advantages[order].to(self.acc.device)  # [B]
         weights = None if step_batch.weights is None else step_batch.weights[order].to(self.acc.device)  # [B]
@@ -234,7 +235,7 @@ class Trainer:
         temperature = cfg.rollout.temperature
 
         def score(model, mb):
-            return response_logps(model, mb, temperature, shared_prefix=g.shared_prefix)[0]
+            return response_logps(model, mb, temperature, shared_prefix=self.shared_prefix)[0]
 
         # pi_old is computed once per rollout, before the first update, whenever it can differ from pi_theta.
         needs_old = g.num_iterations > 1 or g.mini_batches > 1
@@ -259,7 +260,7 @@ class Trainer:
                     context = self.acc.no_sync(self.model) if (not sync and self.world > 1) else nullcontext()
                     with context:
                         logps, entropy = response_logps(self.model, part, temperature, with_entropy=iteration == 0,
-                                                        shared_prefix=g.shared_prefix)
+                                                        shared_prefix=self.shared_prefix)
                         old = logps.detach() if old_logps is None else old_logps[mb]  # mu = 1, one mini-batch: ratio 1 (TRL)
                         inputs = LossInputs(
                             advantages=advantages[mb], loss_mask=part.completion_mask,

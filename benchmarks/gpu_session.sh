@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# One lent GPU session's checks (issue 15), as a single command that ends inside its time limit:
+#   1. the shared-prefix equality test (tests/test_logprobs.py) on CUDA, fp32, where SDPA runs other kernels;
+#   2. benchmarks/gpu_throughput.py on the Qwen3-0.6B shape, bf16, GRPO and TA-GRPO, shared prefix on and off.
+#
+#   OUT=runs/bench/gpu bash benchmarks/gpu_session.sh
+#
+# Wheels under .whl/ (e.g. the transformers version this tree is tested with) are installed to /tmp/site
+# first, for a machine that cannot reach a package registry. Each step writes into $OUT as it goes, so a
+# step cut off by GPU_BENCH_TIMEOUT still leaves what finished.
+set -uo pipefail
+OUT=${OUT:-runs/bench/gpu}
+mkdir -p "$OUT"
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name(0))"
+} 2>&1 | tee "$OUT/env.txt"
+
+REGROUP_TEST_DEVICE=cuda timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_logprobs.py \
+  -k shared_prefix_equals_padded_forward 2>&1 | tail -n 25 | tee "$OUT/shared_prefix_cuda.txt"
+
+timeout "${GPU_BENCH_TIMEOUT:-360}" python3 benchmarks/gpu_throughput.py --out "$OUT/gpu_throughput.json" \
+  --shared-prefix on,off --steps 3 --warmup-steps 1 2>&1 | grep -v -E "Loading weights|Writing model" | tee "$OUT/gpu_throughput.log"
