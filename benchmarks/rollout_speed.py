@@ -1,6 +1,8 @@
 """Rollout throughput of the three HF-model samplers on the same prompts, alternated in one run:
 the lean decoder (`rollout.backend=hf`, default), the HF-forward KV-cache loop (fallback for
-architectures the lean decoder does not cover), and `model.generate` (`rollout.backend=hf_generate`).
+architectures the lean decoder does not cover), and `model.generate` (`rollout.backend=hf_generate`);
+plus the lean decoder with finished rows kept in the decode batch (`drop_finished=False`, as before
+rows that ended were dropped), to measure that change in the same run.
 
     python benchmarks/rollout_speed.py [--prompts 16 --n 8 --new-tokens 46 --repeats 5]
 """
@@ -39,7 +41,9 @@ def main() -> None:
     model, tok = AutoModelForCausalLM.from_pretrained(model_dir).eval(), load_tokenizer(model_dir)
     prompts = [encode_prompt(tok, p.question) for p in get_task("arithmetic").generate(args.prompts, seed=0)]
     params = SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens, n=args.n)
-    samplers = {"lean decoder (hf)": HFSampler(model, tok), "HF forward loop": HFSampler(model, tok, use_fast=False),
+    samplers = {"lean decoder (hf)": HFSampler(model, tok),
+                "lean, rows kept": HFSampler(model, tok, drop_finished=False),
+                "HF forward loop": HFSampler(model, tok, use_fast=False),
                 "model.generate": HFGenerateSampler(model, tok)}
     rates = {name: [] for name in samplers}
     for repeat in range(args.repeats + 1):

@@ -98,3 +98,42 @@ def test_shared_prefill_samples_what_one_prefill_per_row_samples(tiny_model_dir,
         torch.testing.assert_close(torch.tensor(a.logps), torch.tensor(b.logps), atol=1e-5, rtol=1e-5)
     prefill_rows = [shape[0] for shape in prefills if shape[1] > 1]  # decode steps feed one position
     assert prefill_rows == [3, 12]  # the shared sampler prefilled 3 distinct prompts, the other 12 rows
+
+
+@pytest.mark.parametrize("use_fast", [True, False])
+def test_dropping_finished_rows_samples_the_same_and_shrinks_the_batch(tiny_model_dir, use_fast, monkeypatch):
+    """Rows that ended leave the decode batch; every other row samples exactly what it sampled before."""
+    from transformers import AutoModelForCausalLM
+
+    from regroup.models.load import load_tokenizer
+
+    model, tok = AutoModelForCausalLM.from_pretrained(tiny_model_dir), load_tokenizer(tiny_model_dir)
+    questions = ["Mia has 3 cats.", "Tom has 12 apples. He eats 2. How many?", "Sum 4 and 5."]
+    prompts = [encode_prompt(tok, q) for q in questions for _ in range(8)]  # 3 groups x G = 8
+    with torch.no_grad():  # make EOS likely enough that rows end at different steps
+        hidden = model(torch.tensor([prompts[1]]), output_hidden_states=True).hidden_states[-1][0].mean(0)  # [H]
+        model.lm_head.weight[tok.eos_token_id] += 3.0 * hidden / hidden.pow(2).sum()
+    rows_per_call = []
+    original = FastDecoder._forward
+    monkeypatch.setattr(FastDecoder, "_forward", lambda self, ids, *a: rows_per_call.append(tuple(ids.shape)) or original(self, ids, *a))
+    hook = model.get_input_embeddings().register_forward_hook(lambda m, inp, out: rows_per_call.append(tuple(inp[0].shape)))
+    params = SamplingParams(temperature=1.0, max_new_tokens=24, n=1)
+    seeds = list(range(200, 224))
+    try:
+        kept = HFSampler(model, tok, use_fast=use_fast, drop_finished=False).generate(prompts, params, seed=seeds)
+        kept_rows = [shape[0] for shape in rows_per_call if shape[1] == 1]  # decode steps feed one position
+        rows_per_call.clear()
+        dropped = HFSampler(model, tok, use_fast=use_fast, drop_finished=True).generate(prompts, params, seed=seeds)
+        dropped_rows = [shape[0] for shape in rows_per_call if shape[1] == 1]
+    finally:
+        hook.remove()
+    lengths = sorted(len(c.token_ids) for c in kept)
+    assert lengths[0] < 12 and lengths[-1] == 24  # some rows ended early, some ran to the limit
+    assert [c.token_ids for c in dropped] == [c.token_ids for c in kept]
+    assert [c.truncated for c in dropped] == [c.truncated for c in kept]
+    for a, b in zip(dropped, kept):
+        torch.testing.assert_close(torch.tensor(a.logps), torch.tensor(b.logps), atol=1e-5, rtol=1e-5)
+    assert set(kept_rows) == {24} and len(dropped_rows) == len(kept_rows) == 23
+    assert dropped_rows == sorted(dropped_rows, reverse=True) and dropped_rows[-1] < 24
+    running_at = [sum(len(c.token_ids) > t + 1 for c in kept) for t in range(23)]  # rows that feed step t+1
+    assert all(r >= n for r, n in zip(dropped_rows, running_at))  # never drops a row that still runs

@@ -281,3 +281,23 @@ def test_eval_during_training_answers_and_dynamic_sampling_are_drawn(tmp_path):
     for name in ("heldout", "answers", "dynamic_sampling"):
         assert (out / "plots" / f"{name}.png").stat().st_size > 1000, name
         assert f'src="plots/{name}.png"' in html, name
+
+
+@pytest.mark.parametrize("panels", [1, 3])
+def test_legend_of_many_long_labels_stays_inside_the_figure(panels):
+    """11 study arms above one half-width panel once ran past the figure's right edge."""
+    from regroup.report.plots import _legend, _new_figure
+
+    fig, axes = _new_figure(1, panels)
+    labels = ["grpo", "grpo_data", "grpo_dynamic", "grpo_matched", "ta_grpo", "ta_grpo_eqsamples",
+              "ta_grpo_rename", "dagrpo_mask", "dagrpo_anchor", "dagrpo", "dagrpo_ta"]
+    handles = [axes[0].plot([1, 2], [i, i + 1])[0] for i in range(len(labels))]
+    _legend(fig, handles, labels)
+    renderer = fig.canvas.get_renderer() if hasattr(fig.canvas, "get_renderer") else None
+    if renderer is None:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+        renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)
+    legend = fig.legends[0].get_window_extent(renderer)
+    assert legend.x0 >= 0 and legend.x1 <= fig.bbox.width, (legend, fig.bbox.width)

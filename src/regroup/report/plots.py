@@ -177,10 +177,14 @@ def label_step_axes(ax, ylabel: str) -> None:
 
 
 def _legend(fig: Figure, handles: list, labels: list[str], max_cols: int = 5) -> None:
-    """One legend above all panels, so every panel keeps its full width; rows wrap at `max_cols`."""
+    """One legend above all panels, so every panel keeps its full width; rows wrap at `max_cols`, or
+    sooner when the longest label would push a row past the figure's edge (11 study arms on a
+    single-panel figure did)."""
     if handles:
-        fig.legend(handles, labels, loc="outside upper center", ncols=min(len(labels), max_cols), fontsize=9,
-                   frameon=False)
+        chars_per_row = fig.get_figwidth() * 72 / (9 * 0.6)  # ~0.6 em per character at fontsize 9
+        per_label = max(len(label) for label in labels) + 5  # the line handle and the gap
+        cols = max(1, min(len(labels), max_cols, int(chars_per_row // per_label)))
+        fig.legend(handles, labels, loc="outside upper center", ncols=cols, fontsize=9, frameon=False)
 
 
 def _training_plot(spec: PlotSpec, groups: Sequence[RunGroup], colors: dict[str, str], out_path: str) -> list[str] | None:

@@ -133,6 +133,13 @@ class FastDecoder:
         state["length"] = at + 1
         return logits[:, -1]
 
+    @staticmethod
+    def keep_rows(state, keep: torch.Tensor) -> None:
+        """Keep only the sequences `keep` [A'] of the decode state (rows that ended are dropped)."""
+        for key in ("k", "v"):
+            state[key] = state[key][:, keep]  # [L, A', kv, S, D]
+        state["valid"] = state["valid"][keep]  # [A', S]
+
     def _forward(self, ids, positions, state, at: int, mask) -> torch.Tensor:
         b, s = ids.shape
         h = F.embedding(ids, self.embed)  # [B, S, H]

@@ -39,14 +39,20 @@ def distinct_prompt_rows(prompts: list[list[int]], share: bool = True) -> tuple[
     return [list(p) for p in index], rows
 
 
+DROP_FINISHED_AT = 0.75  # compact the decode batch once at most this share of its rows is still running
+
+
 class HFSampler:
     """Samples from an HF causal LM with a lean KV-cached loop; shares the training model's weights."""
 
-    def __init__(self, model, tokenizer, batch_size: int = 256, use_fast: bool = True, shared_prefill: bool = True):
+    def __init__(self, model, tokenizer, batch_size: int = 256, use_fast: bool = True, shared_prefill: bool = True,
+                 drop_finished: bool = True):
         self.model = model
         self.use_fast = use_fast
         self.shared_prefill = shared_prefill
         """Prefill each distinct prompt of a chunk once and copy its KV cache to its rows."""
+        self.drop_finished = drop_finished
+        """Drop rows that have ended from the decode batch (same samples; `tests/test_rollout.py`)."""
         self._fast = None
         self.tokenizer = tokenizer
         self.batch_size = batch_size
@@ -92,7 +98,11 @@ class HFSampler:
             box["attention"] = torch.cat([box["attention"], ones], dim=1)
             return forward(next_tok[:, None], step_pos)
 
-        return logits[prompt_of_row], advance
+        def keep_rows(keep):
+            cache.batch_select_indices(keep)
+            box["attention"] = box["attention"][keep]  # [A', S]
+
+        return logits[prompt_of_row], advance, keep_rows
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int | list[int] | None = None) -> list[Completion]:
@@ -148,34 +158,47 @@ class HFSampler:
 
             def advance(next_tok, step_pos):
                 return decoder.step(next_tok, step_pos[:, 0], state)
+
+            def keep_rows(keep):
+                decoder.keep_rows(state, keep)
         else:
-            logits, advance = self._hf_start(input_ids, attention, positions, prompt_of_row)
+            logits, advance, keep_rows = self._hf_start(input_ids, attention, positions, prompt_of_row)
         positions = positions[prompt_of_row]  # [N, P]
         tokens = torch.full((batch, params.max_new_tokens), self.pad_id, dtype=torch.long, device=device)  # [N, T]
         logps = torch.zeros((batch, params.max_new_tokens), dtype=torch.float32, device=device)  # [N, T]
         finished = torch.zeros(batch, dtype=torch.bool, device=device)  # [N]
         lengths = torch.full((batch,), params.max_new_tokens, dtype=torch.long, device=device)  # [N]
-        step_pos = positions[:, -1:]
+        active = torch.arange(batch, device=device)  # [A] the rows still in the decode batch
+        step_pos = positions[:, -1:]  # [A, 1]
         for t in range(params.max_new_tokens):
-            logits = logits.float()  # [N, V]
+            logits = logits.float()  # [A, V]
             if params.temperature > 0:
                 scaled = logits / params.temperature
-                log_probs = scaled.log_softmax(-1)  # [N, V] behaviour distribution (before top-p, as TRL scores it)
-                # Gumbel-max: argmax(logits + Gumbel) is a sample of softmax(logits).
-                noise = self._gumbel(gens, rows_per_prompt, scaled.shape[-1], device)  # [N, V]
-                next_tok = (_top_p_filter(scaled, params.top_p) + noise).argmax(-1)  # [N]
+                log_probs = scaled.log_softmax(-1)  # [A, V] behaviour distribution (before top-p, as TRL scores it)
+                # Gumbel-max: argmax(logits + Gumbel) is a sample of softmax(logits). Every row of the chunk
+                # draws its noise, decoded or not, so dropping finished rows never shifts a prompt's stream.
+                noise = self._gumbel(gens, rows_per_prompt, scaled.shape[-1], device)[active]  # [A, V]
+                next_tok = (_top_p_filter(scaled, params.top_p) + noise).argmax(-1)  # [A]
             else:
                 log_probs = logits.log_softmax(-1)
                 next_tok = logits.argmax(-1)
-            next_tok = torch.where(finished, torch.full_like(next_tok, self.pad_id), next_tok)
-            tokens[:, t] = next_tok
-            logps[:, t] = log_probs.gather(-1, next_tok[:, None]).squeeze(-1).masked_fill(finished, 0.0)
-            just_ended = (next_tok == self.eos_id) & ~finished
-            lengths = torch.where(just_ended, torch.full_like(lengths, t + 1), lengths)
-            finished |= just_ended
+            done = finished[active]  # [A]
+            next_tok = torch.where(done, torch.full_like(next_tok, self.pad_id), next_tok)
+            tokens[active, t] = next_tok
+            logps[active, t] = log_probs.gather(-1, next_tok[:, None]).squeeze(-1).masked_fill(done, 0.0)
+            just_ended = (next_tok == self.eos_id) & ~done  # [A]
+            lengths[active] = torch.where(just_ended, torch.full_like(just_ended, t + 1, dtype=lengths.dtype), lengths[active])
+            finished[active] = done | just_ended
             if bool(finished.all()) or t == params.max_new_tokens - 1:
                 break
             step_pos = step_pos + 1
+            running = ~finished[active]  # [A]
+            if self.drop_finished and int(running.sum()) <= DROP_FINISHED_AT * len(active):
+                # What vLLM's continuous batching does: stop computing rows that have ended. Compacting only
+                # once a quarter of the batch has ended bounds the KV-cache copies to ~log_{4/3} N per chunk.
+                keep = running.nonzero().squeeze(-1)  # [A']
+                active, step_pos, next_tok = active[keep], step_pos[keep], next_tok[keep]
+                keep_rows(keep)
             logits = advance(next_tok, step_pos)
         if was_training:
             self.model.train()
