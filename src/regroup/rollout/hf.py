@@ -52,7 +52,7 @@ class HFSampler:
         self.shared_prefill = shared_prefill
         """Prefill each distinct prompt of a chunk once and copy its KV cache to its rows."""
         self.drop_finished = drop_finished
-        """Drop rows that have ended from the decode batch (same samples; `tests/test_rollout.py`)."""
+        """Drop rows that have ended from the decode batch (same samples; `tests/test_fast_decode.py`)."""
         self._fast = None
         self.tokenizer = tokenizer
         self.batch_size = batch_size
