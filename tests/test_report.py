@@ -293,11 +293,9 @@ def test_legend_of_many_long_labels_stays_inside_the_figure(panels):
               "ta_grpo_rename", "dagrpo_mask", "dagrpo_anchor", "dagrpo", "dagrpo_ta"]
     handles = [axes[0].plot([1, 2], [i, i + 1])[0] for i in range(len(labels))]
     _legend(fig, handles, labels)
-    renderer = fig.canvas.get_renderer() if hasattr(fig.canvas, "get_renderer") else None
-    if renderer is None:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-        renderer = FigureCanvasAgg(fig).get_renderer()
+    renderer = FigureCanvasAgg(fig).get_renderer()
     fig.draw(renderer)
     legend = fig.legends[0].get_window_extent(renderer)
     assert legend.x0 >= 0 and legend.x1 <= fig.bbox.width, (legend, fig.bbox.width)

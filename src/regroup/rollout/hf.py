@@ -187,8 +187,8 @@ class HFSampler:
             tokens[active, t] = next_tok
             logps[active, t] = log_probs.gather(-1, next_tok[:, None]).squeeze(-1).masked_fill(done, 0.0)
             just_ended = (next_tok == self.eos_id) & ~done  # [A]
-            lengths[active] = torch.where(just_ended, torch.full_like(just_ended, t + 1, dtype=lengths.dtype), lengths[active])
-            finished[active] = done | just_ended
+            lengths[active[just_ended]] = t + 1
+            finished[active[just_ended]] = True
             if bool(finished.all()) or t == params.max_new_tokens - 1:
                 break
             step_pos = step_pos + 1
