@@ -53,15 +53,15 @@ def compare(variant: str, baseline: str, model_dir: str, tmp: Path, steps: int, 
                 per_step[name].append(seconds)
                 tokens[name].append(m["tokens/generated"])
                 for key, value in m.items():
-                    if key.startswith("time/") and key != "time/step":
+                    if (key.startswith("time/") and key != "time/step") or key == "update/forwarded_frac":
                         phases[name].setdefault(key, []).append(value)
     ratio = median(per_token[variant]) / median(per_token[baseline])
     for name in (variant, baseline):
         # Where the step goes: the median of each timed phase; the rest is the trainer's own bookkeeping.
-        parts = ", ".join(f"{key[5:]} {median(v):.3f}" for key, v in sorted(phases[name].items()))
+        parts = ", ".join(f"{key.split('/')[1]} {median(v):.3f}" for key, v in sorted(phases[name].items()))
         print(f"  {name:14s} median {1e3 * median(per_token[name]):.3f} ms per generated token, "
               f"{median(per_step[name]):.3f} s per step of 128 samples, "
-              f"{median(tokens[name]):.0f} generated tokens; phases (s): {parts}")
+              f"{median(tokens[name]):.0f} generated tokens; phases (s) and share of rows the update forwarded: {parts}")
     print(f"ratio {variant}/{baseline} = {ratio:.3f} per generated token, "
           f"{median(per_step[variant]) / median(per_step[baseline]):.3f} per step")
     return ratio

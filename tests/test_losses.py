@@ -247,3 +247,48 @@ def test_policy_loss_errors():
         call_policy_loss(logps, old, adv, mask, sample_weight=torch.ones(3), **KW)
     with pytest.raises(ValueError, match="advantages"):
         call_policy_loss(logps, old, torch.ones(3), mask, **KW)
+
+
+def test_rows_with_gradient_hand_cases():
+    from regroup.algo.losses import rows_with_gradient
+
+    adv = torch.tensor([0.0, 1.5, -0.5, 0.0, float("nan")])
+    weight = torch.tensor([1.0, 0.0, 1.0, 0.0, 1.0])
+    assert rows_with_gradient(adv, None, 0.0).tolist() == [False, True, True, False, True]
+    assert rows_with_gradient(adv, weight, 0.0).tolist() == [False, False, True, False, True]
+    # beta != 0: the KL term moves every row that is not masked, whatever its advantage
+    assert rows_with_gradient(adv, weight, 0.04).tolist() == [True, False, True, False, True]
+    per_token = torch.tensor([[0.0, 0.0], [0.0, 2.0]])  # [B, T] advantages: one non-zero token is enough
+    assert rows_with_gradient(per_token, None, 0.0).tolist() == [False, True]
+
+
+@pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean", "seq_sum_constant"])
+@pytest.mark.parametrize("case", ["ppo", "anchor_shaped", "anchor_plain", "gspo", "kl"])
+def test_rows_without_gradient_get_exactly_zero_gradient(agg, case):
+    """What `rows_with_gradient` promises the trainer: the loss's gradient on every row it rejects is 0."""
+    from regroup.algo.losses import rows_with_gradient
+
+    g = torch.Generator().manual_seed(3)
+    b, t = 6, 5
+    logps = (-torch.rand(b, t, generator=g) * 3).requires_grad_(True)  # [B, T]
+    old = logps.detach() + 0.3 * torch.randn(b, t, generator=g)  # ratios far from 1: clipping happens
+    adv = torch.tensor([0.0, 1.0, -1.0, 0.0, 2.0, -0.5])
+    weight = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 1.0])
+    mask = torch.ones(b, t)
+    mask[0, 3:] = 0
+    kw = dict(sample_weight=weight, total_tokens=float(mask.sum()), total_sequences=b, max_completion_length=t, agg=agg)
+    beta = 0.0
+    if case.startswith("anchor"):
+        anchor = torch.zeros(b, t, dtype=torch.bool)
+        anchor[[0, 1, 4]] = True
+        kw.update(anchor_token_mask=anchor, anchor_ratio=case.split("_")[1])
+    if case == "gspo":
+        kw.update(ratio_level="sequence")
+    if case == "kl":
+        beta = 0.1
+        kw.update(beta=beta, ref_logps=logps.detach() - 0.2, kl_ratio_correction=True)
+    loss, _ = call_policy_loss(logps, old, adv, mask, **kw)
+    loss.backward()
+    carries = rows_with_gradient(adv, weight, beta)
+    assert torch.equal(logps.grad[~carries], torch.zeros_like(logps.grad[~carries]))
+    assert bool((logps.grad[carries].abs().sum(1) > 0).all())  # and the rows it keeps do move

@@ -303,3 +303,53 @@ def test_over_long_questions_are_skipped_and_counted(tiny_model_dir, tmp_path):
     trainer = Trainer.from_config(cfg, tmp_path / "long", log=lambda m: None)
     last = trainer.train()
     assert last["data/skipped_long"] == 1.0  # the 50 MB question, never tokenized nor sampled
+
+
+@pytest.mark.parametrize("recipe,extra", [
+    ("grpo.yaml", ()),
+    ("grpo.yaml", ("grpo.mini_batches=2", "grpo.num_iterations=2", "grpo.micro_batch_size=3")),
+    ("grpo.yaml", ("grpo.beta=0.05",)),
+    ("dagrpo.yaml", ("anchors.max_tokens=64",)),
+    ("ta_grpo.yaml", ("grpo.micro_batch_size=5",)),
+])
+def test_skipping_rows_without_gradient_changes_no_weight(tiny_model_dir, tmp_path, recipe, extra):
+    """grpo.skip_zero_gradient_rows: the update leaves out rows of uniform groups (A = 0, beta = 0) and
+    masked rows, and the weights after the step equal those of the update that forwards every row."""
+    import copy
+
+    def build(skip: bool) -> Trainer:
+        cfg = small_config(tiny_model_dir, tmp_path / f"s{skip}", recipe, f"grpo.skip_zero_gradient_rows={str(skip).lower()}",
+                           "optim.max_grad_norm=1e9", *extra)
+        return Trainer.from_config(cfg, tmp_path / f"s{skip}", log=lambda m: None)
+
+    skipping, forwarding = build(True), build(False)
+    batch, _ = skipping.collect(0)
+    groups = sorted({s.group_id for s in batch.samples})
+    for s in batch.samples:  # a random model earns no reward: group 0 all correct, group 1 all wrong, others mixed
+        rank = groups.index(s.group_id)
+        s.reward = 1.0 if rank == 0 else 0.0 if rank == 1 else float(hash((s.group_id, tuple(s.response_ids))) % 2)
+    batch.advantages, batch.weights = None, None
+    next(s for s in skipping.recipe.stages if s.name == "advantages")(batch, skipping.ctx)
+    n = len(batch.samples)
+    masked = [i for i in range(n) if float(batch.advantages[i]) != 0][:2]  # a mask (DaGRPO's) on two rows
+    batch.multiply_weights(torch.tensor([0.0 if i in masked else 1.0 for i in range(n)]))
+    carrying = int(((batch.advantages != 0) | (skipping.cfg.grpo.beta != 0)).logical_and(batch.weights != 0).sum())
+    assert 0 < carrying < n, "the batch must hold rows of both kinds, or the test proves nothing"
+
+    start = weights(skipping.model)
+    m_skip = skipping.update(copy.deepcopy(batch))
+    m_all = forwarding.update(copy.deepcopy(batch))
+    if skipping.cfg.grpo.mini_batches == 1:
+        assert m_skip["update/forwarded_frac"] == carrying / n
+    else:
+        assert m_skip["update/forwarded_frac"] < 1.0
+    assert m_all["update/forwarded_frac"] == 1.0
+    a, b = weights(skipping.model), weights(forwarding.model)
+    assert max(float((a[k] - start[k]).abs().max()) for k in a) > 1e-4, "the update did not move the weights"
+    steps = skipping.cfg.grpo.mini_batches * skipping.cfg.grpo.num_iterations
+    # one AdamW step: float noise only; four: Adam's m/sqrt(v) amplifies the summation-order noise of
+    # near-zero gradient elements (1.3e-6 seen). A normaliser over the forwarded rows alone moves ~1e-4.
+    tol = 1e-6 if steps == 1 else 1e-5
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=tol, rtol=1e-5)
+    assert m_skip["loss"] == pytest.approx(m_all["loss"], abs=1e-6)

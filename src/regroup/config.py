@@ -165,6 +165,11 @@ class GRPOConfig:
     auto: on on a CPU, off on an accelerator, where the extra forward's kernel launches cost more than
     the prompt positions it saves (`logprobs.use_shared_prefix`, BENCHMARKS.md); true keeps it on there
     for its lower peak memory."""
+    skip_zero_gradient_rows: bool = True
+    """Leave out of the update's forward the rows that add nothing to the gradient: advantage 0 with
+    beta = 0 (uniform groups) or a DaGRPO mask weight of 0 (`algo.losses.rows_with_gradient`). Exact:
+    the loss normalisers still count them. `entropy`, `clip/*` and `kl` are then means over the rows
+    forwarded (`update/forwarded_frac`); false forwards every row."""
 
 
 @dataclass
@@ -341,6 +346,9 @@ class TrainConfig:
     """Show a progress bar."""
     threads: int = 0
     """torch CPU threads (0: leave torch's default)."""
+    keep_cpu_memory: bool = True
+    """On a CPU with glibc, keep freed buffers in the process instead of returning them to the OS and
+    faulting them in again every micro-batch (`regroup.cpu_memory`; about 15 % of a tiny-model step)."""
     eval_every: int = 0
     """Evaluate on held-out questions (data.eval_file, else the task's held-out set) every K steps (0: off)."""
     eval_n: int = 4
@@ -811,7 +819,7 @@ def apply_overrides(data: dict, overrides: list[str] | tuple[str, ...]) -> dict:
 
 
 RESUME_OVERRIDABLE = ("train.steps", "train.checkpoint_every", "train.keep_checkpoints", "train.progress",
-                      "train.threads", "train.eval_every", "train.sample_every", "train.tensorboard", "train.wandb",
+                      "train.threads", "train.keep_cpu_memory", "train.eval_every", "train.sample_every", "train.tensorboard", "train.wandb",
                       "train.report_to")
 """Keys a `--resume` may change: each is read afresh by the resumed process. Any other key would be written
 to config.yaml while the restored optimizer, scheduler, data and RNG states go on with the saved value."""

@@ -106,6 +106,10 @@ def build_parts(cfg, run_dir: Path, accelerator=None, log=print) -> RunParts:
     trackers = tracker_names(cfg.train)
     acc = accelerator or Accelerator(cpu=not torch.cuda.is_available(), log_with=trackers or None,
                                      project_dir=str(run_dir / "tb") if trackers else None)  # TensorBoard: RUN_DIR/tb
+    if cfg.train.keep_cpu_memory and acc.device.type == "cpu":
+        from regroup.cpu_memory import keep_freed_memory
+
+        keep_freed_memory()
     ds_plugin = getattr(getattr(acc, "state", None), "deepspeed_plugin", None)
     if ds_plugin is not None:
         # DeepSpeed steps its optimizer inside every accelerator.backward while gradients sync, and

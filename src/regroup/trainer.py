@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from regroup.algo.losses import LossInputs, LossTotals, policy_loss
+from regroup.algo.losses import LossInputs, LossTotals, policy_loss, rows_with_gradient
 from regroup.algo.ratios import truncated_is_weight
 from regroup.batch import RolloutBatch, collate
 from regroup.checkpoint import (
@@ -145,6 +145,13 @@ class Trainer:
 
         return float(reduce(torch.tensor([value], dtype=torch.float64, device=self.acc.device), reduction="sum"))
 
+    def _global_max(self, value: float) -> float:
+        if self.world == 1:
+            return value
+        from accelerate.utils import gather
+
+        return float(gather(torch.tensor([value], dtype=torch.float64, device=self.acc.device)).max())
+
     # ------------------------------------------------------------------------------------------ collect
     def _draw(self, step: int, round_: int) -> StepBatch:
         """This process's slice of the next global batch of questions; group ids unique within the step."""
@@ -197,13 +204,26 @@ class Trainer:
         return batch, metrics
 
     # ------------------------------------------------------------------------------------------- update
-    def _micro_batches(self, rows: range) -> list[slice]:
-        size = self.cfg.grpo.micro_batch_size
-        return [slice(i, min(i + size, rows.stop)) for i in range(rows.start, rows.stop, size)]
+    def _micro_batches(self, rows: torch.Tensor) -> list[torch.Tensor]:
+        return list(rows.split(self.cfg.grpo.micro_batch_size))  # row indices [<= micro_batch_size] each
 
-    def _logps_no_grad(self, model_fn, batch: RolloutBatch) -> torch.Tensor:
+    def _forwarded_rows(self, rows: range, carries: torch.Tensor) -> torch.Tensor:
+        """Row indices [n] of the mini-batch `rows` that the update forwards, in batch order: the rows that
+        carry gradient, then rows that carry none up to the largest count of any process (FSDP, DeepSpeed
+        and DDP's all-reduce need every process to run the same passes) and to at least one (AdamW steps
+        on zero gradients too, as it does when every row is forwarded)."""
+        index = torch.arange(rows.start, rows.stop)  # [R]
+        keep = carries[index]  # [R]
+        target = min(len(index), max(int(self._global_max(float(keep.sum()))), 1))
+        return torch.cat([index[keep], index[~keep]])[:target].sort().values  # [n]
+
+    def _logps_no_grad(self, model_fn, batch: RolloutBatch, rows: torch.Tensor) -> torch.Tensor:
+        """Log-probs [B, T] of the rows `rows` (0 elsewhere: those rows are never read)."""
+        out = torch.zeros(batch.completion_mask.shape, device=batch.completion_mask.device)  # [B, T]
         with torch.no_grad():
-            return torch.cat([model_fn(batch.select(mb)) for mb in self._micro_batches(range(len(batch)))])  # [B, T]
+            for mb in self._micro_batches(rows):
+                out[mb] = model_fn(batch.select(mb)).float()
+        return out
 
     def _mini_batches(self, n: int) -> list[range]:
         """`grpo.mini_batches` contiguous row ranges, one optimizer step each (advantages were computed over
@@ -237,22 +257,30 @@ class Trainer:
         def score(model, mb):
             return response_logps(model, mb, temperature, shared_prefix=self.shared_prefix)[0]
 
+        minis = self._mini_batches(len(batch))
+        carries = (rows_with_gradient(advantages, weights, self.recipe.loss.beta) if g.skip_zero_gradient_rows
+                   else torch.ones(len(batch), dtype=torch.bool))  # [B]
+        forwarded = [self._forwarded_rows(rows, carries.cpu()) for rows in minis]  # per mini-batch, [n] each
+        all_forwarded = torch.cat(forwarded)  # [N]
+        metrics["update/forwarded_frac"] = len(all_forwarded) / len(batch)
+
         # pi_old is computed once per rollout, before the first update, whenever it can differ from pi_theta.
         needs_old = g.num_iterations > 1 or g.mini_batches > 1
-        old_logps = self._logps_no_grad(lambda mb: score(self.model, mb), batch) if needs_old else None
-        ref_logps = self._logps_no_grad(lambda mb: self.reference(lambda m: score(m, mb)), batch) if self.reference else None
+        old_logps = self._logps_no_grad(lambda mb: score(self.model, mb), batch, all_forwarded) if needs_old else None
+        ref_logps = (self._logps_no_grad(lambda mb: self.reference(lambda m: score(m, mb)), batch, all_forwarded)
+                     if self.reference else None)
 
         sums: dict[str, float] = {}
-        minis = self._mini_batches(len(batch))
         for iteration in range(g.num_iterations):
-            for rows in minis:
-                part_all = batch.select(slice(rows.start, rows.stop))
+            for rows, rows_forwarded in zip(minis, forwarded):
+                # Normalisers count every row of the mini-batch, forwarded or not (the loss is unchanged).
+                mask_all = batch.completion_mask[rows.start : rows.stop]  # [R, T]
                 totals = LossTotals(
-                    total_tokens=self._global_sum(float(part_all.completion_mask.sum())),
-                    total_sequences=int(self._global_sum(float(len(part_all)))),
+                    total_tokens=self._global_sum(float(mask_all.sum())),
+                    total_sequences=int(self._global_sum(float(len(mask_all)))),
                     max_completion_length=cfg.rollout.max_new_tokens,
                 )
-                micro = self._micro_batches(rows)
+                micro = self._micro_batches(rows_forwarded)
                 loss_total = 0.0
                 for k, mb in enumerate(micro):
                     part = batch.select(mb)
@@ -291,11 +319,18 @@ class Trainer:
         return torch.where(part.has_behaviour_logps.unsqueeze(1), weight, torch.ones_like(weight))  # [b, T]
 
     def _empty_update(self) -> dict:
-        """This process kept no sample (dynamic sampling): a zero-loss forward/backward on a two-token row
-        for every optimizer step the others make, so DDP's all-reduce and the schedule stay in step."""
+        """This process kept no sample (dynamic sampling): it joins the collectives the others make, in
+        their order — each mini-batch's forwarded-row count, then per optimizer step the two normaliser
+        sums and a zero-loss forward/backward on a two-token row — so DDP's all-reduce and the schedule
+        stay in step."""
+        g = self.cfg.grpo
         row = torch.full((1, 2), self.pad_id, dtype=torch.long, device=self.acc.device)
         metrics: dict = {}
-        for _ in range(self.cfg.grpo.num_iterations * self.cfg.grpo.mini_batches):
+        for _ in range(g.mini_batches):
+            self._global_max(0.0)
+        for _ in range(g.num_iterations * g.mini_batches):
+            self._global_sum(0.0)  # total_tokens
+            self._global_sum(0.0)  # total_sequences
             logits = self.model(input_ids=row, attention_mask=torch.ones_like(row), use_cache=False).logits
             self.acc.backward(logits.float().sum() * 0.0)
             metrics = self._optimizer_step(0.0)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from regroup.cpu_memory import keep_freed_memory
 from regroup.models.prompting import encode_prompt, encode_response
 from regroup.schedule import lr_lambda
 from regroup.models.tiny import TinyModelConfig, build_model, build_tokenizer
@@ -127,6 +128,7 @@ def warmup(out_dir: str | Path, cfg: WarmupConfig | None = None, *, task=None, l
     start = time.perf_counter()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    keep_freed_memory()  # the warm-up trains on the CPU (regroup.cpu_memory)
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
     tokenizer = build_tokenizer()

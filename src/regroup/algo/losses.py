@@ -152,6 +152,24 @@ class LossTotals:
     max_completion_length: int
 
 
+def rows_with_gradient(advantages: Tensor, sample_weight: Tensor | None, beta: float) -> Tensor:
+    """[B] bool: the rows whose `policy_loss` term can have a non-zero gradient.
+
+    Every term of a row is multiplied by its advantage (PG, anchor shaping, GSPO) or by β (KL), and all
+    of it by its sample weight; the normalisers count every row whatever its terms (SPEC §2a.4). So a
+    row with weight 0 (a DaGRPO mask), or with advantage 0 on every token while β = 0 (a uniform group),
+    adds exactly nothing to the gradient, and leaving it out of the forward changes no parameter. A NaN
+    advantage or weight counts as non-zero, so the NaN guard still sees it.
+    """
+    if beta != 0.0:
+        carries = torch.ones(advantages.shape[0], dtype=torch.bool, device=advantages.device)  # [B]
+    else:
+        carries = advantages.reshape(advantages.shape[0], -1).ne(0).any(dim=1)  # [B]
+    if sample_weight is not None:
+        carries = carries & sample_weight.ne(0)  # [B]
+    return carries
+
+
 def policy_loss(
     logps: Tensor,
     old_logps: Tensor,
