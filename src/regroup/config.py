@@ -348,7 +348,8 @@ class TrainConfig:
     """torch CPU threads (0: leave torch's default)."""
     keep_cpu_memory: bool = True
     """On a CPU with glibc, keep freed buffers in the process instead of returning them to the OS and
-    faulting them in again every micro-batch (`regroup.cpu_memory`; about 15 % of a tiny-model step)."""
+    faulting them in again every micro-batch (`regroup.cpu_memory`: 8x fewer page faults, a 0-12 %
+    shorter tiny-model step in paired runs)."""
     eval_every: int = 0
     """Evaluate on held-out questions (data.eval_file, else the task's held-out set) every K steps (0: off)."""
     eval_n: int = 4
