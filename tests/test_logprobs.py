@@ -121,7 +121,9 @@ def test_each_distinct_prompt_is_forwarded_once():
     finally:
         hook.remove()
     p, t = batch.input_ids.shape[1] - batch.completion_length, batch.completion_length
-    assert rows == [(3, p), (7, t - 1)]  # 3 distinct prompts once, then 7 responses without their last token
+    # 3 distinct prompts once, then the 7 responses without their last token (fed 5, 1, 3 | 2, 5, 0 | 3
+    # positions) packed per prompt into lines of 5: [5] [3 1] | [5] [2] | [3]
+    assert rows == [(3, p), (5, t - 1)]
     rows.clear()
     hook = model.get_input_embeddings().register_forward_hook(lambda m, inp, out: rows.append(tuple(inp[0].shape)))
     try:
@@ -148,6 +150,10 @@ def test_falls_back_where_not_exact():
     model.eval()
     assert shared_prefix_supported(model)
     model.gradient_checkpointing_disable()
+    model.config._attn_implementation = "flash_attention_2"  # takes no 4-D mask for the packed lines
+    assert not shared_prefix_supported(model)
+    model.config._attn_implementation = "sdpa"
+    assert shared_prefix_supported(model)
 
     class Other(torch.nn.Module):
         config = type("C", (), {"model_type": "gpt2"})()
@@ -180,18 +186,20 @@ def test_all_empty_responses_still_give_a_differentiable_result():
     (logps * batch.completion_mask).sum().backward()  # a zero loss, but no error
 
 
-def test_length_buckets_split_off_long_rows_only_when_it_pays():
-    from regroup.logprobs import length_buckets
+def test_pack_rows_first_fit_decreasing_within_a_prompt():
+    from regroup.logprobs import pack_rows
 
-    # 6 rows of <= 4 tokens and 2 of 20: one bucket pads 8 x 20 = 160, split 6 x 4 + 2 x 20 = 64
-    rows = length_buckets(torch.tensor([3, 20, 2, 4, 1, 17, 4, 3]))
-    assert [r.tolist() for r in rows] == [[0, 2, 3, 4, 6, 7], [1, 5]]
-    # 7 x 6 = 42 vs best split 5 x 4 + 2 x 6 = 32: saves 24 % < 25 %, one bucket
-    assert [r.tolist() for r in length_buckets(torch.tensor([6, 2, 4, 3, 6, 1, 4]))] == [list(range(7))]
-    assert [r.tolist() for r in length_buckets(torch.tensor([5]))] == [[0]]
+    # prompt 0: 5 | 3 + 2 | 1 ; prompt 1: 4 + 1 (never beside prompt 0's rows) ; a row of 0 feeds nothing
+    place, line_prompt = pack_rows([3, 5, 1, 2, 4, 0, 1], [0, 0, 0, 0, 1, 1, 1], width=5)
+    assert line_prompt == [0, 0, 0, 1]
+    assert place == [(1, 0), (0, 0), (2, 0), (1, 3), (3, 0), (-1, 0), (3, 4)]
+    place, line_prompt = pack_rows([2, 2, 2], [0, 0, 0], width=6)
+    assert place == [(0, 0), (0, 2), (0, 4)] and line_prompt == [0]
+    with pytest.raises(ValueError, match="line width"):
+        pack_rows([7], [0], width=6)
 
 
-def test_long_anchors_run_in_their_own_bucket():
+def test_rows_beside_a_long_anchor_share_lines():
     _, model = next(_models())
     batch = collate(_long_anchor_samples(torch.Generator().manual_seed(6)), pad_id=0)
     rows = []
@@ -201,7 +209,8 @@ def test_long_anchors_run_in_their_own_bucket():
     finally:
         hook.remove()
     p = batch.input_ids.shape[1] - batch.completion_length
-    assert rows == [(2, p), (6, 3), (2, 19)]  # 2 prompts once; 6 short responses to 4 tokens; 2 anchors to 20
+    # 2 prompts once; rows feed 2 1 3 19 | 0 3 2 16 positions: lines of 19 hold [19] [3 2 1] | [16 3] [2]
+    assert rows == [(2, p), (4, 19)]
 
 
 def test_order_by_prompt_puts_a_groups_rows_and_anchor_together():

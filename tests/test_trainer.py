@@ -261,6 +261,23 @@ def test_gradient_conflict_default_depends_on_the_measured_size(tiny_model_dir, 
     assert Trainer.from_config(cfg, tmp_path / "gc3", log=lambda m: None).grad_conflict_every == 3
 
 
+def test_gradient_conflict_runs_on_the_step_train_step_is_given(tiny_model_dir, tmp_path, monkeypatch):
+    """The cadence follows the step being trained, not the loop's counter: a caller that drives
+    `train_step(step)` itself (benchmarks/overhead.py) measured the diagnostic on every step before."""
+    import regroup.trainer as trainer_module
+
+    cfg = small_config(tiny_model_dir, tmp_path / "gc", "grpo.yaml", "diagnostics.grad_conflict_every=3")
+    trainer = Trainer.from_config(cfg, tmp_path / "gc", log=lambda m: None)
+    calls = []
+    monkeypatch.setattr(trainer_module, "gradient_conflict", lambda *a, **k: calls.append(trainer.step) or {})
+    measured = []
+    for step in range(4):
+        before = len(calls)
+        trainer.train_step(step)
+        measured.append(len(calls) > before)
+    assert trainer.step == 0  # the loop's counter never moved
+    assert measured == [True, False, False, True]
+
 def test_sharded_checkpoint_path_saves_full_weights_and_training_state_and_resumes(tiny_model_dir, tmp_path, monkeypatch):
     """The trainer's FSDP / ZeRO-3 save and resume path (gather + accelerate state), run in one process with
     `is_sharded` forced on; the collectives themselves are tested in 2 processes in tests/test_sharded.py."""

@@ -10,8 +10,11 @@ Two ways to get the same numbers:
   cache is expanded to the prompt's rows (an index, whose backward sums the rows' gradients into the
   one prompt computation) and the responses run on it. The last prompt position's logits predict the
   first response token; the last response token is never fed (it predicts nothing the loss uses).
-  Responses run in up to two length buckets (`length_buckets`), so a few long rows — a DaGRPO anchor
-  is a full reference solution — do not pad every sampled response to their length.
+  The responses are *packed* (`pack_rows`): rows of one prompt share lines as wide as the longest
+  response, first-fit in decreasing length, with a block-causal 4-D mask (a position sees its prompt
+  and the earlier positions of its own row; each row keeps its own position ids). Short sampled
+  responses then fill the line beside a long DaGRPO anchor instead of each being padded to its length.
+  Needs an attention that takes a 4-D mask (sdpa, eager); flash-attention kernels take the padded path.
 
 Both paths also drop the columns that are padding in every row of the micro-batch (collate pads to
 the whole batch's longest prompt and response, a micro-batch may need less); the log-probs of dropped
@@ -19,7 +22,8 @@ response columns are 0, like every padded position, which the loss masks.
 
 `tests/test_logprobs.py` checks that log-probs and parameter gradients equal the padded forward's
 within 1e-5 (fp32) for GRPO, TA-GRPO q0 ratios and anchors (short and long), on Qwen3 (sdpa), Llama
-(eager) and Qwen2 (sdpa, q/k/v bias).
+(eager) and Qwen2 (sdpa, q/k/v bias). Packing against the two length buckets it replaced: forward +
+backward over the micro-batches of 6 steps 0.905-0.986x on the built-in task (BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ from regroup.batch import RolloutBatch
 # Architectures whose HF forward with a DynamicCache of full-attention layers is the padded forward
 # (tested). Others (sliding-window / hybrid / recurrent caches, encoder-decoders) take the padded path.
 SHARED_PREFIX_MODEL_TYPES = {"llama", "qwen2", "qwen3", "mistral"}
+# Attention implementations that take the packed lines' 4-D block mask (flash-attention kernels take none).
+PACKED_MASK_ATTENTION = {"sdpa", "eager"}
 
 
 def response_logps(model, batch: RolloutBatch, temperature: float = 1.0, with_entropy: bool = False,
@@ -44,39 +50,37 @@ def response_logps(model, batch: RolloutBatch, temperature: float = 1.0, with_en
     `shared_prefix` (cfg.grpo.shared_prefix) forwards each distinct prompt once (module docstring). It
     falls back to the padded forward, with the same result, where the cache path is not known to be
     exact or cannot run: a model type outside SHARED_PREFIX_MODEL_TYPES, a sliding window in use,
-    gradient checkpointing while training (HF turns the cache off there), or no prompt repeated in
-    the micro-batch (nothing to share).
+    gradient checkpointing while training (HF turns the cache off there), an attention that takes no
+    4-D mask (outside PACKED_MASK_ATTENTION), or no prompt repeated in the micro-batch (nothing to share).
     """
     p_all, t_all = batch.input_ids.shape[1] - batch.completion_length, batch.completion_length
     ids, attention, positions, p, t = _trim_padding(batch, p_all, t_all)
-    rows_all = torch.arange(len(ids), device=ids.device)
-    pieces = None
+    result = None
     if shared_prefix and t > 0 and shared_prefix_supported(model):
         lengths = batch.completion_mask[:, :t].sum(1).long().clamp(min=1)  # [B]
-        pieces = _shared_prefix_logits(model, ids, attention, positions, p, t, lengths)
-    if pieces is None:
-        pieces = [(rows_all, _padded_logits(model, ids, attention, positions, t))]
-    logps_parts, entropy_parts = [], []
-    for rows, logits in pieces:  # logits [n, t_b, V] for rows [n]
-        t_b = logits.shape[1]
-        logits = logits.float()
-        if temperature > 0 and temperature != 1.0:
-            logits = logits / temperature
-        log_probs = logits.log_softmax(-1)  # [n, t_b, V]
-        targets = ids[rows, p : p + t_b]  # [n, t_b]
-        logps = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [n, t_b]
-        # columns past t_b (all-padding in this piece or micro-batch): 0, as on any padded position
-        logps_parts.append(torch.nn.functional.pad(logps, (0, t_all - t_b)))  # [n, T]
-        if with_entropy:
-            with torch.no_grad():
-                entropy = -(log_probs.exp() * log_probs).sum(-1)  # [n, t_b]
-                entropy_parts.append(torch.nn.functional.pad(entropy, (0, t_all - t_b)))
-    order = torch.cat([rows for rows, _ in pieces])  # [B]: row of each assembled line
-    inverse = torch.empty_like(order)
-    inverse[order] = rows_all
-    logps = torch.cat(logps_parts)[inverse]  # [B, T]
-    entropy = torch.cat(entropy_parts)[inverse] if with_entropy else None
+        result = _shared_prefix_logps(model, ids, attention, positions, p, lengths, temperature, with_entropy)
+    if result is None:
+        logits = _padded_logits(model, ids, attention, positions, t)  # [B, t, V]
+        result = _token_logps(logits, ids[:, p : p + t], temperature, with_entropy)
+    logps, entropy = result  # [B, t_b] each, t_b <= t
+    # columns past t_b (padding in every row of the micro-batch): 0, as on any padded position
+    logps = torch.nn.functional.pad(logps, (0, t_all - logps.shape[1]))  # [B, T]
+    if entropy is not None:
+        entropy = torch.nn.functional.pad(entropy, (0, t_all - entropy.shape[1]))  # [B, T]
     return logps, entropy
+
+
+def _token_logps(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool):
+    """(log pi(target) [m, w], entropy [m, w] or None) from logits [m, w, V] divided by the temperature."""
+    logits = logits.float()
+    if temperature > 0 and temperature != 1.0:
+        logits = logits / temperature
+    log_probs = logits.log_softmax(-1)  # [m, w, V]
+    logps = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [m, w]
+    if not with_entropy:
+        return logps, None
+    with torch.no_grad():
+        return logps, -(log_probs.exp() * log_probs).sum(-1)  # [m, w]
 
 
 def prompt_order(samples: list) -> list[int]:
@@ -148,6 +152,8 @@ def shared_prefix_supported(model) -> bool:
     checkpointing = base.is_activation_checkpointing if checkpointing is not None else getattr(base, "is_gradient_checkpointing", False)
     if checkpointing and base.training:
         return False
+    if getattr(cfg, "_attn_implementation", None) not in PACKED_MASK_ATTENTION:
+        return False
     return cache_kwarg(base) is not None
 
 
@@ -174,18 +180,30 @@ def distinct_prompts(ids: torch.Tensor, attention: torch.Tensor) -> tuple[torch.
     return first[order], remap[inverse]
 
 
-def length_buckets(lengths: torch.Tensor, min_saving: float = 0.25) -> list[torch.Tensor]:
-    """Rows [n] of each response-length bucket. One bucket pads every response to the longest; two
-    (the shortest k rows, the rest) are used when that cuts the padded positions by at least
-    `min_saving` — e.g. a DaGRPO anchor much longer than its group's sampled responses."""
-    sorted_lengths, order = lengths.sort()  # [B]
-    b, longest = len(lengths), int(sorted_lengths[-1])
-    k = torch.arange(1, b, device=lengths.device)  # split after the k shortest rows
-    split_cost = k * sorted_lengths[:-1] + (b - k) * longest  # [B-1] padded positions of the two buckets
-    if b < 2 or float(split_cost.min()) > (1 - min_saving) * b * longest:
-        return [torch.arange(b, device=lengths.device)]
-    cut = int(k[split_cost.argmin()])
-    return [order[:cut].sort().values, order[cut:].sort().values]
+def pack_rows(lengths: list[int], prompt_of_row: list[int], width: int) -> tuple[list[tuple[int, int]], list[int]]:
+    """Place each row's `lengths[i]` response positions in packed lines of `width` slots, first-fit in
+    decreasing length, only beside rows of the same prompt (a line runs on one prompt's KV cache).
+    Returns ((line, offset) per row, (-1, 0) for a row of length 0; the prompt of every line)."""
+    place: list[tuple[int, int]] = [(-1, 0)] * len(lengths)
+    line_prompt: list[int] = []
+    free: list[int] = []  # open slots left in each line
+    lines_of: dict[int, list[int]] = {}
+    for i in sorted(range(len(lengths)), key=lambda i: (prompt_of_row[i], -lengths[i], i)):
+        n = lengths[i]
+        if n == 0:
+            continue
+        if n > width:
+            raise ValueError(f"row {i} has {n} positions, more than the line width {width}")
+        lines = lines_of.setdefault(prompt_of_row[i], [])
+        line = next((j for j in lines if free[j] >= n), None)
+        if line is None:
+            line = len(free)
+            free.append(width)
+            line_prompt.append(prompt_of_row[i])
+            lines.append(line)
+        place[i] = (line, width - free[line])
+        free[line] -= n
+    return place, line_prompt
 
 
 class _SelectRows(torch.autograd.Function):
@@ -216,10 +234,11 @@ def _expanded_cache(layers_kv: list[tuple[torch.Tensor, torch.Tensor]], index: t
     return DynamicCache(ddp_cache_data=[(_SelectRows.apply(k, index), _SelectRows.apply(v, index)) for k, v in layers_kv])
 
 
-def _shared_prefix_logits(model, ids, attention, positions, p: int, t: int, lengths: torch.Tensor):
-    """[(rows [n], logits [n, t_b, V])] per response-length bucket, from one forward per distinct prompt
-    and each bucket's responses on the expanded cache; None when no prompt repeats (the padded forward
-    then costs the same or less)."""
+def _shared_prefix_logps(model, ids, attention, positions, p: int, lengths: torch.Tensor, temperature: float,
+                         with_entropy: bool):
+    """(logps [B, t_b], entropy [B, t_b] or None) from one forward per distinct prompt, then the responses
+    packed into lines on the expanded cache; None when no prompt repeats (the padded forward then costs
+    the same or less). t_b is the longest response of the micro-batch."""
     from transformers import DynamicCache
 
     if p == 0:
@@ -233,18 +252,51 @@ def _shared_prefix_logits(model, ids, attention, positions, p: int, t: int, leng
         input_ids=ids[first, :p], attention_mask=attention[first, :p], position_ids=positions[first, :p],
         use_cache=True, logits_to_keep=1, **{kw: cache},
     ).logits  # [U, 1, V]: predicts response token 0
+    # Response token 0 of every row is predicted by its prompt's last position.
+    head = _token_logps(prompt_logits.index_select(0, prompt_of_row), ids[:, p : p + 1], temperature, with_entropy)
+    fed = lengths - 1  # [B] response positions a row feeds: its last token predicts nothing the loss uses
+    width = int(fed.max())
+    if width == 0:
+        return head
     layers_kv = [(layer.keys, layer.values) for layer in cache.layers]  # per layer [U, kv, P, D]
-    pieces = []
-    for rows in length_buckets(lengths):
-        t_b = int(lengths[rows].max())
-        first_logits = prompt_logits.index_select(0, prompt_of_row[rows])  # [n, 1, V]
-        if t_b == 1:
-            pieces.append((rows, first_logits))
-            continue
-        response_logits = model(
-            input_ids=ids[rows, p : p + t_b - 1], attention_mask=attention[rows, : p + t_b - 1],
-            position_ids=positions[rows, p : p + t_b - 1], use_cache=True,
-            **{kw: _expanded_cache(layers_kv, prompt_of_row[rows])},
-        ).logits  # [n, t_b-1, V]: response position k predicts response token k+1
-        pieces.append((rows, torch.cat([first_logits, response_logits], dim=1)))  # [n, t_b, V]
-    return pieces
+
+    # Pack: rows of one prompt share lines of `width` slots, so padding is what first-fit leaves over.
+    place, line_prompt = pack_rows(fed.tolist(), prompt_of_row.tolist(), width)
+    n_lines, device = len(line_prompt), ids.device
+    k = torch.arange(width, device=device)  # [W]
+    fed_here = k[None, :] < fed[:, None]  # [B, W] row i feeds its positions k < fed_i
+    start = torch.tensor([line * width + offset for line, offset in place], device=device)  # [B]
+    slot = torch.where(fed_here, start[:, None] + k[None, :], 0)  # [B, W] flat slot of each fed position
+    dest = slot[fed_here]  # [F]
+    line_ids = torch.zeros(n_lines * width, dtype=ids.dtype, device=device)  # [L*W]; empty slots: outputs unread
+    line_ids[dest] = ids[:, p : p + width][fed_here]
+    line_targets = torch.zeros_like(line_ids)  # [L*W] position k predicts response token k+1
+    line_targets[dest] = ids[:, p + 1 : p + 1 + width][fed_here]
+    line_pos = torch.zeros_like(line_ids)  # [L*W] each row keeps its own positions
+    line_pos[dest] = positions[:, p : p + width][fed_here]
+    segment = torch.full((n_lines * width,), -1, device=device)  # [L*W] row that fed each slot
+    segment[dest] = torch.arange(len(ids), device=device)[:, None].expand_as(fed_here)[fed_here]
+    segment = segment.view(n_lines, width)  # [L, W]
+    line_prompt_t = torch.tensor(line_prompt, device=device)  # [L]
+    # A query sees its prompt's real positions and the earlier positions of its own row (block-causal).
+    own_row = (segment[:, :, None] == segment[:, None, :]) & (segment[:, None, :] >= 0)  # [L, W, W]
+    own_row &= torch.ones(width, width, dtype=torch.bool, device=device).tril()
+    prompt_keys = attention[first[line_prompt_t], :p].bool()[:, None, :].expand(n_lines, width, p)  # [L, W, P]
+    allowed = torch.cat([prompt_keys, own_row], dim=2)[:, None]  # [L, 1, W, P+W]; empty slots see the prompt
+    logits = model(
+        input_ids=line_ids.view(n_lines, width), attention_mask=_attention_bias(model, allowed),
+        position_ids=line_pos.view(n_lines, width), use_cache=True,
+        **{kw: _expanded_cache(layers_kv, line_prompt_t)},
+    ).logits  # [L, W, V]
+    line_logps, line_entropy = _token_logps(logits, line_targets.view(n_lines, width), temperature, with_entropy)
+    logps = torch.where(fed_here, line_logps.reshape(-1)[slot], 0.0)  # [B, W] unpacked, 0 where not fed
+    entropy = None if line_entropy is None else torch.where(fed_here, line_entropy.reshape(-1)[slot], 0.0)
+    return (torch.cat([head[0], logps], dim=1),  # [B, 1+W]
+            None if entropy is None else torch.cat([head[1], entropy], dim=1))
+
+
+def _attention_bias(model, allowed: torch.Tensor) -> torch.Tensor:
+    """The 4-D mask as the model's attention takes it: boolean for SDPA, additive float for eager."""
+    if _base_model(model).config._attn_implementation == "eager":
+        return torch.zeros(allowed.shape, device=allowed.device).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    return allowed

@@ -246,7 +246,7 @@ class Trainer:
         advantages = step_batch.advantages[order].to(self.acc.device)  # [B]
         weights = None if step_batch.weights is None else step_batch.weights[order].to(self.acc.device)  # [B]
         metrics: dict = {}
-        if self.grad_conflict_every and self.step % self.grad_conflict_every == 0:
+        if self.grad_conflict_every and step_batch.step % self.grad_conflict_every == 0:
             d = cfg.diagnostics
             metrics.update(gradient_conflict(
                 self.acc.unwrap_model(self.model), batch, advantages,
