@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 
 import pytest
@@ -197,6 +198,34 @@ def test_pack_rows_first_fit_decreasing_within_a_prompt():
     assert place == [(0, 0), (0, 2), (0, 4)] and line_prompt == [0]
     with pytest.raises(ValueError, match="line width"):
         pack_rows([7], [0], width=6)
+
+
+def test_pack_rows_never_overlaps_and_keeps_prompts_apart():
+    import random
+
+    from regroup.logprobs import pack_rows
+
+    rng = random.Random(0)
+    for _ in range(200):
+        n = rng.randint(1, 40)
+        lengths = [rng.randint(0, 30) for _ in range(n)]
+        prompts = [rng.randint(0, 4) for _ in range(n)]
+        width = max(max(lengths), 1)
+        place, line_prompt = pack_rows(lengths, prompts, width)
+        used: dict[int, set[int]] = {}
+        for i, ((line, offset), length) in enumerate(zip(place, lengths)):
+            if length == 0:
+                assert line == -1
+                continue
+            assert line_prompt[line] == prompts[i] and 0 <= offset and offset + length <= width
+            slots = set(range(offset, offset + length))
+            assert not slots & used.get(line, set())  # no two rows share a slot
+            used.setdefault(line, set()).update(slots)
+        assert sorted(used) == list(range(len(line_prompt)))  # no empty line
+        # first-fit leaves at most one line of a prompt half full or less
+        for prompt in set(prompts):
+            total = sum(l for l, p in zip(lengths, prompts) if p == prompt)
+            assert line_prompt.count(prompt) <= max(1, 2 * math.ceil(total / width))
 
 
 def test_rows_beside_a_long_anchor_share_lines():
