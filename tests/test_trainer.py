@@ -269,7 +269,7 @@ def test_gradient_conflict_runs_on_the_step_train_step_is_given(tiny_model_dir, 
     cfg = small_config(tiny_model_dir, tmp_path / "gc", "grpo.yaml", "diagnostics.grad_conflict_every=3")
     trainer = Trainer.from_config(cfg, tmp_path / "gc", log=lambda m: None)
     calls = []
-    monkeypatch.setattr(trainer_module, "gradient_conflict", lambda *a, **k: calls.append(trainer.step) or {})
+    monkeypatch.setattr(trainer_module, "gradient_conflict", lambda *a, **k: calls.append(1) or {})
     measured = []
     for step in range(4):
         before = len(calls)
@@ -277,6 +277,7 @@ def test_gradient_conflict_runs_on_the_step_train_step_is_given(tiny_model_dir, 
         measured.append(len(calls) > before)
     assert trainer.step == 0  # the loop's counter never moved
     assert measured == [True, False, False, True]
+
 
 def test_sharded_checkpoint_path_saves_full_weights_and_training_state_and_resumes(tiny_model_dir, tmp_path, monkeypatch):
     """The trainer's FSDP / ZeRO-3 save and resume path (gather + accelerate state), run in one process with
