@@ -88,15 +88,32 @@ def test_every_field_has_a_docstring():
 # -- numeric rules: every int/float field has one ---------------------------------------------------------
 
 
-def test_every_numeric_field_has_a_rule():
-    """A new int/float field must get a rule in NUMERIC_RULES (and no rule may name a field that is gone)."""
-    from regroup.config import NUMERIC_RULES, numeric_keys
+def test_every_numeric_field_has_bounds():
+    """A new int/float field must declare its bounds on the field (F(..., ge=/gt=/le=/lt=, or finite=True)),
+    and only numeric fields may carry bounds."""
+    from regroup.config import numeric_keys, numeric_rules
 
-    keys = numeric_keys()
+    keys, rules = numeric_keys(), numeric_rules()
     assert len(keys) > 50
     assert "optim.lr" in keys and "mask.scorer.timeout_s" in keys and "diagnostics.grad_conflict_every" in keys
-    assert sorted(set(keys) - set(NUMERIC_RULES)) == [], "numeric fields without a rule"
-    assert sorted(set(NUMERIC_RULES) - set(keys)) == [], "rules naming no field"
+    assert sorted(set(keys) - set(rules)) == [], "numeric fields without bounds"
+    assert sorted(set(rules) - set(keys)) == [], "bounds on a field that is not a number"
+
+
+def test_the_bounds_check_catches_a_field_without_bounds():
+    """The check above can fail: a section with an unbounded int field is reported by numeric_rules/keys."""
+    import dataclasses
+
+    from regroup import config
+
+    @dataclasses.dataclass
+    class Extra:
+        bounded: int = config.F(1, "has bounds", ge=0)
+        unbounded: int = config.F(1, "has none")
+
+    rows = [(key, f.metadata["rule"]) for key, f, _ in config.leaves(Extra)]
+    assert rows[0][1] is not None and rows[0][1].ok(0) and not rows[0][1].ok(-1)
+    assert rows[1] == ("unbounded", None)
 
 
 def test_numeric_rule_bounds_by_hand():

@@ -259,8 +259,12 @@ def cmd_config(args) -> int:
         from regroup.tasks import get_task
 
         cfg = load_config(args.config, args.overrides)
+        from regroup.registry import STAGES
+
         with tempfile.TemporaryDirectory() as scratch:  # a judge or rewriter would put its cache here
             print(describe(build_recipe(cfg, get_task(cfg.data.task), lambda text: [0] * len(text), scratch)))
+        print(f"registered stages: {', '.join(STAGES.names())} (add your own with "
+              "stages.extra=[after:STAGE=package.module:Object], docs/extending.md)")
         return 0
     for key, default, doc in field_docs():
         print(f"{key:38s} {default:28s} {doc}")
@@ -304,14 +308,15 @@ def _number(kind, rule_text: str):
 
 
 def _rewriter_name(text: str) -> str:
-    import difflib
+    from regroup.rephrase import REPHRASERS  # importing the package registers its rewriters
 
-    known = ["rules", "openai", "dataset"]
-    if text in known or ":" in text:
+    if REPHRASERS.known(text):
         return text
-    close = difflib.get_close_matches(text, known, n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
-    raise argparse.ArgumentTypeError(f"unknown rewriter {text!r}{hint}; known: {', '.join(known)} or 'package.module:object'")
+    try:
+        REPHRASERS.get(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).replace("unknown rephraser", "unknown rewriter")) from None
+    return text
 
 
 def _recipe_list(text: str) -> str:

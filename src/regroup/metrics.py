@@ -18,7 +18,7 @@ import os
 import warnings
 from pathlib import Path
 
-from regroup.config import write_atomic
+from regroup.io import write_atomic
 
 
 class MetricsFileWarning(UserWarning):
@@ -76,10 +76,8 @@ def warn_bad_lines(path, bad: list[tuple[int, str]], action: str = "skipped", wa
 
 
 def tracker_names(train_cfg) -> list[str]:
-    """`train.report_to`, plus the older switches `train.tensorboard` / `train.wandb`, without repeats."""
-    names = list(train_cfg.report_to)
-    names += [n for n, on in (("tensorboard", train_cfg.tensorboard), ("wandb", train_cfg.wandb)) if on]
-    return list(dict.fromkeys(names))
+    """`train.report_to` without repeats."""
+    return list(dict.fromkeys(train_cfg.report_to))
 
 
 def flat_config(config: dict, prefix: str = "") -> dict:

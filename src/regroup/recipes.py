@@ -13,6 +13,7 @@ the recipe lists, in order, and call the loss with its spec; neither asks which 
 | + dynamic_sampling | … reward, [anchors], dynamic_sampling, advantages …                               | |
 | + overlong       | … reward, overlong_penalty, …, advantages, overlong_filter                          | |
 | + GSPO           | unchanged                                                                          | sequence ratio |
+| + stages.extra   | user stages by dotted path, before/after a stage above or at the end               | |
 
 `describe(recipe)` prints the list; `regroup config --stages` shows it for a config.
 """
@@ -23,6 +24,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from regroup.algo.losses import LossSpec
+from regroup.config import parse_reward_spec
+from regroup.registry import REWARDS, load_dotted
+from regroup.rephrase import build_rephraser as build_named_rephraser
+from regroup.rewards import combine
+from regroup.scorers.registry import build_scorer as build_named_scorer
+from regroup.stages.advantages import GroupAdvantages
+from regroup.stages.anchors import AnchorInjector, InjectAnchors, ReserveAnchorSlots
+from regroup.stages.dynamic_sampling import DynamicSampling
+from regroup.stages.masking import DistinctivenessMasker
+from regroup.stages.overlong import OverlongFilter, OverlongPenalty
+from regroup.stages.rephrasing import VariantProvider
+from regroup.stages.rewarding import RewardResponses
+from regroup.stages.sampling import SampleResponses
+from regroup.stages.user import insert_user_stages, parse_stage_entry
 
 
 @dataclass
@@ -55,52 +70,43 @@ def describe(recipe: Recipe) -> str:
 
 
 def build_reward_fn(specs: list[str], task, workers: int = 1, correct_threshold: float = 1.0):
-    """`task`, `math`, or `pkg.mod:fn`, each optionally `*weight`; several are summed with weights."""
-    from regroup.registry import load_dotted
-    from regroup.rewards import combine, task_grader
-    from regroup.rewards.math_verify import MathAnswerChecker
+    """A registered reward (`task`, `math`) or `pkg.mod:fn`, each optionally `*weight`; several are summed."""
 
     parts = []
     for spec in specs:
-        name, _, weight = spec.partition("*")
-        if name == "task":
-            fn = task_grader(task, correct_threshold=correct_threshold)
-        elif name == "math":
-            fn = MathAnswerChecker(workers=workers)
-        else:
+        name, weight = parse_reward_spec(spec)
+        if ":" in name:
             fn = load_dotted(name)
-        parts.append((fn, float(weight) if weight else 1.0))
+        else:
+            fn = REWARDS.get(name)(task, workers=workers, correct_threshold=correct_threshold)
+        parts.append((fn, weight))
     if len(parts) == 1 and parts[0][1] == 1.0:
         return parts[0][0]
     return combine(parts)
 
 
 def build_rephraser(cfg, task, run_dir: Path):
-    from regroup.rephrase import build_rephraser as _build
-
     ta = cfg.ta
     if ta.rephraser == "rules":
-        return _build("rules", rephrase_fn=task.rephrase, seed=cfg.seed)
+        return build_named_rephraser("rules", rephrase_fn=task.rephrase, seed=cfg.seed)
     if ta.rephraser == "openai":
         (run_dir / "cache").mkdir(parents=True, exist_ok=True)
-        return _build("openai", base_url=ta.base_url, model=ta.model, api_key_env=ta.api_key_env,
-                      cache_path=str(run_dir / "cache" / "rephrase.sqlite"))
-    return _build(ta.rephraser)
+        return build_named_rephraser("openai", base_url=ta.base_url, model=ta.model, api_key_env=ta.api_key_env,
+                                     cache_path=str(run_dir / "cache" / "rephrase.sqlite"))
+    return build_named_rephraser(ta.rephraser)
 
 
 def build_scorer(cfg, task, run_dir: Path):
-    from regroup.scorers.registry import build_scorer as _build
-
     s = cfg.mask.scorer
     if s.name == "judge":
         cache = Path(s.cache_dir) if s.cache_dir else run_dir / "cache"
         cache.mkdir(parents=True, exist_ok=True)
-        return _build("judge", base_url=s.base_url, model=s.model, api_key_env=s.api_key_env,
-                      concurrency=s.concurrency, timeout_s=s.timeout_s, max_retries=s.max_retries,
-                      cache_path=str(cache / "judge.sqlite"))
+        return build_named_scorer("judge", base_url=s.base_url, model=s.model, api_key_env=s.api_key_env,
+                                  concurrency=s.concurrency, timeout_s=s.timeout_s, max_retries=s.max_retries,
+                                  cache_path=str(cache / "judge.sqlite"))
     if s.name == "step":
-        return _build("step", step_fn=getattr(task, "step_score", None))
-    return _build(s.name)
+        return build_named_scorer("step", step_fn=getattr(task, "step_score", None))
+    return build_named_scorer(s.name)
 
 
 def loss_spec(cfg) -> LossSpec:
@@ -111,16 +117,8 @@ def loss_spec(cfg) -> LossSpec:
 
 
 def build_recipe(cfg, task, encode_response, run_dir) -> Recipe:
-    """The stages and loss spec `cfg` switches on, in the order of `regroup.stages.base`'s diagram."""
-    from regroup.stages.advantages import GroupAdvantages
-    from regroup.stages.anchors import AnchorInjector, InjectAnchors, ReserveAnchorSlots
-    from regroup.stages.dynamic_sampling import DynamicSampling
-    from regroup.stages.masking import DistinctivenessMasker
-    from regroup.stages.overlong import OverlongFilter, OverlongPenalty
-    from regroup.stages.rephrasing import VariantProvider
-    from regroup.stages.rewarding import RewardResponses
-    from regroup.stages.sampling import SampleResponses
-
+    """The stages and loss spec `cfg` switches on, in the order of `regroup.stages.base`'s diagram, with the
+    user's `stages.extra` inserted."""
     run_dir = Path(run_dir)
     reward_fn = build_reward_fn(cfg.rewards.functions, task, cfg.rewards.workers, cfg.rewards.correct_threshold)
     ratio_on_original = cfg.ta.enabled and cfg.ta.ratio_anchor == "original"
@@ -146,4 +144,5 @@ def build_recipe(cfg, task, encode_response, run_dir) -> Recipe:
         stages.append(DistinctivenessMasker(build_scorer(cfg, task, run_dir), cfg.mask.delta, cfg.mask.scorer.question))
     if o.filter:
         stages.append(OverlongFilter())
+    stages = insert_user_stages(stages, [parse_stage_entry(e) for e in cfg.stages.extra])  # checked by the config
     return Recipe(stages=stages, loss=loss_spec(cfg), reward_fn=reward_fn, ratio_on_original=ratio_on_original)

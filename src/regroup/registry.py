@@ -48,6 +48,9 @@ class Registry:
     def __contains__(self, name: str) -> bool:
         return name in self._items
 
+    def __iter__(self):
+        return iter(self._items)
+
     def known(self, name: str) -> bool:
         """A built-in name, or something shaped like a dotted path (imported only by `get`)."""
         return name in self._items or ":" in name
@@ -71,9 +74,14 @@ KL_ESTIMATORS = Registry("KL estimator")
 LOSS_TERMS = Registry("loss term")
 """Extra terms added to the policy loss (entropy bonus, ...)."""
 REWARDS = Registry("reward")
+"""Reward builders `(task, *, workers, correct_threshold) -> reward_fn` ("task", "math"); a dotted path names
+the reward function itself."""
 SCORERS = Registry("scorer")
+"""Scorer classes and factories for DaGRPO masks ("step", "judge", "similarity")."""
 REPHRASERS = Registry("rephraser")
+"""Rephraser classes and factories for TA-GRPO ("rules", "openai", "dataset")."""
 TASKS = Registry("task")
+"""Task classes ("arithmetic"), built with the task's keyword settings."""
 
 
 def load_dotted(path: str) -> Any:
@@ -93,8 +101,10 @@ def load_dotted(path: str) -> Any:
     return obj
 
 
-def build_named(kind: str, name: str, builtins: dict[str, Callable[..., Any]], method: str, **kwargs: Any) -> Any:
-    """The `kind` called `name` built with `kwargs`: a key of `builtins`, or a dotted path to a class or
+def build_named(kind: str, name: str, builtins: Registry | dict[str, Callable[..., Any]], method: str,
+                **kwargs: Any) -> Any:
+    """The `kind` called `name` built with `kwargs`: a name in `builtins` (a Registry of classes and
+    factories), or a dotted path to a class or
     factory (called with `kwargs`) or to a ready instance (which takes no settings). The result must
     have a callable `method`."""
     if ":" in name:
@@ -108,7 +118,7 @@ def build_named(kind: str, name: str, builtins: dict[str, Callable[..., Any]], m
         else:
             raise TypeError(f"{name!r} is neither a {kind} nor a callable that builds one")
     elif name in builtins:
-        built = builtins[name](**kwargs)
+        built = builtins.get(name)(**kwargs)
     else:
         raise ValueError(f"unknown {kind} {name!r}; known: {sorted(builtins)} or 'package.module:object'")
     if not callable(getattr(built, method, None)):

@@ -183,14 +183,14 @@ def test_math_checker_on_random_text(checker, inner, answer, boxed):
 def _numeric_cases():
     """(dotted key, bad value as YAML) for every numeric field: nan, ±inf, and the values just past each
     bound of its rule (0 where it must be positive, -1 where it must be >= 0, a huge value past an upper bound)."""
-    from regroup.config import NUMERIC_RULES, numeric_keys
+    from regroup.config import numeric_keys, numeric_rules
 
     def text(x: float) -> str:
         return str(int(x)) if float(x).is_integer() and abs(x) < 2**53 else repr(float(x))
 
     cases = []
     for key in numeric_keys():
-        rule = NUMERIC_RULES[key]
+        rule = numeric_rules()[key]
         bad = [".nan", ".inf", "-.inf"]
         if rule.low is not None:
             bad.append(text(rule.low) if rule.low_open else text(rule.low - 1))
@@ -224,11 +224,11 @@ def test_every_numeric_field_rejects_its_bad_values(key, value):
 def test_every_numeric_field_accepts_its_bounds():
     """The rules are not stricter than they say: each closed bound itself loads (where no cross-field rule
     forbids it), so the bad values above fail for the right reason."""
-    from regroup.config import NUMERIC_RULES, load_config
+    from regroup.config import load_config, numeric_rules
 
     cross_field = {"grpo.num_generations": 1, "anchors.count": 2 ** 31 - 1}  # a group of one; count < G
     checked = 0
-    for key, rule in NUMERIC_RULES.items():
+    for key, rule in numeric_rules().items():
         for bound, is_open in ((rule.low, rule.low_open), (rule.high, rule.high_open)):
             if bound is None or is_open or cross_field.get(key) == bound:
                 continue

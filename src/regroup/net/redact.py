@@ -17,6 +17,8 @@ import re
 import threading
 from collections.abc import Iterable
 
+from regroup.errors import ConfigError
+
 MASK = "***"
 MIN_FRAGMENT = 4  # a key piece this long or longer is a leak
 
@@ -95,10 +97,8 @@ def looks_like_a_key(name: str) -> bool:
 def check_key_env_name(name: str | None, field: str) -> None:
     """Refuse an `api_key_env` value that looks like a key, without ever printing it.
 
-    None (no authentication) passes. Raises `regroup.config.ConfigError` naming only `field`.
+    None (no authentication) passes. Raises `regroup.errors.ConfigError` naming only `field`.
     """
-    from regroup.config import ConfigError  # here, not at the top: config calls this from validate()
-
     if name is None:
         return
     if not isinstance(name, str) or not name:

@@ -12,7 +12,7 @@ from regroup.rephrase.base import Rephraser
 from regroup.rephrase.dataset import DatasetRephraser
 from regroup.rephrase.llm import OpenAIRephraser
 from regroup.rephrase.rules import RulesRephraser
-from regroup.registry import build_named
+from regroup.registry import REPHRASERS, build_named
 
 
 def build_openai_rephraser(
@@ -33,11 +33,9 @@ def build_openai_rephraser(
     return OpenAIRephraser(client, cache, prompt_version, verifier)
 
 
-REPHRASERS: dict[str, Callable[..., Rephraser]] = {
-    "rules": RulesRephraser,
-    "openai": build_openai_rephraser,
-    "dataset": DatasetRephraser,
-}
+REPHRASERS.register("rules", RulesRephraser)
+REPHRASERS.register("openai", build_openai_rephraser)
+REPHRASERS.register("dataset", DatasetRephraser)
 
 
 def build_rephraser(name: str, **kwargs: Any) -> Rephraser:

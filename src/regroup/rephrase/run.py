@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from regroup.errors import ConfigError
 from regroup.net import ChatClient, DiskCache
 from regroup.io import write_atomic
 from regroup.net.redact import check_key_env_name, redact
@@ -88,8 +89,6 @@ def run_rephrase(
     if rewriter == "openai":
         check_key_env_name(api_key_env, "--api-key-env")  # before anything is read or printed
         if not timeout_s > 0:
-            from regroup.config import ConfigError
-
             raise ConfigError(f"--timeout must be > 0 seconds, got {timeout_s}")
     t0 = time.monotonic()
     loaded = load_problems(data_in, skip_bad_rows=skip_bad_rows)

@@ -16,9 +16,10 @@ from typing import Any
 import yaml
 
 # Config keys that identify a run or only change bookkeeping: they are left out of the config diff
-# and do not split runs of one recipe into separate rows (seeds of one recipe are aggregated).
+# and do not split runs of one recipe into separate rows (seeds of one recipe are aggregated). Older runs'
+# config.yaml may still hold the removed train.tensorboard / train.wandb switches.
 BOOKKEEPING_KEYS = frozenset({
-    "recipe", "seed", "run_dir", "train.progress", "train.tensorboard", "train.wandb", "train.threads",
+    "recipe", "seed", "run_dir", "train.progress", "train.report_to", "train.tensorboard", "train.wandb", "train.threads",
     "train.checkpoint_every", "train.keep_checkpoints",
 })
 

@@ -15,6 +15,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from regroup.registry import REWARDS
 from regroup.rewards.counts import RewardCounts
 from regroup.tasks.base import Problem
 
@@ -116,3 +117,13 @@ def task_grader(task: Any, correct_threshold: float = 1.0) -> RewardFn:
     reward.__name__ = f"{getattr(task, 'name', _name(task))}.grade"
     reward.pop_counts = counts.pop
     return reward
+
+
+@REWARDS.register("task")
+def build_task_reward(task: Any, *, workers: int = 1, correct_threshold: float = 1.0) -> RewardFn:
+    """`rewards=[task]`: the task's own grader (registered rewards are built as `(task, workers=,
+    correct_threshold=) -> reward`)."""
+    return task_grader(task, correct_threshold=correct_threshold)
+
+
+from regroup.rewards import math_verify  # noqa: E402,F401  (registers "math"; it imports this module's counts)

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from regroup.registry import REWARDS
 from regroup.rewards.counts import RewardCounts
 
 __all__ = ["CHECK_COUNTS", "MathAnswerChecker", "extract_boxed", "extract_after_marker"]
@@ -401,3 +402,9 @@ class MathAnswerChecker:
     def __repr__(self) -> str:
         return (f"MathAnswerChecker(marker={self.marker!r}, timeout_s={self.timeout_s}, max_chars={self.max_chars}, "
                 f"workers={self.workers})")
+
+
+@REWARDS.register("math")
+def build_math_reward(task: Any, *, workers: int = 1, correct_threshold: float = 1.0) -> MathAnswerChecker:
+    """`rewards=[math]`: math-verify on the response's final answer, `workers` checker processes."""
+    return MathAnswerChecker(workers=workers)

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from regroup.net import ChatClient, DiskCache
 from regroup.net.build import client_and_cache
-from regroup.registry import build_named, load_dotted  # noqa: F401  (load_dotted re-exported)
+from regroup.registry import SCORERS, build_named, load_dotted  # noqa: F401  (load_dotted re-exported)
 from regroup.scorers.base import Scorer
 from regroup.scorers.judge import JudgeScorer
 from regroup.scorers.similarity import SimilarityScorer
@@ -32,11 +31,9 @@ def build_judge(
     return JudgeScorer(client, cache, prompt_version)
 
 
-SCORERS: dict[str, Callable[..., Scorer]] = {
-    "step": StepScorer,
-    "judge": build_judge,
-    "similarity": SimilarityScorer,
-}
+SCORERS.register("step", StepScorer)
+SCORERS.register("judge", build_judge)
+SCORERS.register("similarity", SimilarityScorer)
 
 
 def build_scorer(name: str, **kwargs: Any) -> Scorer:

@@ -7,6 +7,7 @@ import math
 import torch
 
 from regroup.algo.advantages import group_advantages
+from regroup.registry import STAGES
 from regroup.stages.base import StepBatch, StepContext
 
 
@@ -32,3 +33,5 @@ class GroupAdvantages:
         if anchor.any():
             metrics["anchor/adv_mean"] = float(batch.advantages[anchor].mean())
         return metrics
+
+STAGES.register(GroupAdvantages.name, GroupAdvantages)

@@ -13,6 +13,7 @@ import time
 from collections import OrderedDict
 
 from regroup.batch import Sample
+from regroup.registry import STAGES
 from regroup.stages.base import StepBatch, StepContext
 
 
@@ -180,3 +181,6 @@ class InjectAnchors:
 
     def load_state_dict(self, state: dict) -> None:
         self.injector.load_state_dict(state)
+
+STAGES.register(ReserveAnchorSlots.name, ReserveAnchorSlots)
+STAGES.register(InjectAnchors.name, InjectAnchors)

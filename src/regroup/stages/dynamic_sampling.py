@@ -14,6 +14,7 @@ import math
 
 import torch
 
+from regroup.registry import STAGES
 from regroup.stages.base import StepBatch, StepContext
 
 
@@ -60,3 +61,5 @@ class DynamicSampling:
             "dynamic/kept_groups": float(len(kept)),
             "dynamic/short": float(len(kept) < self.target_groups),
         }
+
+STAGES.register(DynamicSampling.name, DynamicSampling)

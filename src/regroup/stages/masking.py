@@ -10,6 +10,7 @@ import torch
 
 from regroup.algo.distinctiveness import distinctiveness_mask, mask_stats
 from regroup.batch import Sample
+from regroup.registry import STAGES
 from regroup.scorers.base import ScoreItem
 from regroup.stages.base import StepBatch, StepContext
 
@@ -65,3 +66,5 @@ class DistinctivenessMasker:
         keep, metrics = self.mask(batch.samples, batch.advantages, group_ids)
         batch.multiply_weights(keep)
         return metrics
+
+STAGES.register(DistinctivenessMasker.name, DistinctivenessMasker)

@@ -13,6 +13,7 @@ import math
 
 import torch
 
+from regroup.registry import STAGES
 from regroup.stages.base import StepBatch, StepContext
 
 
@@ -52,3 +53,6 @@ class OverlongFilter:
         keep = torch.tensor([not (s.truncated and not s.is_anchor) for s in batch.samples], dtype=torch.bool)  # [B]
         batch.multiply_weights(keep)
         return {"overlong/filtered_frac": float((~keep).float().mean()) if len(keep) else 0.0}
+
+STAGES.register(OverlongPenalty.name, OverlongPenalty)
+STAGES.register(OverlongFilter.name, OverlongFilter)

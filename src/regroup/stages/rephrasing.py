@@ -3,6 +3,7 @@ per question and remembered (rules are seeded by the question id, so a resumed r
 
 from __future__ import annotations
 
+from regroup.registry import STAGES
 from regroup.stages.base import StepBatch, StepContext
 
 
@@ -28,3 +29,5 @@ class VariantProvider:
         batch.variants = self.variants(batch.problems)
         alone = sum(1 for v in batch.variants if not v)
         return {"ta/questions_without_variants": float(alone), "ta/failed_questions_total": float(self.failed_questions)}
+
+STAGES.register(VariantProvider.name, VariantProvider)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from regroup.registry import STAGES
 from regroup.rewards import pop_counts, score_many
 from regroup.stages.base import StepBatch, StepContext
 
@@ -39,3 +40,5 @@ class RewardResponses:
         metrics = {"time/reward": time.perf_counter() - t0}
         metrics.update(pop_reward_counts(self.reward_fn))
         return metrics
+
+STAGES.register(RewardResponses.name, RewardResponses)

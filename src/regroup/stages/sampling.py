@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from regroup.batch import Sample
+from regroup.registry import STAGES
 from regroup.stages.base import StepBatch, StepContext
 from regroup.stages.groups import expand_groups, sample_seed
 
@@ -43,3 +44,5 @@ class SampleResponses:
         generated = sum(len(c.token_ids) for c in completions)
         return {"time/rollout": elapsed, "tokens/generated": float(generated),
                 "tokens_per_s": generated / max(elapsed, 1e-9)}
+
+STAGES.register(SampleResponses.name, SampleResponses)

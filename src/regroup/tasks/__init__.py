@@ -1,21 +1,20 @@
-"""Tasks: where problems, graders, step scorers and rephrasings come from. `get_task` picks one by name."""
+"""Tasks: where problems, graders, step scorers and rephrasings come from. `get_task` picks one by name
+(a task registered on `regroup.registry.TASKS`, or "pkg.mod:obj")."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from regroup.registry import TASKS, load_dotted
+from regroup.tasks import arithmetic  # noqa: F401  (registers "arithmetic")
 from regroup.tasks.base import Problem, Task
 
-__all__ = ["BUILTIN_TASKS", "Problem", "Task", "get_task"]
-
-BUILTIN_TASKS = ("arithmetic",)
+__all__ = ["Problem", "Task", "get_task"]
 
 
 def _load_dotted(spec: str) -> Any:
-    from regroup.registry import load_dotted
-
     if ":" not in spec:
-        raise ValueError(f"task {spec!r}: expected a built-in name {BUILTIN_TASKS} or 'package.module:object'")
+        raise ValueError(f"task {spec!r}: expected a registered name ({', '.join(TASKS)}) or 'package.module:object'")
     try:
         return load_dotted(spec)
     except ValueError as exc:
@@ -23,17 +22,15 @@ def _load_dotted(spec: str) -> Any:
 
 
 def get_task(name: str, **kwargs: Any) -> Any:
-    """The task called `name`: "arithmetic" (built in), or "pkg.mod:obj" naming a task object, a task
-    class, or a factory function (classes and factories are called with `kwargs`).
+    """The task called `name`: a registered one ("arithmetic", built with `kwargs`), or "pkg.mod:obj" naming
+    a task object, a task class, or a factory function (classes and factories are called with `kwargs`).
 
     A task needs a `name` and a `grade(response, problem) -> float`; raises ValueError otherwise.
     """
     if not isinstance(name, str) or not name:
         raise ValueError(f"get_task: task name must be a non-empty string, got {name!r}")
-    if name == "arithmetic":
-        from regroup.tasks.arithmetic import ArithmeticTask
-
-        return ArithmeticTask(**kwargs)
+    if name in TASKS:
+        return TASKS.get(name)(**kwargs)
     obj = _load_dotted(name)
     if isinstance(obj, type) or (callable(obj) and not hasattr(obj, "grade")):
         obj = obj(**kwargs)
