@@ -309,14 +309,12 @@ def _number(kind, rule_text: str):
 
 def _rewriter_name(text: str) -> str:
     from regroup.rephrase import REPHRASERS  # importing the package registers its rewriters
+    from regroup.registry import did_you_mean
 
     if REPHRASERS.known(text):
         return text
-    try:
-        REPHRASERS.get(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e).replace("unknown rephraser", "unknown rewriter")) from None
-    return text
+    raise argparse.ArgumentTypeError(f"unknown rewriter {text!r}{did_you_mean(text, REPHRASERS)}; known: "
+                                     f"{', '.join(REPHRASERS)} or 'package.module:object'")
 
 
 def _recipe_list(text: str) -> str:

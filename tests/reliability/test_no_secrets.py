@@ -38,7 +38,7 @@ def test_api_key_in_no_file_output_or_report(tiny_model_dir, tmp_path, figures):
 
     judge = h.FlakyJudge(h.judge_faults(1.0, echo=KEY), p_fault=0.3, seed=5)
     env = h.child_env({KEY_ENV: KEY})
-    common = ("train.steps=2", "train.tensorboard=true")
+    common = ("train.steps=2", "train.report_to=[tensorboard]")
     da_dir, ta_dir = tmp_path / "dagrpo", tmp_path / "ta"
     with FakeOpenAI(api_key=KEY, responder=judge) as judge_srv, \
             FakeOpenAI(api_key=KEY, responder=h.rewriter_reply) as rw_srv:
