@@ -1,10 +1,10 @@
 """Typed run configuration: dataclass sections whose fields carry their own help and bounds, YAML recipes,
 dotted overrides.
 
-Each field is declared as `name: type = F(default, "help", ge=/gt=/le=/lt=)`: the help line is what
-`regroup config` lists, the bounds are checked for every int / float field (a test fails when a numeric
-field has none), choices are the field's `Literal` type, and piece names (rewards, scorers, rephrasers,
-tasks, stages) come from the registries in `regroup.registry`. `load_config("configs/grpo.yaml",
+Each field is declared as `name: type = F(default, "help", ge=/gt=/le=/lt=)` (`regroup.fields`): the help
+line is what `regroup config` lists, the bounds are checked for every int / float field (a test fails when
+a numeric field has none), choices are the field's `Literal` type, and piece names (rewards, scorers,
+rephrasers, tasks, stages) come from the registries in `regroup.registry`. `load_config("configs/grpo.yaml",
 ["optim.lr=1e-4"])` reads the recipe (which may `extends:` another one), applies the overrides, checks every
 key, type and bound, the cross-field rules and the named pieces, all before any model is loaded; an error is
 a one-line `ConfigError` naming the dotted key. `to_dict()` is what a run saves as `config.yaml`.
@@ -17,11 +17,10 @@ import dataclasses
 import math
 import os
 import re
-import types
-import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any, Literal, Optional, get_args, get_origin
+from typing import Any, Literal, Optional
 
 import yaml
 
@@ -32,63 +31,12 @@ import regroup.stages  # noqa: F401  (registers the built-in stages)
 import regroup.tasks  # noqa: F401  (registers the built-in tasks)
 from regroup.data import DataError, peek_columns
 from regroup.errors import ConfigError
+from regroup import fields
+from regroup.fields import F, NumericRule, above, at_least, build, parse_override, read_yaml  # noqa: F401  (re-exported)
 from regroup.io import write_atomic
 from regroup.net.redact import check_key_env_name
 from regroup.registry import REPHRASERS, REWARDS, SCORERS, STAGES, TASKS, Registry, did_you_mean
 from regroup.stages.user import check_user_stage, parse_stage_entry
-
-__all__ = ["ConfigError", "F", "NumericRule", "RunConfig", "check_readable", "check_resume_overrides",
-           "config_from_dict", "field_docs", "get_dotted", "load_config", "numeric_keys", "numeric_rules",
-           "parse_reward_spec", "save_config", "RESUME_OVERRIDABLE"]
-
-
-@dataclass(frozen=True)
-class NumericRule:
-    """A finite number in [low, high] (an end is open when `*_open`); None means unbounded on that side."""
-
-    low: float | None = None
-    high: float | None = None
-    low_open: bool = False
-    high_open: bool = False
-
-    def describe(self) -> str:
-        text = lambda x: str(int(x)) if float(x).is_integer() and abs(x) < 2**53 else f"{x:g}"  # noqa: E731
-        parts = [f"{'>' if self.low_open else '>='} {text(self.low)}"] if self.low is not None else []
-        parts += [f"{'<' if self.high_open else '<='} {text(self.high)}"] if self.high is not None else []
-        return "a finite number " + " and ".join(parts) if parts else "a finite number"
-
-    def ok(self, value: float) -> bool:
-        if isinstance(value, float) and not math.isfinite(value):
-            return False
-        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
-            return False
-        return not (self.high is not None and (value >= self.high if self.high_open else value > self.high))
-
-    def check(self, key: str, value) -> None:
-        if value is not None and not self.ok(value):
-            raise ConfigError(f"{key} must be {self.describe()}, got {value!r}")
-
-
-def at_least(low: float, high: float | None = None) -> NumericRule:
-    return NumericRule(low=low, high=high)
-
-
-def above(low: float, high: float | None = None) -> NumericRule:
-    return NumericRule(low=low, high=high, low_open=True)
-
-
-def F(default: Any, help: str, *, ge=None, gt=None, le=None, lt=None, finite: bool = False, path: bool = False):
-    """A config field: its default (a section class or a list is copied per instance), its help line, and
-    for a number its bounds: ge / gt (>= / >), le / lt (<= / <), or `finite=True` for any finite number.
-    `path=True`: a leading `~` is expanded on load."""
-    rule = None
-    if finite or any(b is not None for b in (ge, gt, le, lt)):
-        rule = NumericRule(gt if gt is not None else ge, lt if lt is not None else le, gt is not None, lt is not None)
-    meta = {"help": help, "rule": rule, "path": path}
-    if isinstance(default, type) or isinstance(default, list):
-        return field(default_factory=default if isinstance(default, type) else lambda: list(default), metadata=meta)
-    return field(default=default, metadata=meta)
-
 
 INT32 = 2**31 - 1
 SEED = dict(ge=0, le=INT32)  # numpy seeds must be < 2**32, and seeds are summed (data.seed + seed)
@@ -101,7 +49,6 @@ MAX_GROUP = 1024  # samples per question; beyond it one step's batch no longer f
 @dataclass
 class LoraConfig:
     """LoRA adapters through peft (real models)."""
-
     enabled: bool = F(False, "Train LoRA adapters instead of all weights.")
     r: int = F(16, "Adapter rank.", **COUNT)
     alpha: int = F(32, "Adapter scaling numerator (scale = alpha / r).", **COUNT)
@@ -112,15 +59,14 @@ class LoraConfig:
 @dataclass
 class ModelConfig:
     """Which policy to train."""
-
-    path: Optional[str] = F(None, "A local HF causal-LM directory. None: the built-in tiny model, warmed up "
-                            "(and cached) first.", path=True)
-    warmup_dir: str = F("runs/warmup", "Where the built-in tiny model's warm-up is cached (used when `path` is "
-                        "None).", path=True)
-    gguf_file: Optional[str] = F(None, "A GGUF file name inside `path`: loaded dequantized to `dtype`; "
-                                 "checkpoints are saved as HF safetensors.")
-    dtype: Literal["float32", "bfloat16", "float16", "auto"] = F(
-        "float32", "Parameter dtype. bfloat16 on GPUs for real models; float32 for the tiny model on CPU.")
+    path: Optional[str] = F(None, "A local HF causal-LM directory. None: the built-in tiny model, warmed up (and cached) "
+                            "first.", path=True)
+    warmup_dir: str = F("runs/warmup", "Where the built-in tiny model's warm-up is cached (used when `path` is None).",
+                        path=True)
+    gguf_file: Optional[str] = F(None, "A GGUF file name inside `path`: loaded dequantized to `dtype`; checkpoints are "
+                                 "saved as HF safetensors.")
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = F("float32",
+        "Parameter dtype. bfloat16 on GPUs for real models; float32 for the tiny model on CPU.")
     gradient_checkpointing: bool = F(False, "Recompute activations in the backward pass to save memory.")
     lora: LoraConfig = F(LoraConfig, "LoRA settings.")
 
@@ -128,9 +74,8 @@ class ModelConfig:
 @dataclass
 class DataConfig:
     """Where training questions come from."""
-
-    task: str = F("arithmetic", "Task providing the grader, step scorer and rule rephrasings (a registered "
-                  "task name, or \"pkg.mod:obj\").")
+    task: str = F("arithmetic", "Task providing the grader, step scorer and rule rephrasings (a registered task name, or "
+                  "\"pkg.mod:obj\").")
     train_file: Optional[str] = F(None, "JSONL / JSON / Parquet / CSV file, HF dataset folder, or "
                                   "hf:NAME[:CONFIG][@SPLIT]. None: generate from the task.", path=True)
     num_train: int = F(20000, "Questions to generate when `train_file` is None.", ge=1, le=10**8)
@@ -140,13 +85,13 @@ class DataConfig:
     skip_bad_rows: bool = F(False, "Skip and count malformed rows instead of failing on the first one.")
     seed: int = F(1234, "Seed of the generated training set.", **SEED)
     eval_seed: int = F(999, "Seed of the generated held-out set.", **SEED)
-    eval_file: Optional[str] = F(None, "Held-out questions for `train.eval_every` (same formats and field "
-                                 "mapping as `train_file`).", path=True)
+    eval_file: Optional[str] = F(None, "Held-out questions for `train.eval_every` (same formats and field mapping as "
+                                 "`train_file`).", path=True)
     system_prompt: Optional[str] = F(None, "System message put before every question (chat-template models).")
-    prompt_template: Optional[str] = F(None, "Template with `{question}` applied to q0 and every rephrasing "
-                                       "alike, e.g. \"{question}\\nPut the final answer in \\boxed{}.\".")
-    chat_template: Literal["auto", "on", "off"] = F("auto", "Wrap prompts with the tokenizer's chat template: "
-                                                    "auto = when the tokenizer has one (never for the built-in task).")
+    prompt_template: Optional[str] = F(None, "Template with `{question}` applied to q0 and every rephrasing alike, e.g. "
+                                       "\"{question}\\nPut the final answer in \\boxed{}.\".")
+    chat_template: Literal["auto", "on", "off"] = F("auto", "Wrap prompts with the tokenizer's chat template: auto = when "
+                                                    "the tokenizer has one (never for the built-in task).")
     max_prompt_tokens: int = F(4096, "Longest prompt in tokens; a longer question is skipped and counted.",
                                ge=1, le=MAX_TOKENS)
 
@@ -154,16 +99,14 @@ class DataConfig:
 @dataclass
 class RolloutConfig:
     """How responses are sampled."""
-
-    backend: Literal["hf", "hf_generate", "vllm"] = F("hf", "hf: lean KV-cached loop over the HF model; "
-                                                      "hf_generate: `model.generate`; vllm: colocated vLLM engine.")
-    temperature: float = F(1.0, "Sampling temperature (log-probs for the loss use the same temperature, as TRL "
-                           "does).", gt=0.0, le=100.0)  # 0 would divide the logits by zero
+    backend: Literal["hf", "hf_generate", "vllm"] = F("hf", "hf: lean KV-cached loop over the HF model; hf_generate: "
+                                                      "`model.generate`; vllm: colocated vLLM engine.")
+    temperature: float = F(1.0, "Sampling temperature (log-probs for the loss use the same temperature, as TRL does).",
+                           gt=0.0, le=100.0)  # 0 would divide the logits by zero
     top_p: float = F(1.0, "Nucleus sampling threshold.", gt=0.0, le=1.0)
     max_new_tokens: int = F(48, "Longest response; longer ones are truncated (and counted).", ge=1, le=MAX_TOKENS)
     batch_size: int = F(256, "Sequences decoded together.", ge=1, le=65536)
-    tis_cap: float = F(0.0, "Truncated importance sampling cap for sampler/learner mismatch (vLLM); 0 disables it.",
-                       ge=0.0)
+    tis_cap: float = F(0.0, "Truncated importance sampling cap for sampler/learner mismatch (vLLM); 0 disables it.", ge=0.0)
     vllm_gpu_memory_utilization: float = F(0.3, "Fraction of GPU memory the colocated vLLM engine may take.",
                                            gt=0.0, le=1.0)
     vllm_max_model_len: int = F(0, "vLLM engine max model length (0: prompt limit + max_new_tokens).", **EVERY)
@@ -174,7 +117,6 @@ class RolloutConfig:
 @dataclass
 class GRPOConfig:
     """The GRPO core (SPEC §1)."""
-
     num_generations: int = F(8, "G: on-policy samples per question (per variant, for TA-GRPO).", ge=1, le=MAX_GROUP)
     prompts_per_step: int = F(16, "Questions per optimizer step.", ge=1, le=65536)
     num_iterations: int = F(1, "mu: updates per rollout batch; pi_old log-probs are computed once before the first.",
@@ -184,85 +126,80 @@ class GRPOConfig:
     eps_low: float = F(0.2, "Lower clip range: ratio >= 1 - eps_low.", ge=0.0, lt=1.0)  # the floor must stay > 0
     eps_high: float = F(0.2, "Upper clip range: ratio <= 1 + eps_high (DAPO clip-higher when > eps_low).", ge=0.0)
     beta: float = F(0.0, "k3 KL coefficient against a frozen reference; the reference is loaded only when > 0.", ge=0.0)
-    kl_ratio_correction: bool = F(False, "Multiply the k3 term by pi_theta/pi_old (TRL's use_bias_correction_kl, "
-                                  "its default); SPEC §1 is plain k3.")
-    loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_sum_constant"] = F(
-        "token_mean", "token_mean (TRL dapo), seq_mean_token_mean (TRL grpo), seq_sum_constant (Dr. GRPO).")
-    adv_scale: Literal["group", "batch", "none"] = F("group", "Advantage std normalisation: per group, per batch, "
-                                                     "or none (Dr. GRPO).")
+    kl_ratio_correction: bool = F(False, "Multiply the k3 term by pi_theta/pi_old (TRL's use_bias_correction_kl, its "
+                                  "default); SPEC §1 is plain k3.")
+    loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_sum_constant"] = F("token_mean",
+        "token_mean (TRL dapo), seq_mean_token_mean (TRL grpo), seq_sum_constant (Dr. GRPO).")
+    adv_scale: Literal["group", "batch", "none"] = F("group", "Advantage std normalisation: per group, per batch, or none "
+                                                     "(Dr. GRPO).")
     adv_eps: float = F(1e-4, "Added to the std before dividing (a uniform group has std 0).", gt=0.0)
-    samples_multiplier: int = F(1, "Samples of the original question = multiplier x G (grpo_matched uses N+1 to "
-                                "match TA-GRPO).", ge=1, le=1000)
-    mini_batches: int = F(1, "Optimizer steps per rollout batch: the batch is split into this many mini-batches "
-                          "(TA-GRPO's scripts: 2).", **COUNT)
+    samples_multiplier: int = F(1, "Samples of the original question = multiplier x G (grpo_matched uses N+1 to match "
+                                "TA-GRPO).", ge=1, le=1000)
+    mini_batches: int = F(1, "Optimizer steps per rollout batch: the batch is split into this many mini-batches (TA-GRPO's "
+                          "scripts: 2).", **COUNT)
     importance_level: Literal["token", "sequence"] = F("token", "token: PPO per-token ratio; sequence: GSPO's "
                                                        "length-normalised sequence ratio and clip.")
-    shared_prefix: Literal["auto", True, False] = F(
-        "auto", "Forward each distinct prompt once per micro-batch and run its responses on that cache (exact). "
-        "auto: on on a CPU, off on an accelerator, where the extra forward's kernel launches cost more than the "
-        "prompt positions it saves (`logprobs.use_shared_prefix`, BENCHMARKS.md); true keeps it on there for its "
-        "lower peak memory.")
-    skip_zero_gradient_rows: bool = F(
-        True, "Leave out of the update's forward the rows that add nothing to the gradient: advantage 0 with "
-        "beta = 0 (uniform groups) or a DaGRPO mask weight of 0 (`algo.losses.rows_with_gradient`). Exact: the "
-        "loss normalisers still count them. `entropy`, `clip/*` and `kl` are then means over the rows forwarded "
-        "(`update/forwarded_frac`); false forwards every row.")
+    shared_prefix: Literal["auto", True, False] = F("auto", "Forward each distinct prompt once per micro-batch and run its "
+                                                    "responses on that cache (exact). auto: on on a CPU, off on an "
+                                                    "accelerator, where the extra forward's kernel launches cost more than "
+                                                    "the prompt positions it saves (`logprobs.use_shared_prefix`, "
+                                                    "BENCHMARKS.md); true keeps it on there for its lower peak memory.")
+    skip_zero_gradient_rows: bool = F(True, "Leave out of the update's forward the rows that add nothing to the gradient: "
+                                      "advantage 0 with beta = 0 (uniform groups) or a DaGRPO mask weight of 0 "
+                                      "(`algo.losses.rows_with_gradient`). Exact: the loss normalisers still count them. "
+                                      "`entropy`, `clip/*` and `kl` are then means over the rows forwarded "
+                                      "(`update/forwarded_frac`); false forwards every row.")
 
 
 @dataclass
 class OptimConfig:
     """AdamW with warm-up and cosine decay."""
-
     lr: float = F(1e-4, "Peak learning rate.", gt=0.0, le=1.0)
     weight_decay: float = F(0.0, "AdamW weight decay.", ge=0.0, le=1.0)
     beta1: float = F(0.9, "Adam beta1.", ge=0.0, lt=1.0)
     beta2: float = F(0.99, "Adam beta2.", ge=0.0, lt=1.0)
-    warmup_steps: int = F(10, "Linear warm-up steps (the first full-lr Adam step is what damages a small model).",
-                          **EVERY)
+    warmup_steps: int = F(10, "Linear warm-up steps (the first full-lr Adam step is what damages a small model).", **EVERY)
     schedule: Literal["cosine", "constant"] = F("cosine", "Decay after warm-up.")
     min_lr_ratio: float = F(0.1, "Cosine floor as a fraction of lr.", ge=0.0, le=1.0)
-    max_grad_norm: float = F(1.0, "Gradient clipping threshold (the norm before clipping is logged); <= 0 would "
-                             "freeze or reverse the update.", gt=0.0)
+    max_grad_norm: float = F(1.0, "Gradient clipping threshold (the norm before clipping is logged); <= 0 would freeze or "
+                             "reverse the update.", gt=0.0)
 
 
 @dataclass
 class TAConfig:
     """TA-GRPO: rephrasings pooled into one group (SPEC §3)."""
-
     enabled: bool = F(False, "Expand each question into N+1 variants whose responses share one group.")
     n_variants: int = F(3, "N: rephrasings per question.", ge=1, le=1000)
-    rephraser: str = F("rules", "Where variants come from: rules (the task's), dataset (the data's variants), "
-                       "openai (an LLM rewriter), or \"pkg.mod:obj\".")
-    ratio_anchor: Literal["original", "own"] = F("original", "original: every ratio on (q0, o) as the paper; own: "
-                                                 "each response on its own prompt.")
+    rephraser: str = F("rules", "Where variants come from: rules (the task's), dataset (the data's variants), openai (an "
+                       "LLM rewriter), or \"pkg.mod:obj\".")
+    ratio_anchor: Literal["original", "own"] = F("original", "original: every ratio on (q0, o) as the paper; own: each "
+                                                 "response on its own prompt.")
     base_url: str = F("http://127.0.0.1:8000/v1", "OpenAI-compatible endpoint of the LLM rewriter (rephraser=openai).")
     model: str = F("gpt-4-turbo", "Rewriter model name.")
-    api_key_env: Optional[str] = F("OPENAI_API_KEY", "Name of the environment variable holding the rewriter's API "
-                                   "key; null or \"\" for a server without authentication.")
+    api_key_env: Optional[str] = F("OPENAI_API_KEY", "Name of the environment variable holding the rewriter's API key; "
+                                   "null or \"\" for a server without authentication.")
 
 
 @dataclass
 class ScorerConfig:
     """Fine-grained scorer for DaGRPO masks."""
-
     name: str = F("step", "step | judge | similarity (the registered scorers) | a dotted path pkg.mod:obj.")
     base_url: str = F("http://127.0.0.1:8000/v1", "OpenAI-compatible endpoint (judge).")
     model: str = F("gpt-4o", "Judge model name.")
-    api_key_env: Optional[str] = F("OPENAI_API_KEY", "Name of the environment variable holding the API key (the key "
-                                   "itself never goes in a config); null or \"\" for a server without authentication.")
+    api_key_env: Optional[str] = F("OPENAI_API_KEY", "Name of the environment variable holding the API key (the key itself "
+                                   "never goes in a config); null or \"\" for a server without authentication.")
     concurrency: int = F(32, "Concurrent judge requests.", ge=1, le=4096)
-    timeout_s: float = F(60.0, "Seconds per judge request in all: every attempt, backoff and Retry-After wait "
-                         "included.", gt=0.0)
+    timeout_s: float = F(60.0, "Seconds per judge request in all: every attempt, backoff and Retry-After wait included.",
+                         gt=0.0)
     max_retries: int = F(4, "Retries per request before it is recorded as failed.", ge=0, le=100)
     cache_dir: Optional[str] = F(None, "Disk cache of scores. None: RUN_DIR/cache.", path=True)
-    question: Literal["own", "original"] = F("own", "Question shown to the judge for a rephrased response: the one "
-                                             "it answered (own) or q0 (original).")
+    question: Literal["own", "original"] = F("own", "Question shown to the judge for a rephrased response: the one it "
+                                             "answered (own) or q0 (original).")
 
 
 @dataclass
 class MaskConfig:
     """DaGRPO sequence-level gradient rectification (SPEC §2a)."""
-
     enabled: bool = F(False, "Mask samples whose score does not stand apart from the other side of the group.")
     delta: float = F(3.0, "Margin on the 1-10 score scale.", ge=0.0)
     scorer: ScorerConfig = F(ScorerConfig, "Which scorer gives the fine-grained scores.")
@@ -271,27 +208,25 @@ class MaskConfig:
 @dataclass
 class AnchorConfig:
     """DaGRPO off-policy anchors (SPEC §2b)."""
-
     enabled: bool = F(False, "Inject verified-correct off-policy solutions into groups.")
     count: int = F(1, "Anchors per question.", **COUNT)
-    mode: Literal["replace", "add"] = F("replace", "replace one on-policy sample per anchor (7+1 for G=8), or add "
-                                        "to the group.")
-    when: Literal["always", "no_correct"] = F("always", "Inject always, or only when no on-policy sample of the "
-                                              "question is correct.")
-    ratio: Literal["shaped", "plain"] = F("shaped", "shaped: A * p/(p+gamma), no clipping (LUFFY); plain: "
-                                          "pi_old := stop_grad(pi_theta).")
+    mode: Literal["replace", "add"] = F("replace", "replace one on-policy sample per anchor (7+1 for G=8), or add to the "
+                                        "group.")
+    when: Literal["always", "no_correct"] = F("always", "Inject always, or only when no on-policy sample of the question "
+                                              "is correct.")
+    ratio: Literal["shaped", "plain"] = F("shaped", "shaped: A * p/(p+gamma), no clipping (LUFFY); plain: pi_old := "
+                                          "stop_grad(pi_theta).")
     gamma: float = F(0.1, "Policy-shaping gamma.", gt=0.0)
-    source: Literal["reference", "self", "both"] = F("reference", "reference: the data's solution; self: the "
-                                                     "policy's own earlier verified responses; both.")
+    source: Literal["reference", "self", "both"] = F("reference", "reference: the data's solution; self: the policy's own "
+                                                     "earlier verified responses; both.")
     buffer_size: int = F(4, "Self-bootstrapped anchors kept per question.", **COUNT)
-    max_tokens: int = F(0, "Longest anchor in tokens; a longer reference is not injected and is counted "
-                        "(0: rollout.max_new_tokens).", ge=0, le=MAX_TOKENS)
+    max_tokens: int = F(0, "Longest anchor in tokens; a longer reference is not injected and is counted (0: "
+                        "rollout.max_new_tokens).", ge=0, le=MAX_TOKENS)
 
 
 @dataclass
 class DynamicSamplingConfig:
     """DAPO dynamic sampling: drop uniform-reward groups and sample more questions until the batch is full."""
-
     enabled: bool = F(False, "Drop groups whose rewards are all equal and refill the batch with new questions.")
     max_rounds: int = F(3, "Extra sampling rounds per step before training on a batch that is not full.", ge=0, le=1000)
 
@@ -299,7 +234,6 @@ class DynamicSamplingConfig:
 @dataclass
 class OverlongConfig:
     """DAPO overlong handling of responses cut at rollout.max_new_tokens."""
-
     filter: bool = F(False, "Drop truncated responses from the loss (their advantages still count in their group).")
     soft_punish: bool = F(False, "Subtract a linear length penalty in the last `buffer` tokens before max_new_tokens.")
     buffer: int = F(16, "Length of the soft-punishment zone in tokens.", **COUNT)
@@ -309,71 +243,65 @@ class OverlongConfig:
 @dataclass
 class RewardsConfig:
     """Verifiable rewards. A plain list (`rewards=[math]`) sets `functions`."""
-
-    functions: list[str] = F(["task"], "task (the task's grader), math (math-verify), or pkg.mod:fn; name*weight "
-                             "to weight; several are summed.")
-    correct_threshold: float = F(1.0, "A response is verified correct when its reward >= this (anchors, "
-                                 "self-anchors, eval, the TRL adapter).", finite=True)
+    functions: list[str] = F(["task"], "task (the task's grader), math (math-verify), or pkg.mod:fn; name*weight to "
+                             "weight; several are summed.")
+    correct_threshold: float = F(1.0, "A response is verified correct when its reward >= this (anchors, self-anchors, "
+                                 "eval, the TRL adapter).", finite=True)
     workers: int = F(1, "Processes grading answers in parallel (math checker).", ge=1, le=1024)
 
 
 @dataclass
 class DiagnosticsConfig:
     """Costly diagnostics, run every K steps."""
-
-    diversity_every: int = F(10, "Mean pairwise cosine distance of response embeddings within a group, every K "
-                             "steps (0: off).", **EVERY)
+    diversity_every: int = F(10, "Mean pairwise cosine distance of response embeddings within a group, every K steps (0: "
+                             "off).", **EVERY)
     embedder: str = F("auto", "auto | minilm | char-ngram | a local sentence-transformers path.")
-    grad_conflict_every: Optional[int] = F(
-        None, "Cosine between positive and negative samples' gradients, every K steps (0: off; None: every 10 "
-        "steps when the measured parameters hold <= 5M elements, as on the built-in tiny model, else off: the "
-        "diagnostic copies their gradients, gigabytes for a 7B model's lm_head).", **EVERY)
+    grad_conflict_every: Optional[int] = F(None, "Cosine between positive and negative samples' gradients, every K steps "
+                                           "(0: off; None: every 10 steps when the measured parameters hold <= 5M "
+                                           "elements, as on the built-in tiny model, else off: the diagnostic copies their "
+                                           "gradients, gigabytes for a 7B model's lm_head).", **EVERY)
     grad_conflict_samples: int = F(32, "Sub-batch size for the gradient-conflict measure.", ge=2, le=INT32)
-    grad_conflict_params: str = F("lm_head|embed_tokens|lora_B", "Regex of parameter names the gradient conflict "
-                                  "is measured on.")
+    grad_conflict_params: str = F("lm_head|embed_tokens|lora_B", "Regex of parameter names the gradient conflict is "
+                                  "measured on.")
 
 
 @dataclass
 class StagesConfig:
     """User stages added to the recipe by dotted path (docs/extending.md)."""
-
-    extra: list[str] = F([], "Stages to add: \"[before:NAME=|after:NAME=]pkg.mod:Stage\", NAME a stage the "
-                         "recipe runs (`regroup config --stages`); without a position at the end. Stage: a class "
-                         "(built with no arguments) or an instance with `name` and `__call__(batch, ctx)`.")
+    extra: list[str] = F([], "Stages to add: \"[before:NAME=|after:NAME=]pkg.mod:Stage\", NAME a stage the recipe runs "
+                         "(`regroup config --stages`); without a position at the end. Stage: a class (built with no "
+                         "arguments) or an instance with `name` and `__call__(batch, ctx)`.")
 
 
 @dataclass
 class TrainConfig:
     """The loop."""
-
     steps: int = F(100, "Optimizer steps.", **COUNT)
     checkpoint_every: int = F(25, "Save a checkpoint every K steps (and at the end).", **EVERY)
     keep_checkpoints: int = F(2, "Checkpoints kept on disk (older ones are deleted).", **COUNT)
     progress: bool = F(True, "Show a progress bar.")
     threads: int = F(0, "torch CPU threads (0: leave torch's default).", ge=0, le=4096)
-    keep_cpu_memory: bool = F(
-        True, "On a CPU with glibc, keep freed buffers in the process instead of returning them to the OS and "
-        "faulting them in again every micro-batch (`regroup.cpu_memory`: 8x fewer page faults, a 0-12 % shorter "
-        "tiny-model step in paired runs).")
-    eval_every: int = F(0, "Evaluate on held-out questions (data.eval_file, else the task's held-out set) every K "
-                        "steps (0: off).", **EVERY)
-    eval_n: int = F(4, "Samples per held-out question when evaluating during training (pass@1 and pass@eval_n are "
-                    "logged).", **COUNT)
+    keep_cpu_memory: bool = F(True, "On a CPU with glibc, keep freed buffers in the process instead of returning them to "
+                              "the OS and faulting them in again every micro-batch (`regroup.cpu_memory`: 8x fewer page "
+                              "faults, a 0-12 % shorter tiny-model step in paired runs).")
+    eval_every: int = F(0, "Evaluate on held-out questions (data.eval_file, else the task's held-out set) every K steps "
+                        "(0: off).", **EVERY)
+    eval_n: int = F(4, "Samples per held-out question when evaluating during training (pass@1 and pass@eval_n are logged).",
+                    **COUNT)
     eval_limit: int = F(64, "Held-out questions evaluated during training.", **COUNT)
-    epochs: int = F(0, "Stop after this many passes over the training questions, walked in order per epoch "
-                    "(0: use `steps`).", ge=0, le=INT32)
-    sample_every: int = F(10, "Log a few sample completions every K steps (samples.jsonl, TensorBoard text) "
-                          "(0: off).", **EVERY)
-    report_to: list[str] = F([], "Extra trackers through accelerate: tensorboard, wandb, trackio, ... "
-                             "(metrics.jsonl is always written). Replaces the removed train.tensorboard / train.wandb.")
+    epochs: int = F(0, "Stop after this many passes over the training questions, walked in order per epoch (0: use "
+                    "`steps`).", ge=0, le=INT32)
+    sample_every: int = F(10, "Log a few sample completions every K steps (samples.jsonl, TensorBoard text) (0: off).",
+                          **EVERY)
+    report_to: list[str] = F([], "Extra trackers through accelerate: tensorboard, wandb, trackio, ... (metrics.jsonl is "
+                             "always written). Replaces the removed train.tensorboard / train.wandb.")
 
 
 @dataclass
 class RunConfig:
     """A whole training run."""
-
-    recipe: str = F("grpo", "Name of the recipe (for reports; letters, digits and _ . + - = @); the pieces used "
-                    "are decided by the sections below.")
+    recipe: str = F("grpo", "Name of the recipe (for reports; letters, digits and _ . + - = @); the pieces used are "
+                    "decided by the sections below.")
     seed: int = F(0, "Seed of sampling, shuffling and initialisation.", **SEED)
     run_dir: Optional[str] = F(None, "Where the run writes. None: runs/<recipe>-<time>.", path=True)
     rewards: RewardsConfig = F(RewardsConfig, "Reward functions and what counts as correct.")
@@ -437,47 +365,14 @@ REMOVED_KEYS = {"train.tensorboard": "train.report_to=[tensorboard]", "train.wan
 """Keys that no longer exist -> what to write instead. A saved config.yaml of an older run is migrated."""
 
 
-# ----------------------------------------------------------------------------------------------------
-# The fields, read from the dataclasses
-# ----------------------------------------------------------------------------------------------------
-
-
-def leaves(cls=None, prefix: str = ""):
-    """(dotted key, dataclasses.Field, type hint) of every leaf field of `cls` (RunConfig), depth first."""
-    cls = cls or RunConfig
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        if dataclasses.is_dataclass(hints[f.name]):
-            yield from leaves(hints[f.name], prefix + f.name + ".")
-        else:
-            yield prefix + f.name, f, hints[f.name]
-
-
-def _scalar_types(hint) -> list:
-    """The types a hint allows besides None (`Optional[int]` -> [int])."""
-    if get_origin(hint) in (typing.Union, types.UnionType):
-        return [a for a in get_args(hint) if a is not type(None)]
-    return [hint]
-
-
-def numeric_keys() -> list[str]:
-    """Dotted keys of every int / float (optional or not) field."""
-    return [key for key, _, hint in leaves() if any(t in (int, float) for t in _scalar_types(hint))]
-
-
-def numeric_rules() -> dict[str, NumericRule]:
-    """The bounds of every field that has them, by dotted key."""
-    return {key: f.metadata["rule"] for key, f, _ in leaves() if f.metadata.get("rule") is not None}
-
-
-def field_docs() -> list[tuple[str, str, str]]:
-    """(dotted key, default, help) for every leaf field, the bounds appended to the help: `regroup config`."""
-    rows = []
-    for key, f, _ in leaves():
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        rule = f.metadata.get("rule")
-        rows.append((key, repr(default), f.metadata.get("help", "") + (f" [{rule.describe()}]" if rule else "")))
-    return rows
+leaves = partial(fields.leaves, RunConfig)
+"""(dotted key, dataclasses.Field, type hint) of every leaf field of RunConfig."""
+numeric_keys = partial(fields.numeric_keys, RunConfig)
+"""Dotted keys of every int / float field."""
+numeric_rules = partial(fields.numeric_rules, RunConfig)
+"""The bounds of every field that has them, by dotted key (a test checks that every numeric field has them)."""
+field_docs = partial(fields.field_docs, RunConfig)
+"""(dotted key, default, help with the bounds) of every leaf field: what `regroup config` lists."""
 
 
 def get_dotted(cfg, key: str):
@@ -487,9 +382,7 @@ def get_dotted(cfg, key: str):
     return cfg
 
 
-# ----------------------------------------------------------------------------------------------------
-# Named pieces and files, checked before any model loads
-# ----------------------------------------------------------------------------------------------------
+# -- named pieces and files, checked before any model loads ----------------------------------------------
 
 
 def _piece(key: str, registry: Registry, name: str, must_call: bool = True) -> Any:
@@ -592,89 +485,12 @@ def check_readable(key: str, path: str | None) -> None:
         raise ConfigError(f"{key}: cannot read {path}: {e.strerror or e}") from None
 
 
-# ----------------------------------------------------------------------------------------------------
-# Loading
-# ----------------------------------------------------------------------------------------------------
-
-YAML_BOOLS = {"true": True, "false": False, "yes": True, "no": False, "on": True, "off": False}
+# -- loading ----------------------------------------------------------------------------------------------
 
 
-class YamlLoader(yaml.SafeLoader):
-    """yaml.SafeLoader with YAML 1.2's booleans (true / false only): YAML 1.1 also reads on / off / yes / no
-    as booleans, which made `data.chat_template=on` arrive as True. A bool field still takes those words."""
-
-
-YamlLoader.yaml_implicit_resolvers = {
-    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:bool"]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
-YamlLoader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
-                                 list("tTfF"))
-
-
-def _check_value(value: Any, hint: Any, key: str) -> Any:
-    """Check (and minimally coerce) one value against a type hint; raise ConfigError naming `key`."""
-    if dataclasses.is_dataclass(hint):
-        if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a section (mapping), got {type(value).__name__}")
-        return _build(hint, value, key + ".")
-    if get_origin(hint) in (typing.Union, types.UnionType):
-        if value is None:
-            return None
-        hint = _scalar_types(hint)[0]
-    elif value is None:
-        raise ConfigError(f"{key}: must not be null")
-    if get_origin(hint) is Literal:
-        choices = get_args(hint)
-        if not any(value == c and type(value) is type(c) for c in choices):  # 1 is not True
-            hint_text = did_you_mean(value, [str(c) for c in choices]) if isinstance(value, str) else ""
-            raise ConfigError(f"{key}: must be one of {', '.join(map(repr, choices))}; got {value!r}{hint_text}")
-        return value
-    if get_origin(hint) is list:
-        if isinstance(value, str):
-            value = [v.strip() for v in value.split(",") if v.strip()]
-        if not isinstance(value, list):
-            raise ConfigError(f"{key}: expected a list, got {type(value).__name__}")
-        return [_check_value(v, get_args(hint)[0], f"{key}[{i}]") for i, v in enumerate(value)]
-    if hint is bool:
-        if isinstance(value, str) and value.lower() in YAML_BOOLS:
-            return YAML_BOOLS[value.lower()]
-        if not isinstance(value, bool):
-            raise ConfigError(f"{key}: expected true/false, got {value!r}")
-    elif hint is int:
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{key}: expected an integer, got {value!r}")
-    elif hint is float:
-        if isinstance(value, str):  # YAML 1.1 reads "3e-4" as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{key}: expected a number, got {value!r}")
-        return float(value)
-    elif hint is str and not isinstance(value, str):
-        raise ConfigError(f"{key}: expected a string, got {value!r}")
-    return value
-
-
-def _build(cls, data: dict, prefix: str = ""):
-    if cls is RunConfig and isinstance(data.get("rewards"), (list, str)):
-        data = {**data, "rewards": {"functions": data["rewards"]}}  # `rewards=[math]` shorthand
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    for name in data:
-        if prefix + name in REMOVED_KEYS:
-            raise ConfigError(f"{prefix}{name} was removed; use {REMOVED_KEYS[prefix + name]}")
-        if name not in fields:
-            raise ConfigError(f"unknown config key {prefix}{name}{did_you_mean(name, fields)} (known under "
-                              f"{prefix or 'top level'}: {', '.join(sorted(fields))})")
-    kwargs = {name: _check_value(value, hints[name], prefix + name) for name, value in data.items()}
-    for name, value in kwargs.items():
-        if fields[name].metadata.get("path") and isinstance(value, str) and value.startswith("~"):
-            kwargs[name] = os.path.expanduser(value)  # `run_dir=~/x` means the home folder, not ./~
-    return cls(**kwargs)
+def _shorthand(data: dict) -> dict:
+    """`rewards: [math]` (a list or a comma string) stands for `rewards: {functions: [math]}`."""
+    return {**data, "rewards": {"functions": data["rewards"]}} if isinstance(data.get("rewards"), (list, str)) else data
 
 
 def _migrate_saved(data: dict) -> dict:
@@ -690,57 +506,9 @@ def _migrate_saved(data: dict) -> dict:
     return {**data, "train": train}
 
 
-def _merge(base: dict, over: dict) -> dict:
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
-def _read_yaml(path: Path, seen: tuple = ()) -> dict:
-    if path in seen:
-        raise ConfigError(f"{path}: 'extends' loop")
-    try:
-        data = yaml.load(path.read_text(), Loader=YamlLoader) or {}
-    except FileNotFoundError:
-        raise ConfigError(f"config file not found: {path}") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: invalid YAML: {e}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: top level must be a mapping")
-    parent = data.pop("extends", None)
-    if parent:
-        data = _merge(_read_yaml((path.parent / parent).resolve(), seen + (path,)), data)
-    return data
-
-
-def parse_override(text: str) -> tuple[list[str], Any]:
-    """`a.b.c=value` -> (["a","b","c"], YAML-parsed value)."""
-    if "=" not in text:
-        raise ConfigError(f"override {text!r} is not of the form dotted.key=value")
-    key, raw = text.split("=", 1)
-    try:
-        value = yaml.load(raw, Loader=YamlLoader) if raw != "" else ""
-    except yaml.YAMLError:
-        value = raw
-    return key.strip().split("."), value
-
-
 def apply_overrides(data: dict, overrides: list[str] | tuple[str, ...]) -> dict:
-    """Set each `dotted.key=value` in the nested mapping `data` (in place; also returned)."""
-    for text in overrides:
-        keys, value = parse_override(text)
-        if isinstance(data.get("rewards"), (list, str)) and (keys[0] == "rewards" and len(keys) > 1):
-            data["rewards"] = {"functions": data["rewards"]}  # the `rewards: [..]` shorthand, now with a sub-key
-        if keys == ["rewards"] and isinstance(value, (list, str)) and isinstance(data.get("rewards"), dict):
-            keys = ["rewards", "functions"]  # `rewards=[math]` keeps the section's other keys
-        node = data
-        for k in keys[:-1]:
-            node = node.setdefault(k, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"override {text!r}: {k} is not a section")
-        node[keys[-1]] = value
-    return data
+    """Set each `dotted.key=value` in the nested mapping `data` (returned); `rewards=[math]` sets rewards.functions."""
+    return fields.apply_overrides(_shorthand(data), overrides, shorthands={"rewards": "rewards.functions"})
 
 
 RESUME_OVERRIDABLE = ("train.steps", "train.checkpoint_every", "train.keep_checkpoints", "train.progress",
@@ -773,14 +541,14 @@ def resolve_config_path(path: str | os.PathLike) -> Path:
                       PACKAGED_CONFIGS / given.name, PACKAGED_CONFIGS / Path(given.name).with_suffix(".yaml")):
         if str(path) and candidate.is_file():
             return candidate
-    return given.resolve()  # reported as not found by _read_yaml
+    return given.resolve()  # reported as not found by read_yaml
 
 
 def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
     """Read a YAML recipe (a file, or a shipped recipe's name), apply dotted overrides, type-check, validate.
     No model is touched."""
-    data = apply_overrides(_read_yaml(resolve_config_path(path)) if path else {}, overrides)
-    cfg = _build(RunConfig, data)
+    data = apply_overrides(read_yaml(resolve_config_path(path)) if path else {}, overrides)
+    cfg = build(RunConfig, data, removed=REMOVED_KEYS)
     cfg.validate()
     return cfg
 
@@ -790,7 +558,7 @@ def config_from_dict(data: dict) -> RunConfig:
     are migrated (`_migrate_saved`)."""
     if not isinstance(data, dict):
         raise ConfigError(f"a saved config must be a mapping, got {type(data).__name__}")
-    cfg = _build(RunConfig, _migrate_saved(data))
+    cfg = build(RunConfig, _migrate_saved(_shorthand(data)), removed=REMOVED_KEYS)
     cfg.validate()
     return cfg
 
