@@ -1,13 +1,10 @@
-"""Typed run configuration: dataclass sections whose fields carry their own help and bounds, YAML recipes,
-dotted overrides.
+"""Typed run configuration: sections whose fields carry their help and bounds, YAML recipes, dotted overrides.
 
-Each field is declared as `name: type = F(default, "help", ge=/gt=/le=/lt=)` (`regroup.fields`): the help
-line is what `regroup config` lists, the bounds are checked for every int / float field (a test fails when
-a numeric field has none), choices are the field's `Literal` type, and piece names (rewards, scorers,
-rephrasers, tasks, stages) come from the registries in `regroup.registry`. `load_config("configs/grpo.yaml",
-["optim.lr=1e-4"])` reads the recipe (which may `extends:` another one), applies the overrides, checks every
-key, type and bound, the cross-field rules and the named pieces, all before any model is loaded; an error is
-a one-line `ConfigError` naming the dotted key. `to_dict()` is what a run saves as `config.yaml`.
+A field is `name: type = F(default, "help", ge=/gt=/le=/lt=)` (`regroup.fields`): `regroup config` lists the
+help, every int / float field has bounds (a test checks it), choices are its `Literal` type, and piece names
+(rewards, scorers, rephrasers, tasks, stages) come from `regroup.registry`. `load_config("grpo", ["optim.lr=1e-4"])`
+reads a recipe (which may `extends:` another), applies the overrides and checks keys, types, bounds, cross-field
+rules and named pieces before any model loads; an error is one `ConfigError` line naming the dotted key.
 "SPEC §N" in this package means section N of docs/spec.md.
 """
 
@@ -59,12 +56,11 @@ class LoraConfig:
 @dataclass
 class ModelConfig:
     """Which policy to train."""
-    path: Optional[str] = F(None, "A local HF causal-LM directory. None: the built-in tiny model, warmed up (and cached) "
-                            "first.", path=True)
-    warmup_dir: str = F("runs/warmup", "Where the built-in tiny model's warm-up is cached (used when `path` is None).",
-                        path=True)
-    gguf_file: Optional[str] = F(None, "A GGUF file name inside `path`: loaded dequantized to `dtype`; checkpoints are "
-                                 "saved as HF safetensors.")
+    path: Optional[str] = F(None, "A local HF causal-LM directory. None: the built-in tiny model, warmed up (and cached) first.",
+                            path=True)
+    warmup_dir: str = F("runs/warmup", "Where the built-in tiny model's warm-up is cached (used when `path` is None).", path=True)
+    gguf_file: Optional[str] = F(None, "A GGUF file name inside `path`: loaded dequantized to `dtype`; checkpoints are saved as "
+                                 "HF safetensors.")
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = F("float32",
         "Parameter dtype. bfloat16 on GPUs for real models; float32 for the tiny model on CPU.")
     gradient_checkpointing: bool = F(False, "Recompute activations in the backward pass to save memory.")
@@ -76,8 +72,8 @@ class DataConfig:
     """Where training questions come from."""
     task: str = F("arithmetic", "Task providing the grader, step scorer and rule rephrasings (a registered task name, or "
                   "\"pkg.mod:obj\").")
-    train_file: Optional[str] = F(None, "JSONL / JSON / Parquet / CSV file, HF dataset folder, or "
-                                  "hf:NAME[:CONFIG][@SPLIT]. None: generate from the task.", path=True)
+    train_file: Optional[str] = F(None, "JSONL / JSON / Parquet / CSV file, HF dataset folder, or hf:NAME[:CONFIG][@SPLIT]. "
+                                  "None: generate from the task.", path=True)
     num_train: int = F(20000, "Questions to generate when `train_file` is None.", ge=1, le=10**8)
     question_field: str = F("question", "Column holding the question.")
     answer_field: str = F("answer", "Column holding the final answer.")
@@ -90,25 +86,23 @@ class DataConfig:
     system_prompt: Optional[str] = F(None, "System message put before every question (chat-template models).")
     prompt_template: Optional[str] = F(None, "Template with `{question}` applied to q0 and every rephrasing alike, e.g. "
                                        "\"{question}\\nPut the final answer in \\boxed{}.\".")
-    chat_template: Literal["auto", "on", "off"] = F("auto", "Wrap prompts with the tokenizer's chat template: auto = when "
-                                                    "the tokenizer has one (never for the built-in task).")
-    max_prompt_tokens: int = F(4096, "Longest prompt in tokens; a longer question is skipped and counted.",
-                               ge=1, le=MAX_TOKENS)
+    chat_template: Literal["auto", "on", "off"] = F("auto",
+        "Wrap prompts with the tokenizer's chat template: auto = when the tokenizer has one (never for the built-in task).")
+    max_prompt_tokens: int = F(4096, "Longest prompt in tokens; a longer question is skipped and counted.", ge=1, le=MAX_TOKENS)
 
 
 @dataclass
 class RolloutConfig:
     """How responses are sampled."""
-    backend: Literal["hf", "hf_generate", "vllm"] = F("hf", "hf: lean KV-cached loop over the HF model; hf_generate: "
-                                                      "`model.generate`; vllm: colocated vLLM engine.")
+    backend: Literal["hf", "hf_generate", "vllm"] = F("hf",
+        "hf: lean KV-cached loop over the HF model; hf_generate: `model.generate`; vllm: colocated vLLM engine.")
     temperature: float = F(1.0, "Sampling temperature (log-probs for the loss use the same temperature, as TRL does).",
                            gt=0.0, le=100.0)  # 0 would divide the logits by zero
     top_p: float = F(1.0, "Nucleus sampling threshold.", gt=0.0, le=1.0)
     max_new_tokens: int = F(48, "Longest response; longer ones are truncated (and counted).", ge=1, le=MAX_TOKENS)
     batch_size: int = F(256, "Sequences decoded together.", ge=1, le=65536)
     tis_cap: float = F(0.0, "Truncated importance sampling cap for sampler/learner mismatch (vLLM); 0 disables it.", ge=0.0)
-    vllm_gpu_memory_utilization: float = F(0.3, "Fraction of GPU memory the colocated vLLM engine may take.",
-                                           gt=0.0, le=1.0)
+    vllm_gpu_memory_utilization: float = F(0.3, "Fraction of GPU memory the colocated vLLM engine may take.", gt=0.0, le=1.0)
     vllm_max_model_len: int = F(0, "vLLM engine max model length (0: prompt limit + max_new_tokens).", **EVERY)
     vllm_enable_sleep_mode: bool = F(False, "Let the colocated vLLM engine release GPU memory between rollouts.")
     vllm_tensor_parallel_size: int = F(1, "vLLM tensor-parallel size.", ge=1, le=1024)
@@ -126,24 +120,23 @@ class GRPOConfig:
     eps_low: float = F(0.2, "Lower clip range: ratio >= 1 - eps_low.", ge=0.0, lt=1.0)  # the floor must stay > 0
     eps_high: float = F(0.2, "Upper clip range: ratio <= 1 + eps_high (DAPO clip-higher when > eps_low).", ge=0.0)
     beta: float = F(0.0, "k3 KL coefficient against a frozen reference; the reference is loaded only when > 0.", ge=0.0)
-    kl_ratio_correction: bool = F(False, "Multiply the k3 term by pi_theta/pi_old (TRL's use_bias_correction_kl, its "
-                                  "default); SPEC §1 is plain k3.")
+    kl_ratio_correction: bool = F(False, "Multiply the k3 term by pi_theta/pi_old (TRL's use_bias_correction_kl, its default); "
+                                  "SPEC §1 is plain k3.")
     loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_sum_constant"] = F("token_mean",
         "token_mean (TRL dapo), seq_mean_token_mean (TRL grpo), seq_sum_constant (Dr. GRPO).")
-    adv_scale: Literal["group", "batch", "none"] = F("group", "Advantage std normalisation: per group, per batch, or none "
-                                                     "(Dr. GRPO).")
+    adv_scale: Literal["group", "batch", "none"] = F("group",
+        "Advantage std normalisation: per group, per batch, or none (Dr. GRPO).")
     adv_eps: float = F(1e-4, "Added to the std before dividing (a uniform group has std 0).", gt=0.0)
-    samples_multiplier: int = F(1, "Samples of the original question = multiplier x G (grpo_matched uses N+1 to match "
-                                "TA-GRPO).", ge=1, le=1000)
+    samples_multiplier: int = F(1, "Samples of the original question = multiplier x G (grpo_matched uses N+1 to match TA-GRPO).",
+                                ge=1, le=1000)
     mini_batches: int = F(1, "Optimizer steps per rollout batch: the batch is split into this many mini-batches (TA-GRPO's "
                           "scripts: 2).", **COUNT)
-    importance_level: Literal["token", "sequence"] = F("token", "token: PPO per-token ratio; sequence: GSPO's "
-                                                       "length-normalised sequence ratio and clip.")
-    shared_prefix: Literal["auto", True, False] = F("auto", "Forward each distinct prompt once per micro-batch and run its "
-                                                    "responses on that cache (exact). auto: on on a CPU, off on an "
-                                                    "accelerator, where the extra forward's kernel launches cost more than "
-                                                    "the prompt positions it saves (`logprobs.use_shared_prefix`, "
-                                                    "BENCHMARKS.md); true keeps it on there for its lower peak memory.")
+    importance_level: Literal["token", "sequence"] = F("token",
+        "token: PPO per-token ratio; sequence: GSPO's length-normalised sequence ratio and clip.")
+    shared_prefix: Literal["auto", True, False] = F("auto",
+        "Forward each distinct prompt once per micro-batch and its responses on that cache (exact). auto: on a CPU only; on an "
+        "accelerator the extra forward's kernel launches cost more than the prompt positions saved "
+        "(`logprobs.use_shared_prefix`, BENCHMARKS.md); true keeps it on for its lower peak memory.")
     skip_zero_gradient_rows: bool = F(True, "Leave out of the update's forward the rows that add nothing to the gradient: "
                                       "advantage 0 with beta = 0 (uniform groups) or a DaGRPO mask weight of 0 "
                                       "(`algo.losses.rows_with_gradient`). Exact: the loss normalisers still count them. "
@@ -170,14 +163,14 @@ class TAConfig:
     """TA-GRPO: rephrasings pooled into one group (SPEC §3)."""
     enabled: bool = F(False, "Expand each question into N+1 variants whose responses share one group.")
     n_variants: int = F(3, "N: rephrasings per question.", ge=1, le=1000)
-    rephraser: str = F("rules", "Where variants come from: rules (the task's), dataset (the data's variants), openai (an "
-                       "LLM rewriter), or \"pkg.mod:obj\".")
-    ratio_anchor: Literal["original", "own"] = F("original", "original: every ratio on (q0, o) as the paper; own: each "
-                                                 "response on its own prompt.")
+    rephraser: str = F("rules", "Where variants come from: rules (the task's), dataset (the data's variants), openai (an LLM "
+                       "rewriter), or \"pkg.mod:obj\".")
+    ratio_anchor: Literal["original", "own"] = F("original",
+        "original: every ratio on (q0, o) as the paper; own: each response on its own prompt.")
     base_url: str = F("http://127.0.0.1:8000/v1", "OpenAI-compatible endpoint of the LLM rewriter (rephraser=openai).")
     model: str = F("gpt-4-turbo", "Rewriter model name.")
-    api_key_env: Optional[str] = F("OPENAI_API_KEY", "Name of the environment variable holding the rewriter's API key; "
-                                   "null or \"\" for a server without authentication.")
+    api_key_env: Optional[str] = F("OPENAI_API_KEY", "Name of the environment variable holding the rewriter's API key; null or "
+                                   "\"\" for a server without authentication.")
 
 
 @dataclass
@@ -186,15 +179,14 @@ class ScorerConfig:
     name: str = F("step", "step | judge | similarity (the registered scorers) | a dotted path pkg.mod:obj.")
     base_url: str = F("http://127.0.0.1:8000/v1", "OpenAI-compatible endpoint (judge).")
     model: str = F("gpt-4o", "Judge model name.")
-    api_key_env: Optional[str] = F("OPENAI_API_KEY", "Name of the environment variable holding the API key (the key itself "
-                                   "never goes in a config); null or \"\" for a server without authentication.")
+    api_key_env: Optional[str] = F("OPENAI_API_KEY", "Name of the environment variable holding the API key (the key itself never "
+                                   "goes in a config); null or \"\" for a server without authentication.")
     concurrency: int = F(32, "Concurrent judge requests.", ge=1, le=4096)
-    timeout_s: float = F(60.0, "Seconds per judge request in all: every attempt, backoff and Retry-After wait included.",
-                         gt=0.0)
+    timeout_s: float = F(60.0, "Seconds per judge request in all: every attempt, backoff and Retry-After wait included.", gt=0.0)
     max_retries: int = F(4, "Retries per request before it is recorded as failed.", ge=0, le=100)
     cache_dir: Optional[str] = F(None, "Disk cache of scores. None: RUN_DIR/cache.", path=True)
-    question: Literal["own", "original"] = F("own", "Question shown to the judge for a rephrased response: the one it "
-                                             "answered (own) or q0 (original).")
+    question: Literal["own", "original"] = F("own",
+        "Question shown to the judge for a rephrased response: the one it answered (own) or q0 (original).")
 
 
 @dataclass
@@ -210,15 +202,14 @@ class AnchorConfig:
     """DaGRPO off-policy anchors (SPEC §2b)."""
     enabled: bool = F(False, "Inject verified-correct off-policy solutions into groups.")
     count: int = F(1, "Anchors per question.", **COUNT)
-    mode: Literal["replace", "add"] = F("replace", "replace one on-policy sample per anchor (7+1 for G=8), or add to the "
-                                        "group.")
-    when: Literal["always", "no_correct"] = F("always", "Inject always, or only when no on-policy sample of the question "
-                                              "is correct.")
-    ratio: Literal["shaped", "plain"] = F("shaped", "shaped: A * p/(p+gamma), no clipping (LUFFY); plain: pi_old := "
-                                          "stop_grad(pi_theta).")
+    mode: Literal["replace", "add"] = F("replace", "replace one on-policy sample per anchor (7+1 for G=8), or add to the group.")
+    when: Literal["always", "no_correct"] = F("always",
+        "Inject always, or only when no on-policy sample of the question is correct.")
+    ratio: Literal["shaped", "plain"] = F("shaped",
+        "shaped: A * p/(p+gamma), no clipping (LUFFY); plain: pi_old := stop_grad(pi_theta).")
     gamma: float = F(0.1, "Policy-shaping gamma.", gt=0.0)
-    source: Literal["reference", "self", "both"] = F("reference", "reference: the data's solution; self: the policy's own "
-                                                     "earlier verified responses; both.")
+    source: Literal["reference", "self", "both"] = F("reference",
+        "reference: the data's solution; self: the policy's own earlier verified responses; both.")
     buffer_size: int = F(4, "Self-bootstrapped anchors kept per question.", **COUNT)
     max_tokens: int = F(0, "Longest anchor in tokens; a longer reference is not injected and is counted (0: "
                         "rollout.max_new_tokens).", ge=0, le=MAX_TOKENS)
@@ -243,34 +234,33 @@ class OverlongConfig:
 @dataclass
 class RewardsConfig:
     """Verifiable rewards. A plain list (`rewards=[math]`) sets `functions`."""
-    functions: list[str] = F(["task"], "task (the task's grader), math (math-verify), or pkg.mod:fn; name*weight to "
-                             "weight; several are summed.")
-    correct_threshold: float = F(1.0, "A response is verified correct when its reward >= this (anchors, self-anchors, "
-                                 "eval, the TRL adapter).", finite=True)
+    functions: list[str] = F(["task"], "task (the task's grader), math (math-verify), or pkg.mod:fn; name*weight to weight; "
+                             "several are summed.")
+    correct_threshold: float = F(1.0, "A response is verified correct when its reward >= this (anchors, self-anchors, eval, the "
+                                 "TRL adapter).", finite=True)
     workers: int = F(1, "Processes grading answers in parallel (math checker).", ge=1, le=1024)
 
 
 @dataclass
 class DiagnosticsConfig:
     """Costly diagnostics, run every K steps."""
-    diversity_every: int = F(10, "Mean pairwise cosine distance of response embeddings within a group, every K steps (0: "
-                             "off).", **EVERY)
+    diversity_every: int = F(10, "Mean pairwise cosine distance of response embeddings within a group, every K steps (0: off).",
+                             **EVERY)
     embedder: str = F("auto", "auto | minilm | char-ngram | a local sentence-transformers path.")
-    grad_conflict_every: Optional[int] = F(None, "Cosine between positive and negative samples' gradients, every K steps "
-                                           "(0: off; None: every 10 steps when the measured parameters hold <= 5M "
-                                           "elements, as on the built-in tiny model, else off: the diagnostic copies their "
-                                           "gradients, gigabytes for a 7B model's lm_head).", **EVERY)
+    grad_conflict_every: Optional[int] = F(None,
+        "Cosine between positive and negative samples' gradients, every K steps (0: off; None: every 10 steps when the measured "
+        "parameters hold <= 5M elements, as on the built-in tiny model, else off: the diagnostic copies their gradients, "
+        "gigabytes for a 7B model's lm_head).", **EVERY)
     grad_conflict_samples: int = F(32, "Sub-batch size for the gradient-conflict measure.", ge=2, le=INT32)
-    grad_conflict_params: str = F("lm_head|embed_tokens|lora_B", "Regex of parameter names the gradient conflict is "
-                                  "measured on.")
+    grad_conflict_params: str = F("lm_head|embed_tokens|lora_B", "Regex of parameter names the gradient conflict is measured on.")
 
 
 @dataclass
 class StagesConfig:
     """User stages added to the recipe by dotted path (docs/extending.md)."""
-    extra: list[str] = F([], "Stages to add: \"[before:NAME=|after:NAME=]pkg.mod:Stage\", NAME a stage the recipe runs "
-                         "(`regroup config --stages`); without a position at the end. Stage: a class (built with no "
-                         "arguments) or an instance with `name` and `__call__(batch, ctx)`.")
+    extra: list[str] = F([], "Stages to add: \"[before:NAME=|after:NAME=]pkg.mod:Stage\", NAME a stage the recipe runs (`regroup "
+                         "config --stages`); without a position at the end. Stage: a class (built with no arguments) or an "
+                         "instance with `name` and `__call__(batch, ctx)`.")
 
 
 @dataclass
@@ -281,27 +271,25 @@ class TrainConfig:
     keep_checkpoints: int = F(2, "Checkpoints kept on disk (older ones are deleted).", **COUNT)
     progress: bool = F(True, "Show a progress bar.")
     threads: int = F(0, "torch CPU threads (0: leave torch's default).", ge=0, le=4096)
-    keep_cpu_memory: bool = F(True, "On a CPU with glibc, keep freed buffers in the process instead of returning them to "
-                              "the OS and faulting them in again every micro-batch (`regroup.cpu_memory`: 8x fewer page "
-                              "faults, a 0-12 % shorter tiny-model step in paired runs).")
-    eval_every: int = F(0, "Evaluate on held-out questions (data.eval_file, else the task's held-out set) every K steps "
-                        "(0: off).", **EVERY)
+    keep_cpu_memory: bool = F(True, "On a CPU with glibc, keep freed buffers in the process instead of returning them to the OS "
+                              "(`regroup.cpu_memory`: 8x fewer page faults, a 0-12 % shorter tiny-model step).")
+    eval_every: int = F(0, "Evaluate on held-out questions (data.eval_file, else the task's held-out set) every K steps (0: "
+                        "off).", **EVERY)
     eval_n: int = F(4, "Samples per held-out question when evaluating during training (pass@1 and pass@eval_n are logged).",
                     **COUNT)
     eval_limit: int = F(64, "Held-out questions evaluated during training.", **COUNT)
-    epochs: int = F(0, "Stop after this many passes over the training questions, walked in order per epoch (0: use "
-                    "`steps`).", ge=0, le=INT32)
-    sample_every: int = F(10, "Log a few sample completions every K steps (samples.jsonl, TensorBoard text) (0: off).",
-                          **EVERY)
-    report_to: list[str] = F([], "Extra trackers through accelerate: tensorboard, wandb, trackio, ... (metrics.jsonl is "
-                             "always written). Replaces the removed train.tensorboard / train.wandb.")
+    epochs: int = F(0, "Stop after this many passes over the training questions, walked in order per epoch (0: use `steps`).",
+                    ge=0, le=INT32)
+    sample_every: int = F(10, "Log a few sample completions every K steps (samples.jsonl, TensorBoard text) (0: off).", **EVERY)
+    report_to: list[str] = F([], "Extra trackers through accelerate: tensorboard, wandb, trackio, ... (metrics.jsonl is always "
+                             "written). Replaces the removed train.tensorboard / train.wandb.")
 
 
 @dataclass
 class RunConfig:
     """A whole training run."""
-    recipe: str = F("grpo", "Name of the recipe (for reports; letters, digits and _ . + - = @); the pieces used are "
-                    "decided by the sections below.")
+    recipe: str = F("grpo", "Name of the recipe (for reports; letters, digits and _ . + - = @); the pieces used are decided by "
+                    "the sections below.")
     seed: int = F(0, "Seed of sampling, shuffling and initialisation.", **SEED)
     run_dir: Optional[str] = F(None, "Where the run writes. None: runs/<recipe>-<time>.", path=True)
     rewards: RewardsConfig = F(RewardsConfig, "Reward functions and what counts as correct.")
@@ -365,14 +353,10 @@ REMOVED_KEYS = {"train.tensorboard": "train.report_to=[tensorboard]", "train.wan
 """Keys that no longer exist -> what to write instead. A saved config.yaml of an older run is migrated."""
 
 
-leaves = partial(fields.leaves, RunConfig)
-"""(dotted key, dataclasses.Field, type hint) of every leaf field of RunConfig."""
-numeric_keys = partial(fields.numeric_keys, RunConfig)
-"""Dotted keys of every int / float field."""
-numeric_rules = partial(fields.numeric_rules, RunConfig)
-"""The bounds of every field that has them, by dotted key (a test checks that every numeric field has them)."""
-field_docs = partial(fields.field_docs, RunConfig)
-"""(dotted key, default, help with the bounds) of every leaf field: what `regroup config` lists."""
+# RunConfig's leaf fields as (dotted key, Field, type hint); the dotted keys of its int / float fields; their bounds
+# (a test checks every numeric field has some); and (key, default, help + bounds) rows: what `regroup config` lists.
+leaves, numeric_keys, numeric_rules, field_docs = (
+    partial(f, RunConfig) for f in (fields.leaves, fields.numeric_keys, fields.numeric_rules, fields.field_docs))
 
 
 def get_dotted(cfg, key: str):
@@ -494,8 +478,7 @@ def _shorthand(data: dict) -> dict:
 
 
 def _migrate_saved(data: dict) -> dict:
-    """A saved config.yaml of an older run: its removed `train.tensorboard` / `train.wandb` switches become
-    `train.report_to` entries (new recipes and overrides that use them are refused with the replacement)."""
+    """An older run's config.yaml: its removed train.tensorboard / train.wandb become train.report_to entries."""
     train = data.get("train")
     if not isinstance(train, dict) or not {"tensorboard", "wandb"} & set(train):
         return data
