@@ -104,9 +104,8 @@ def load_dotted(path: str) -> Any:
 def build_named(kind: str, name: str, builtins: Registry | dict[str, Callable[..., Any]], method: str,
                 **kwargs: Any) -> Any:
     """The `kind` called `name` built with `kwargs`: a name in `builtins` (a Registry of classes and
-    factories), or a dotted path to a class or
-    factory (called with `kwargs`) or to a ready instance (which takes no settings). The result must
-    have a callable `method`."""
+    factories), or a dotted path to a class or factory (called with `kwargs`) or to a ready instance
+    (which takes no settings). The result must have a callable `method`."""
     if ":" in name:
         obj = load_dotted(name)
         if hasattr(obj, method) and not isinstance(obj, type):
