@@ -14,7 +14,7 @@ __all__ = ["Problem", "Task", "get_task"]
 
 def _load_dotted(spec: str) -> Any:
     if ":" not in spec:
-        raise ValueError(f"task {spec!r}: expected a registered name ({', '.join(TASKS)}) or 'package.module:object'")
+        raise ValueError(f"task {spec!r}: expected a built-in name ({', '.join(TASKS)}) or 'package.module:object'")
     try:
         return load_dotted(spec)
     except ValueError as exc:
