@@ -257,7 +257,8 @@ class RegroupGRPOTrainer(GRPOTrainer):
             out["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
         logged = self._logs.get("advantages")
         if logged is not None and len(logged) >= len(rows):  # TRL's completions table: show the recipe's advantages
-            del logged[-len(rows):]
+            for _ in rows:  # a deque: drop TRL's per-prompt advantages of this batch
+                logged.pop()
             logged.extend(batch.advantages[rows].tolist())
         for key, value in metrics.items():
             self._metrics["train"][f"regroup/{key}"].append(float(value))
