@@ -144,6 +144,8 @@ class RegroupGRPOTrainer(GRPOTrainer):
         if not rows:
             raise ValueError("no training rows: every question was left out")
         self._problems = {p.id: p for p in problems}
+        if len(self._problems) != len(problems):
+            raise ValueError("problem ids must be unique: TRL's rows find their Problem by id")
         self.regroup_last_batch: StepBatch | None = None
         self.regroup_rows: list[int] = []
         self._local_samples: list[Sample] | None = None
