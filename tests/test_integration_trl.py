@@ -7,6 +7,7 @@ That both front-ends compute the same thing is tests/test_trl_front_ends.py.
 
 from __future__ import annotations
 
+import json
 import math
 from types import SimpleNamespace
 
@@ -31,6 +32,7 @@ from regroup.integrations.trl import (  # noqa: E402
     loss_totals,
     problem_rows,
 )
+from regroup.integrations.trl import STAGE_STATES  # noqa: E402
 from regroup.integrations.trl_helpers import check_shared_settings  # noqa: E402
 from regroup.models.tiny import build_tokenizer  # noqa: E402
 from regroup.tasks import get_task  # noqa: E402
@@ -291,6 +293,27 @@ def test_anchor_tokens_flagged_with_reference_ids(tiny_model_dir, tmp_path):
         assert int(out["num_items_in_batch"]) == int(out["completion_mask"].sum())
     assert n_wrong > 0
     assert trainer.recipe.stages[trainer.recipe.names.index("anchors")].injector.totals["rejected_reference"] == 1
+
+
+def test_stage_states_saved_with_checkpoints_and_restored(tiny_model_dir, tmp_path, monkeypatch):
+    cfg = _cfg("dagrpo", "mask.enabled=false", "anchors.source=both", NOISY)
+
+    def injector(trainer):
+        return trainer.recipe.stages[trainer.recipe.names.index("anchors")].injector
+
+    first = _trainer(tiny_model_dir, tmp_path, cfg, max_steps=1, save_strategy="steps", save_steps=1)
+    first.train()
+    saved = json.loads((tmp_path / "out" / "checkpoint-1" / STAGE_STATES).read_text())
+    assert saved["anchors"]["totals"]["injected"] == injector(first).totals["injected"] == 2  # 2 groups of 4
+    assert saved["anchors"]["buffer"] == dict(injector(first).buffer)
+    again = _trainer(tiny_model_dir, tmp_path, cfg, max_steps=1, save_strategy="steps", save_steps=1)
+    assert injector(again).totals["injected"] == 0
+    resumed = []
+    monkeypatch.setattr(GRPOTrainer, "train", lambda self, **kw: resumed.append(kw))  # TRL's own resume: not ours
+    again.train(resume_from_checkpoint=True)
+    assert resumed == [{"resume_from_checkpoint": True}]
+    assert injector(again).totals == injector(first).totals
+    assert dict(injector(again).buffer) == dict(injector(first).buffer)
 
 
 @pytest.mark.parametrize("loss_type", ["dapo", "grpo", "dr_grpo", "bnpo"])

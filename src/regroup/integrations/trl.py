@@ -21,6 +21,7 @@ methods hooked (trl 1.16.0): `_generate_and_score_completions` (post-processing)
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,8 @@ import torch
 from accelerate.utils import gather_object
 from torch import Tensor, nn
 from torch.utils.data import Sampler
+from transformers import TrainerCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 from trl import GRPOTrainer
 from trl.trainer.utils import use_adapter
 
@@ -43,7 +46,8 @@ from regroup.integrations.trl_helpers import (  # noqa: F401  (re-exported)
 from regroup.models.prompting import build_prompter, encode_response
 from regroup.recipes import build_recipe
 from regroup.setup import training_problems
-from regroup.stages.base import StepBatch, StepContext, run_stages
+from regroup.io import write_atomic
+from regroup.stages.base import StepBatch, StepContext, load_stage_states, run_stages, stage_states
 from regroup.stages.groups import samples_per_question
 from regroup.tasks import get_task
 
@@ -53,6 +57,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+STAGE_STATES = "regroup_stages.json"
+"""The recipe's stage states (self-anchor buffer, reference verdicts) in each TRL checkpoint folder."""
 
 # Multimodal / model-specific forward inputs TRL passes through to `_get_per_token_logps_and_entropies`.
 _FORWARD_KEYS = (
@@ -155,7 +162,8 @@ class RegroupGRPOTrainer(GRPOTrainer):
 
         from datasets import Dataset
 
-        super().__init__(model=model, reward_funcs=[self.regroup_reward], args=args,
+        callbacks = [*(kwargs.pop("callbacks", None) or []), _SaveStageStates(self.recipe.stages)]
+        super().__init__(model=model, reward_funcs=[self.regroup_reward], args=args, callbacks=callbacks,
                          train_dataset=Dataset.from_list(rows), processing_class=tokenizer, **kwargs)
         if cfg.ta.enabled:
             pool = self.regroup_n_variants + 1
@@ -168,6 +176,15 @@ class RegroupGRPOTrainer(GRPOTrainer):
             if self.recipe.ratio_on_original and self.use_vllm and self.vllm_importance_sampling_correction:
                 raise ConfigError("ta.ratio_anchor=original with GRPOConfig.vllm_importance_sampling_correction would "
                                   "divide pi_old(o|q0) by the sampler's pi(o|q_n); set one of them off")
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any) -> Any:
+        """TRL's `train`; a resumed run first restores the recipe's stage states saved with the checkpoint."""
+        path = resume_from_checkpoint
+        if path is True:
+            path = get_last_checkpoint(self.args.output_dir)
+        if path and (Path(path) / STAGE_STATES).is_file():
+            load_stage_states(self.recipe.stages, json.loads((Path(path) / STAGE_STATES).read_text()))
+        return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
 
     # --- the data TRL samples --------------------------------------------------------------------------------
 
@@ -371,6 +388,18 @@ class RegroupGRPOTrainer(GRPOTrainer):
         if anchor_tokens > 0:
             metrics["regroup/anchor/token_frac"].append(anchor_tokens / loss_tokens)
             metrics["regroup/anchor/prob_mean"].append(s[7] / anchor_tokens)
+
+
+class _SaveStageStates(TrainerCallback):
+    """Writes the recipe's stage states into each checkpoint folder TRL has just saved (main process)."""
+
+    def __init__(self, stages: list) -> None:
+        self.stages = stages
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+        if state.is_world_process_zero and folder.is_dir():
+            write_atomic(folder / STAGE_STATES, json.dumps(stage_states(self.stages)))
 
 
 def _rows_after_stages(rows: list[Sample], samples: list[Sample]) -> list[int]:
