@@ -157,7 +157,6 @@ def test_both_front_ends_agree_on_one_batch(tiny_model_dir, tmp_path, case):
     assert math.isclose(captured["loss"], float(trl_loss), rel_tol=1e-6, abs_tol=TOL), (captured["loss"], float(trl_loss))
     assert captured["grads"].keys() == trl_grads.keys() and trl_grads
     worst = max(float((captured["grads"][k] - trl_grads[k]).abs().max()) for k in trl_grads)
-    print(f"\n{case}: loss {captured['loss']:.8f} vs {float(trl_loss):.8f}, max grad diff {worst:.2e}")
     assert worst <= TOL, worst
     assert native.recipe.loss == trl.recipe.loss  # one LossSpec (GSPO: ratio_level="sequence" on both)
     if "anchors" in native.recipe.names:

@@ -113,6 +113,16 @@ class RegroupGRPOTrainer(GRPOTrainer):
             raise ConfigError("rollout.tis_cap > 0: under TRL use GRPOConfig.vllm_importance_sampling_correction")
         if cfg.ta.enabled and cfg.grpo.samples_multiplier != 1:
             raise ConfigError("grpo.samples_multiplier with ta.enabled: TRL samples every prompt row equally often")
+        if cfg.ta.enabled:
+            pool, unique = cfg.ta.n_variants + 1, args.generation_batch_size // args.num_generations
+            if unique % pool:
+                raise ConfigError(
+                    f"ta.n_variants={pool - 1}: the unique prompts per generation batch, generation_batch_size / "
+                    f"num_generations = {args.generation_batch_size} / {args.num_generations} = {unique}, must be a "
+                    f"multiple of N+1 = {pool} (q0 and its variants are generated together)")
+            if cfg.ta.ratio_anchor == "original" and args.use_vllm and args.vllm_importance_sampling_correction:
+                raise ConfigError("ta.ratio_anchor=original with GRPOConfig.vllm_importance_sampling_correction would "
+                                  "divide pi_old(o|q0) by the sampler's pi(o|q_n); set one of them off")
         if processing_class is None:
             if not isinstance(model, str):
                 raise ValueError("pass processing_class (the tokenizer) when model is not a path")
@@ -122,6 +132,9 @@ class RegroupGRPOTrainer(GRPOTrainer):
         tokenizer = processing_class
         task = task if task is not None else get_task(cfg.data.task)
         problems = list(problems) if problems is not None else training_problems(cfg, task)
+        self._problems = {p.id: p for p in problems}
+        if len(self._problems) != len(problems):
+            raise ValueError("problem ids must be unique: TRL's rows find their Problem by id")
 
         self.regroup_config = cfg
         self.recipe = build_recipe(cfg, task, lambda text: encode_response(tokenizer, text), Path(args.output_dir))
@@ -150,9 +163,6 @@ class RegroupGRPOTrainer(GRPOTrainer):
                         dropped, len(problems), self.regroup_n_variants)
         if not rows:
             raise ValueError("no training rows: every question was left out")
-        self._problems = {p.id: p for p in problems}
-        if len(self._problems) != len(problems):
-            raise ValueError("problem ids must be unique: TRL's rows find their Problem by id")
         self.regroup_last_batch: StepBatch | None = None
         self.regroup_rows: list[int] = []
         self._local_samples: list[Sample] | None = None
@@ -165,17 +175,6 @@ class RegroupGRPOTrainer(GRPOTrainer):
         callbacks = [*(kwargs.pop("callbacks", None) or []), _SaveStageStates(self.recipe.stages)]
         super().__init__(model=model, reward_funcs=[self.regroup_reward], args=args, callbacks=callbacks,
                          train_dataset=Dataset.from_list(rows), processing_class=tokenizer, **kwargs)
-        if cfg.ta.enabled:
-            pool = self.regroup_n_variants + 1
-            unique = self.args.generation_batch_size // self.num_generations
-            if unique % pool:
-                raise ConfigError(
-                    f"ta.n_variants={pool - 1}: the unique prompts per generation batch, generation_batch_size / "
-                    f"num_generations = {self.args.generation_batch_size} / {self.num_generations} = {unique}, must be a "
-                    f"multiple of N+1 = {pool} (q0 and its variants are generated together)")
-            if self.recipe.ratio_on_original and self.use_vllm and self.vllm_importance_sampling_correction:
-                raise ConfigError("ta.ratio_anchor=original with GRPOConfig.vllm_importance_sampling_correction would "
-                                  "divide pi_old(o|q0) by the sampler's pi(o|q_n); set one of them off")
 
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any) -> Any:
         """TRL's `train`; a resumed run first restores the recipe's stage states saved with the checkpoint."""
