@@ -1,144 +1,88 @@
-"""regroup.integrations.trl: the GRPOTrainer subclass with DaGRPO masks / anchors and TA-GRPO pooling.
+"""regroup.integrations.trl: TRL's GRPOTrainer running a regroup recipe (its stages and loss).
 
 Pure helpers are checked on hand-made cases; the trainer on a tiny random model (hidden 32, 2 layers)
 and arithmetic problems with short reference solutions, with tensors captured from inside TRL's loop.
+That both front-ends compute the same thing is tests/test_trl_front_ends.py.
 """
 
 from __future__ import annotations
 
+import json
 import math
-import random
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 pytest.importorskip("trl")
-from datasets import Dataset  # noqa: E402
-from trl import GRPOConfig, GRPOTrainer  # noqa: E402
+from trl import GRPOTrainer  # noqa: E402
 
 from regroup.algo.advantages import group_advantages  # noqa: E402
-from regroup.algo.distinctiveness import distinctiveness_mask  # noqa: E402
+from regroup.config import ConfigError, load_config  # noqa: E402
 from regroup.integrations.trl import (  # noqa: E402
     ANCHOR_MASK,
     GROUP_ID,
     IS_ANCHOR,
     Q0_PROMPT,
-    SAMPLE_WEIGHT,
+    QUESTION_ID,
     VARIANT,
     PooledRepeatSampler,
     RegroupGRPOTrainer,
-    RegroupTRLConfig,
-    anchor_slots,
-    expand_variants,
+    grpo_args,
     loss_totals,
+    problem_rows,
 )
+from regroup.integrations.trl import STAGE_STATES  # noqa: E402
+from regroup.integrations.trl_helpers import check_shared_settings  # noqa: E402
 from regroup.models.tiny import build_tokenizer  # noqa: E402
-from regroup.scorers import Scorer  # noqa: E402
 from regroup.tasks import get_task  # noqa: E402
+from regroup.tasks.base import Problem  # noqa: E402
 
 TASK = get_task("arithmetic")
-N_VARIANTS = 3
 MAX_LEN = 24  # completion tokens; every reference solution below fits (+ eos)
+PROBLEMS = [p for p in TASK.generate(64, 0) if len(p.solution) <= 20][:8]
 
 
-# ---- data, reward, trainer factory ----------------------------------------------------------------------
+def noisy_reward(response: str, problem) -> float | None:
+    """Grade, else a length-based 0/1 (mixed groups from a random model), None when the length % 5 == 0."""
+    if TASK.grade(response, problem) == 1.0:
+        return 1.0
+    if len(response) % 5 == 0:
+        return None
+    return float(len(response) % 3 == 0)
 
 
-def _problems():
-    short = [p for p in TASK.generate(64, 0) if len(p.solution) <= 20]
-    return short[:8]
+NOISY = "rewards.functions=[test_integration_trl:noisy_reward]"
 
 
-PROBLEMS = _problems()
-BY_ID = {p.id: p for p in PROBLEMS}
+def _cfg(name: str, *overrides: str):
+    return load_config(name, [f"rollout.max_new_tokens={MAX_LEN}", "data.num_train=8", "grpo.num_generations=4",
+                              *overrides])
 
 
-def _rows(problems=PROBLEMS, wrong_solution_for: str | None = None) -> list[dict]:
-    rows = []
-    for p in problems:
-        solution = "1+1=3. #### 3" if p.id == wrong_solution_for else p.solution
-        rows.append(
-            {
-                "prompt": [{"role": "user", "content": p.question}],
-                "answer": p.answer,
-                "solution": solution,
-                "id": p.id,
-                "variants": TASK.rephrase(p, N_VARIANTS, random.Random(0)),
-            }
-        )
-    return rows
-
-
-def _text(completion) -> str:
-    return completion[-1]["content"] if isinstance(completion, list) else completion
-
-
-def grade_reward(prompts, completions, id, **kwargs):
-    """The task grader as a TRL reward function."""
-    return [TASK.grade(_text(c), BY_ID[i]) for c, i in zip(completions, id)]
-
-
-def noisy_reward(prompts, completions, id, **kwargs):
-    """Grader, else a length-based 0/1 (mixed groups from a random model), None when length % 5 == 0."""
-    out = []
-    for c, i in zip(completions, id):
-        text = _text(c)
-        if TASK.grade(text, BY_ID[i]) == 1.0:
-            out.append(1.0)
-        elif len(text) % 5 == 0:
-            out.append(None)
-        else:
-            out.append(float(len(text) % 3 == 0))
-    return out
-
-
-def _trainer(model_dir, tmp_path, regroup=None, rows=None, reward=grade_reward, **overrides) -> RegroupGRPOTrainer:
-    kw = dict(
-        output_dir=str(tmp_path / "out"),
-        report_to=[],
-        use_cpu=True,
-        bf16=False,  # TRL's default bf16 autocast on CPU moves log-probs
-        per_device_train_batch_size=8,
-        num_generations=4,
-        max_completion_length=MAX_LEN,
-        max_steps=2,
-        logging_steps=1,
-        save_strategy="no",
-        learning_rate=1e-4,
-        seed=0,
-    )
-    kw.update(overrides)
-    tok = build_tokenizer()
-    return RegroupGRPOTrainer(
-        model=model_dir,
-        reward_funcs=reward,
-        args=GRPOConfig(**kw),
-        train_dataset=Dataset.from_list(rows if rows is not None else _rows()),
-        processing_class=tok,
-        regroup=regroup,
-    )
+def _trainer(model_dir, tmp_path, cfg, problems=PROBLEMS, **trl) -> RegroupGRPOTrainer:
+    kw = dict(output_dir=str(tmp_path / "out"), report_to=[], use_cpu=True,
+              bf16=False,  # TRL's default bf16 autocast on CPU moves log-probs
+              per_device_train_batch_size=8, max_steps=2, logging_steps=1, save_strategy="no", learning_rate=1e-4, seed=0)
+    kw.update(trl)
+    return RegroupGRPOTrainer(model=model_dir, args=grpo_args(cfg, **kw), regroup_config=cfg, problems=problems,
+                              processing_class=build_tokenizer())
 
 
 def _capture(trainer):
-    """Record (input rows, output batch) of every _generate_and_score_completions and the gathered rewards."""
-    batches, rewards = [], []
+    """Record (input rows, output batch, the step batch) of every _generate_and_score_completions."""
+    batches = []
     generate = trainer._generate_and_score_completions
-    calculate = trainer._calculate_rewards
 
-    def wrapped_generate(inputs):
+    def wrapped(inputs):
         rows = [dict(r) for r in inputs]
         out = generate(inputs)
-        batches.append((rows, {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in out.items()}))
+        batches.append((rows, {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in out.items()},
+                        trainer.regroup_last_batch, list(trainer.regroup_rows)))
         return out
 
-    def wrapped_calculate(inputs, prompts, completions, completion_ids_list):
-        r = calculate(inputs, prompts, completions, completion_ids_list)
-        rewards.append((list(prompts), r.clone()))
-        return r
-
-    trainer._generate_and_score_completions = wrapped_generate
-    trainer._calculate_rewards = wrapped_calculate
-    return batches, rewards
+    trainer._generate_and_score_completions = wrapped
+    return batches
 
 
 def _prompt_ids(tok, prompt) -> tuple[int, ...]:
@@ -153,44 +97,40 @@ def _unpad(ids: torch.Tensor, mask: torch.Tensor) -> tuple[int, ...]:
 # ---- pure helpers ---------------------------------------------------------------------------------------
 
 
-def test_anchor_slots_one_per_group_last_q0_sample():
-    gid = torch.tensor([7, 7, 7, 7, 3, 3, 3, 3])
-    var = torch.tensor([0, 0, 1, 1, 0, 0, 1, 1])
-    r = torch.tensor([0.0, 0, 0, 0, 0, 1, 0, math.nan])
-    always = anchor_slots(gid, var, r, when="always")
-    assert always.tolist() == [False, True, False, False, False, True, False, False]
-    # group 3 has a correct sample -> no anchor there; NaN never counts as correct
-    none_correct = anchor_slots(gid, var, r, when="no_correct", correct_reward=1.0)
-    assert none_correct.tolist() == [False, True, False, False, False, False, False, False]
-    with pytest.raises(ValueError, match="when"):
-        anchor_slots(gid, var, r, when="sometimes")
+def test_problem_rows_one_row_per_question_and_variant():
+    probs = [Problem(id="a", question="q0", answer="1"), Problem(id="b", question="r0", answer="2"),
+             Problem(id="c", question="s0", answer="3")]
+
+    def messages(text):
+        return [{"role": "system", "content": "S"}, {"role": "user", "content": text}]
+
+    rows, dropped = problem_rows(probs, [["a1", "a2", "a3"], ["b1", "b2"], ["c1"]], messages, 2)
+    assert dropped == 1  # "c" has one variant of 2: TRL's pools have one size
+    assert [r[GROUP_ID] for r in rows] == [0, 0, 0, 1, 1, 1]
+    assert [r[VARIANT] for r in rows] == [0, 1, 2, 0, 1, 2]
+    assert [r[QUESTION_ID] for r in rows] == ["a"] * 3 + ["b"] * 3
+    assert [r["prompt"][-1]["content"] for r in rows] == ["q0", "a1", "a2", "r0", "b1", "b2"]  # a3 cut at N = 2
+    assert all(r["prompt"][0] == {"role": "system", "content": "S"} for r in rows)
+    assert all(r[Q0_PROMPT] == messages("q0") for r in rows[:3])
+    plain, _ = problem_rows(probs[:1], None, lambda t: t, 0)
+    assert plain == [{"prompt": "q0", GROUP_ID: 0, VARIANT: 0, QUESTION_ID: "a", "regroup_question": "q0",
+                      Q0_PROMPT: "q0"}]
 
 
-def test_expand_variants_rows_in_question_order():
-    ds = Dataset.from_list(
-        [
-            {
-                "prompt": [{"role": "system", "content": "S"}, {"role": "user", "content": "q0"}],
-                "variants": ["a", "b", "c"],
-                "x": 1,
-            },
-            {"prompt": [{"role": "user", "content": "r0"}], "variants": ["d", "e"], "x": 2},
-        ]
-    )
-    out, n = expand_variants(ds, num_variants=2)
-    assert n == 2 and len(out) == 6
-    assert out[GROUP_ID] == [0, 0, 0, 1, 1, 1]
-    assert out[VARIANT] == [0, 1, 2, 0, 1, 2]
-    assert out["x"] == [1, 1, 1, 2, 2, 2]
-    assert [p[-1]["content"] for p in out["prompt"]] == ["q0", "a", "b", "r0", "d", "e"]
-    assert out["prompt"][1][0] == {"role": "system", "content": "S"}  # system turn kept
-    assert all(q[-1]["content"] == "q0" for q in out[Q0_PROMPT][:3])
-    with pytest.raises(ValueError, match="different numbers of variants"):
-        expand_variants(ds)
-    with pytest.raises(ValueError, match="fewer than num_variants"):
-        expand_variants(ds, num_variants=3)
-    text, _ = expand_variants(Dataset.from_list([{"prompt": "Q", "variants": ["V1"]}]))
-    assert text["prompt"] == ["Q", "V1"]
+def test_shared_settings_must_agree():
+    cfg = _cfg("dagrpo")  # adv_scale none, loss_agg seq_sum_constant
+    good = SimpleNamespace(num_generations=4, max_completion_length=MAX_LEN, temperature=1.0, top_p=1.0, beta=0.0,
+                           num_iterations=1, epsilon=0.2, epsilon_high=None, scale_rewards="none",
+                           importance_sampling_level="token", use_bias_correction_kl=True, loss_type="dr_grpo")
+    check_shared_settings(cfg, good)  # epsilon_high None = epsilon; the KL correction is moot at beta 0
+    for field, value, key in (("scale_rewards", "group", "grpo.adv_scale"), ("loss_type", "dapo", "grpo.loss_agg"),
+                              ("num_generations", 8, "grpo.num_generations"), ("epsilon_high", 0.28, "grpo.eps_high"),
+                              ("max_completion_length", 32, "rollout.max_new_tokens")):
+        bad = SimpleNamespace(**{**vars(good), field: value})
+        with pytest.raises(ConfigError, match=rf"GRPOConfig\.{field}=.* disagrees with {key}"):
+            check_shared_settings(cfg, bad)
+    matched = _cfg("grpo_matched", "grpo.num_generations=2")  # (multiplier 4)·G = 8 samples of q0 per TRL prompt
+    assert grpo_args(matched, output_dir="x", use_cpu=True).num_generations == 8
 
 
 def test_pooled_sampler_keeps_pools_in_one_chunk():
@@ -224,67 +164,50 @@ def test_loss_totals_reproduce_trl_normalisers():
         loss_totals("cispo", **common)
 
 
-def test_config_validation():
-    for bad in (dict(anchor_when="never"), dict(ratio_anchor="q1"), dict(anchor_ratio="x"), dict(anchor_mode="add"),
-                dict(delta=-1.0), dict(num_variants=0), dict(distinctiveness=True, scorer="step")):
-        with pytest.raises(ValueError):
-            RegroupTRLConfig(**bad).validate()
-
-
 # ---- the trainer ----------------------------------------------------------------------------------------
 
 
-def _masks_cfg(**kw):
-    return RegroupTRLConfig(distinctiveness=True, scorer="step", problem_fn=lambda row: BY_ID[row["id"]], **kw)
-
-
 RECIPES = {
-    "grpo": (RegroupTRLConfig(), {}),
-    "masks": (_masks_cfg(), {}),
-    "anchors": (RegroupTRLConfig(anchors=True), {}),
-    "ta": (RegroupTRLConfig(ta_pooling=True), dict(num_generations=2)),
-    "all": (_masks_cfg(ta_pooling=True, anchors=True, anchor_when="no_correct"), dict(num_generations=2, beta=0.01)),
-}
-RECIPE_METRICS = {
-    "grpo": ["regroup/groups/frac_all_equal", "entropy", "clip_ratio/region_mean"],
-    "masks": ["regroup/mask/frac", "regroup/mask/pos_frac", "regroup/score/mean"],
-    "anchors": ["regroup/anchor/frac_groups", "regroup/anchor/token_frac", "regroup/anchor/prob_mean"],
-    "ta": ["regroup/groups/frac_all_wrong"],
-    "all": ["regroup/mask/neg_frac", "regroup/anchor/frac_groups", "kl"],
+    "grpo": (("grpo",), {}, ["regroup/adv/abs_mean", "regroup/reward/checked", "entropy", "clip_ratio/region_mean"]),
+    "dagrpo": (("dagrpo",), {}, ["regroup/mask/frac", "regroup/score/mean", "regroup/anchor/count",
+                                 "regroup/anchor/token_frac", "regroup/anchor/prob_mean"]),
+    "ta_grpo": (("ta_grpo", "grpo.num_generations=2"), {}, ["regroup/adv/abs_mean", "kl"]),
+    "dagrpo_ta": (("dagrpo_ta", "grpo.num_generations=2", "grpo.beta=0.01", "anchors.when=no_correct"), {},
+                  ["regroup/mask/neg_frac", "regroup/anchor/count", "kl"]),
 }
 
 
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
 def test_recipes_train_with_finite_loss_and_metrics(tiny_model_dir, tmp_path, recipe):
-    cfg, overrides = RECIPES[recipe]
-    trainer = _trainer(tiny_model_dir, tmp_path, regroup=cfg, **overrides)
+    config, trl, keys = RECIPES[recipe]
+    trainer = _trainer(tiny_model_dir, tmp_path, _cfg(*config), **trl)
     trainer.train()
     logs = [h for h in trainer.state.log_history if "loss" in h]
     assert len(logs) == 2
     assert all(math.isfinite(h["loss"]) and math.isfinite(h["grad_norm"]) for h in logs)
-    for key in RECIPE_METRICS[recipe]:
+    for key in keys:
         assert key in logs[-1], (key, sorted(logs[-1]))
-    if recipe in ("anchors", "all"):
+    batch = trainer.regroup_last_batch
+    if "anchors" in trainer.recipe.names:
         # the random model never answers, so every group with a reference gets its anchor
-        assert logs[-1]["regroup/anchor/frac_groups"] == 1.0
-        assert trainer.regroup_last_batch["is_anchor"].any()
-    if recipe in ("ta", "all"):
-        gids = trainer.regroup_last_batch["group_ids"]
-        assert gids.unique().numel() * (N_VARIANTS + 1) * 2 == gids.numel() == 8  # one pool of (N+1)·G
+        assert logs[-1]["regroup/anchor/count"] == len(batch.group_ids) == sum(s.is_anchor for s in batch.samples)
+    if trainer.regroup_n_variants:
+        gids = torch.tensor([s.group_id for s in batch.samples])
+        assert gids.unique().numel() * (3 + 1) * 2 == gids.numel() == 8  # one pool of (N+1)·G
 
 
 def test_pooled_advantages_equal_group_advantages(tiny_model_dir, tmp_path):
     """TA pools + anchors: the advantages in TRL's batch == group_advantages on the same rewards / group ids."""
-    cfg = RegroupTRLConfig(ta_pooling=True, anchors=True)
-    trainer = _trainer(tiny_model_dir, tmp_path, regroup=cfg, reward=noisy_reward, num_generations=2,
-                       steps_per_generation=2, max_steps=1)
-    batches, rewards = _capture(trainer)
+    cfg = _cfg("dagrpo_ta", "grpo.num_generations=2", "mask.enabled=false", "grpo.adv_scale=group", NOISY)
+    trainer = _trainer(tiny_model_dir, tmp_path, cfg, steps_per_generation=2, max_steps=1)
+    batches = _capture(trainer)
     trainer.train()
-    (rows, out), (_, rpf) = batches[0], rewards[0]
-    assert len(rows) == 16 and rpf.shape == (16, 1)
-    r = rpf[:, 0].clone()  # [16] NaN = unscorable
-    r[out[IS_ANCHOR]] = 1.0  # the verified reference's reward
+    rows, out, batch, index = batches[0]
+    assert len(rows) == 16 and len(index) == 16
+    held = [batch.samples[j] for j in index]  # what each TRL row holds after the stages
+    r = torch.tensor([math.nan if s.reward is None else s.reward for s in held])  # [16] NaN = unscorable
     gid = torch.tensor([row[GROUP_ID] for row in rows])
+    assert gid.tolist() == [s.group_id for s in held]
     expected = group_advantages(r, gid, scale="group", eps=1e-4)
     assert torch.allclose(out["advantages"], expected, atol=1e-6)
     assert (expected != 0).any()
@@ -298,20 +221,19 @@ def test_pooled_advantages_equal_group_advantages(tiny_model_dir, tmp_path):
         hand = (r[i] - vals.mean()) / (vals.std() + 1e-4)  # torch.std is the unbiased (n−1) estimator
         assert math.isclose(float(out["advantages"][i]), float(hand), abs_tol=1e-5)
     assert (out["advantages"][pool & torch.isnan(r)] == 0).all()
-    # exactly one anchor per pool, on a q0 row
+    # exactly one anchor per pool, on a q0 row, rewarded 1 (the verified reference)
     assert int(out[IS_ANCHOR].sum()) == gid.unique().numel()
-    assert all(rows[i][VARIANT] == 0 for i in out[IS_ANCHOR].nonzero().flatten().tolist())
+    assert all(rows[i][VARIANT] == 0 and r[i] == 1.0 for i in out[IS_ANCHOR].nonzero().flatten().tolist())
 
 
 @pytest.mark.parametrize("ratio_anchor", ["original", "own"])
 def test_ta_logprobs_use_q0_prompt(tiny_model_dir, tmp_path, ratio_anchor):
     """Variants are sampled on their own prompt, but every forward (old, ref, current) sees q0 ('original')."""
     tok = build_tokenizer()
-    cfg = RegroupTRLConfig(ta_pooling=True, ratio_anchor=ratio_anchor)
+    cfg = _cfg("ta_grpo", "grpo.num_generations=2", "grpo.beta=0.01", f"ta.ratio_anchor={ratio_anchor}")
     # GA 1 < steps_per_generation 2: TRL computes π_old in a forward; beta > 0: π_ref too.
-    trainer = _trainer(tiny_model_dir, tmp_path, regroup=cfg, num_generations=2, steps_per_generation=2,
-                       beta=0.01, max_steps=1)
-    batches, rewards = _capture(trainer)
+    trainer = _trainer(tiny_model_dir, tmp_path, cfg, steps_per_generation=2, max_steps=1)
+    batches = _capture(trainer)
     forwards = []
     inner = trainer._get_per_token_logps_and_entropies
 
@@ -321,10 +243,7 @@ def test_ta_logprobs_use_q0_prompt(tiny_model_dir, tmp_path, ratio_anchor):
 
     trainer._get_per_token_logps_and_entropies = spy
     trainer.train()
-    rows, out = batches[0]
-    sampled_prompts, _ = rewards[0]
-    # generation (and the reward) used each row's own variant prompt
-    assert [p[-1]["content"] for p in sampled_prompts] == [row["prompt"][-1]["content"] for row in rows]
+    rows, out, batch, index = batches[0]
     assert any(row[VARIANT] > 0 for row in rows)
     q0_ids = {_prompt_ids(tok, row[Q0_PROMPT]) for row in rows}
     own_ids = {_prompt_ids(tok, row["prompt"]) for row in rows if row[VARIANT] > 0}
@@ -333,6 +252,8 @@ def test_ta_logprobs_use_q0_prompt(tiny_model_dir, tmp_path, ratio_anchor):
         got = _unpad(out["prompt_ids"][i], out["prompt_mask"][i])
         want = row[Q0_PROMPT] if ratio_anchor == "original" else row["prompt"]
         assert got == _prompt_ids(tok, want)
+        held = batch.samples[index[i]]  # the sample keeps the prompt it answered and the prompt it is scored on
+        assert tuple(held.prompt_ids) == _prompt_ids(tok, row["prompt"]) and tuple(held.ratio_prompt_ids) == got
     # old + ref over the 16-row generation batch, then current on the one 8-row micro-batch of the step
     seen = [_unpad(ids[j], m[j]) for ids, m in forwards for j in range(ids.shape[0])]
     assert len(seen) == 16 + 16 + 8
@@ -344,70 +265,65 @@ def test_ta_logprobs_use_q0_prompt(tiny_model_dir, tmp_path, ratio_anchor):
 
 def test_anchor_tokens_flagged_with_reference_ids(tiny_model_dir, tmp_path):
     tok = build_tokenizer()
-    rows = _rows(wrong_solution_for=PROBLEMS[0].id)  # its reference fails verification: no anchor there
-    cfg = RegroupTRLConfig(anchors=True)
-    trainer = _trainer(tiny_model_dir, tmp_path, regroup=cfg, rows=rows, max_steps=2)
-    batches, _ = _capture(trainer)
+    wrong = PROBLEMS[0]
+    problems = [Problem(id=wrong.id, question=wrong.question, answer=wrong.answer, solution="1+1=3. #### 3")]
+    problems += PROBLEMS[1:]  # the first reference fails verification: no anchor there
+    cfg = _cfg("dagrpo", "mask.enabled=false")
+    trainer = _trainer(tiny_model_dir, tmp_path, cfg, problems=problems, max_steps=2)
+    batches = _capture(trainer)
     trainer.train()
-    skipped = [h["regroup/anchor/skipped_unverified"] for h in trainer.state.log_history if "loss" in h]
     n_wrong = 0
-    for data_rows, out in batches:
+    for rows, out, batch, index in batches:
         is_anchor, amask = out[IS_ANCHOR], out[ANCHOR_MASK]
-        for g in range(len(data_rows) // 4):
+        for g in range(len(rows) // 4):
             members = list(range(4 * g, 4 * g + 4))
-            row = data_rows[members[-1]]
-            if row["id"] == PROBLEMS[0].id:
+            row = rows[members[-1]]
+            if row[QUESTION_ID] == wrong.id:
                 n_wrong += 1
                 assert not is_anchor[members].any()
                 continue
             assert is_anchor[members].tolist() == [False, False, False, True]  # the last sample is replaced
             i = members[-1]
-            want = tok(row["solution"], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+            solution = next(p.solution for p in problems if p.id == row[QUESTION_ID])
+            want = tok(solution, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
             assert _unpad(out["completion_ids"][i], out["completion_mask"][i]) == tuple(want)
+            assert tuple(batch.samples[index[i]].response_ids) == tuple(want)
             assert torch.equal(amask[i], out["completion_mask"][i].bool())
         assert not amask[~is_anchor].any()
         assert int(out["num_items_in_batch"]) == int(out["completion_mask"].sum())
-    assert sum(skipped) == n_wrong
+    assert n_wrong > 0
+    assert trainer.recipe.stages[trainer.recipe.names.index("anchors")].injector.totals["rejected_reference"] == 1
 
 
-class _LengthScorer(Scorer):
-    """5 for the reference solution, else 4 (even length) or 1 (odd length)."""
+def test_stage_states_saved_with_checkpoints_and_restored(tiny_model_dir, tmp_path, monkeypatch):
+    cfg = _cfg("dagrpo", "mask.enabled=false", "anchors.source=both", NOISY)
 
-    name = "length"
+    def injector(trainer):
+        return trainer.recipe.stages[trainer.recipe.names.index("anchors")].injector
 
-    def score_batch(self, items):
-        return [5.0 if it.response == it.reference else (4.0 if len(it.response) % 2 == 0 else 1.0) for it in items]
-
-
-def test_distinctiveness_mask_multiplies_advantages(tiny_model_dir, tmp_path):
-    tok = build_tokenizer()
-    cfg = RegroupTRLConfig(distinctiveness=True, scorer=_LengthScorer(), delta=3.0, anchors=True)
-    trainer = _trainer(tiny_model_dir, tmp_path, regroup=cfg, max_steps=2)
-    batches, rewards = _capture(trainer)
-    trainer.train()
-    any_masked = False
-    for (rows, out), (_, rpf) in zip(batches, rewards):
-        r = rpf[:, 0].clone()
-        r[out[IS_ANCHOR]] = 1.0
-        gid = torch.arange(len(rows)) // 4
-        raw = group_advantages(r, gid, scale="group", eps=1e-4)
-        texts = tok.batch_decode(out["completion_ids"], skip_special_tokens=True)  # what the scorer saw
-        scores = torch.tensor([4.0 if len(t) % 2 == 0 else 1.0 for t in texts])
-        scores[out[IS_ANCHOR]] = 5.0
-        keep = distinctiveness_mask(raw, scores, gid, 3.0)
-        assert torch.equal(out[SAMPLE_WEIGHT], keep.float())
-        assert torch.allclose(out["advantages"], raw * keep, atol=1e-6)
-        any_masked |= bool((~keep).any())
-    assert any_masked  # the case is not vacuous
-    logged = [h["regroup/mask/frac"] for h in trainer.state.log_history if "loss" in h]
-    assert max(logged) > 0
+    first = _trainer(tiny_model_dir, tmp_path, cfg, max_steps=1, save_strategy="steps", save_steps=1)
+    first.train()
+    saved = json.loads((tmp_path / "out" / "checkpoint-1" / STAGE_STATES).read_text())
+    assert saved["anchors"]["totals"]["injected"] == injector(first).totals["injected"] == 2  # 2 groups of 4
+    assert saved["anchors"]["buffer"] == dict(injector(first).buffer)
+    again = _trainer(tiny_model_dir, tmp_path, cfg, max_steps=1, save_strategy="steps", save_steps=1)
+    assert injector(again).totals["injected"] == 0
+    resumed = []
+    monkeypatch.setattr(GRPOTrainer, "train", lambda self, **kw: resumed.append(kw))  # TRL's own resume: not ours
+    again.train(resume_from_checkpoint=True)
+    assert resumed == [{"resume_from_checkpoint": True}]
+    assert injector(again).totals == injector(first).totals
+    assert dict(injector(again).buffer) == dict(injector(first).buffer)
 
 
 @pytest.mark.parametrize("loss_type", ["dapo", "grpo", "dr_grpo", "bnpo"])
 def test_loss_equals_trl_compute_loss(tiny_model_dir, tmp_path, loss_type):
-    """With nothing switched on, regroup's loss path == GRPOTrainer._compute_loss: value, grads, metrics."""
-    trainer = _trainer(tiny_model_dir, tmp_path, loss_type=loss_type, beta=0.04, gradient_accumulation_steps=2,
-                       steps_per_generation=2, epsilon_high=0.28)
+    """The grpo recipe's loss through the adapter == GRPOTrainer._compute_loss: value, grads, metrics."""
+    agg = {"dapo": "token_mean", "bnpo": "token_mean", "grpo": "seq_mean_token_mean", "dr_grpo": "seq_sum_constant"}
+    cfg = _cfg("grpo", "grpo.beta=0.04", "grpo.eps_high=0.28", "grpo.kl_ratio_correction=true",
+               f"grpo.loss_agg={agg[loss_type]}")
+    trainer = _trainer(tiny_model_dir, tmp_path, cfg, loss_type=loss_type, gradient_accumulation_steps=2,
+                       steps_per_generation=2)
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 2
     model = trainer.model
@@ -451,56 +367,51 @@ def test_loss_equals_trl_compute_loss(tiny_model_dir, tmp_path, loss_type):
     assert m_theirs["clip_ratio/region_mean"][-1] > 0  # both clip sides are exercised
 
 
-def test_unsupported_settings_raise(tiny_model_dir, tmp_path):
-    # 6 prompts / generation batch over G=2 -> 3 unique prompts, not a multiple of N+1 = 4
-    with pytest.raises(ValueError, match="multiple of N\\+1 = 4"):
-        _trainer(tiny_model_dir, tmp_path, regroup=RegroupTRLConfig(ta_pooling=True), num_generations=2,
-                 per_device_train_batch_size=6)
-    with pytest.raises(ValueError, match="loss_type"):
-        _trainer(tiny_model_dir, tmp_path, loss_type="cispo")
-    with pytest.raises(ValueError, match="top_entropy_quantile"):
-        _trainer(tiny_model_dir, tmp_path, top_entropy_quantile=0.2)
-
-
 # ---- two real processes (gloo on CPU): pools and anchors that span ranks ---------------------------------
 
+_DDP_REWARD = r'''
+from regroup.tasks import get_task
+
+task = get_task("arithmetic")
+
+
+def reward(response, problem):
+    return 1.0 if task.grade(response, problem) else float(len(response) % 3 == 0)
+'''
+
 _DDP_SCRIPT = r'''
-import random, sys, tempfile
+import sys, tempfile
 import torch
-from datasets import Dataset
-from trl import GRPOConfig
+from accelerate.utils import gather
 from regroup.algo.advantages import group_advantages
-from regroup.integrations.trl import IS_ANCHOR, RegroupGRPOTrainer, RegroupTRLConfig
+from regroup.config import load_config
+from regroup.integrations.trl import IS_ANCHOR, RegroupGRPOTrainer, grpo_args
 from regroup.models.tiny import build_tokenizer
 from regroup.tasks import get_task
 
 torch.set_num_threads(1)
 task = get_task("arithmetic")
 probs = [p for p in task.generate(64, 0) if len(p.solution) <= 20][:8]
-by_id = {p.id: p for p in probs}
-rows = [dict(prompt=[{"role": "user", "content": p.question}], solution=p.solution, id=p.id,
-             variants=task.rephrase(p, 3, random.Random(0))) for p in probs]
-
-def reward(prompts, completions, id, **kw):
-    texts = [c[-1]["content"] for c in completions]
-    return [1.0 if task.grade(t, by_id[i]) else float(len(t) % 3 == 0) for t, i in zip(texts, id)]
-
+cfg = load_config("dagrpo_ta", ["grpo.num_generations=2", "rollout.max_new_tokens=24", "grpo.beta=0.01",
+                                "rewards.functions=[ddp_reward:reward]", "data.num_train=8"])
 # 4 rows per rank, G = 2: one pool of (3+1)·2 = 8 samples spans both ranks.
-args = GRPOConfig(output_dir=tempfile.mkdtemp(), bf16=False, report_to=[], use_cpu=True, per_device_train_batch_size=4,
-                  num_generations=2, max_completion_length=24, max_steps=2, logging_steps=1, save_strategy="no",
-                  beta=0.01)
-cfg = RegroupTRLConfig(ta_pooling=True, anchors=True, distinctiveness=True, problem_fn=lambda r: by_id[r["id"]])
-tr = RegroupGRPOTrainer(model=sys.argv[1], reward_funcs=reward, args=args, train_dataset=Dataset.from_list(rows),
-                        processing_class=build_tokenizer(), regroup=cfg)
+args = grpo_args(cfg, output_dir=tempfile.mkdtemp(), bf16=False, report_to=[], use_cpu=True, per_device_train_batch_size=4,
+                 max_steps=2, logging_steps=1, save_strategy="no")
+tr = RegroupGRPOTrainer(model=sys.argv[1], args=args, regroup_config=cfg, problems=probs,
+                        processing_class=build_tokenizer())
 inner = tr._generate_and_score_completions
 
 def check(inputs):
     out = inner(inputs)
-    lb, rank, n = tr.regroup_last_batch, tr.accelerator.process_index, len(inputs)
-    assert lb["group_ids"].numel() == 8 and lb["group_ids"].unique().numel() == 1
-    want = group_advantages(lb["rewards"], lb["group_ids"]) * lb["weight"]
-    assert torch.allclose(out["advantages"], want[rank * n:(rank + 1) * n], atol=1e-6)
-    assert int(lb["is_anchor"].sum()) == 1 and torch.equal(out[IS_ANCHOR], lb["is_anchor"][rank * n:(rank + 1) * n])
+    batch, rows, rank, n = tr.regroup_last_batch, tr.regroup_rows, tr.accelerator.process_index, len(inputs)
+    gids = torch.tensor([s.group_id for s in batch.samples])
+    assert gids.numel() == 8 and gids.unique().numel() == 1
+    r = torch.tensor([float("nan") if s.reward is None else s.reward for s in batch.samples])
+    assert torch.allclose(batch.advantages, group_advantages(r, gids, scale="none"), atol=1e-6)
+    # every rank ran the stages on the same whole batch: the rows they hand TRL fit together
+    assert torch.allclose(gather(out["advantages"]), batch.advantages[rows], atol=1e-6)
+    assert sum(s.is_anchor for s in batch.samples) == 1
+    assert out[IS_ANCHOR].tolist() == [batch.samples[j].is_anchor for j in rows[rank * n:(rank + 1) * n]]
     print(f"CHECKED rank{rank}", flush=True)
     return out
 
@@ -518,6 +429,7 @@ def test_two_processes_pool_spanning_ranks(tiny_model_dir, tmp_path):
 
     script = tmp_path / "ddp_check.py"
     script.write_text(_DDP_SCRIPT)
+    (tmp_path / "ddp_reward.py").write_text(_DDP_REWARD)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -526,55 +438,3 @@ def test_two_processes_pool_spanning_ranks(tiny_model_dir, tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("CHECKED rank0") == 2 and proc.stdout.count("CHECKED rank1") == 2, proc.stdout[-2000:]
-
-
-def test_both_front_ends_give_equal_advantages_masks_and_loss(tiny_model_dir, tmp_path):
-    """The same generation batch through the TRL adapter and through the native pipeline's stages and loss:
-    advantages, masks, anchor flags and the loss agree."""
-    from types import SimpleNamespace
-
-    from regroup.algo.losses import LossInputs, LossSpec, LossTotals, policy_loss
-    from regroup.batch import Sample
-    from regroup.stages.advantages import GroupAdvantages
-    from regroup.stages.base import StepBatch, StepContext, run_stages
-    from regroup.stages.masking import DistinctivenessMasker
-
-    tok = build_tokenizer()
-    cfg = RegroupTRLConfig(distinctiveness=True, scorer=_LengthScorer(), delta=3.0, anchors=True)
-    trainer = _trainer(tiny_model_dir, tmp_path, regroup=cfg, max_steps=1)
-    batches, rewards = _capture(trainer)
-    trainer.train()
-    (rows, out), (_, rpf) = batches[0], rewards[0]
-    last = trainer.regroup_last_batch
-    texts = tok.batch_decode(out["completion_ids"], skip_special_tokens=True)
-    samples = []
-    for i, row in enumerate(rows):
-        anchor = bool(out[IS_ANCHOR][i])
-        reward = float(last["rewards"][i])
-        samples.append(Sample(
-            group_id=int(last["group_ids"][i]), question_id=str(row["id"]), variant=0, is_anchor=anchor,
-            prompt_ids=[], ratio_prompt_ids=[], response_ids=[], reward=reward,
-            response_text=row["solution"] if anchor else texts[i],
-            problem=SimpleNamespace(question=row["prompt"], solution=row["solution"])))
-    native = StepBatch(step=0, samples=samples)
-    run_stages([GroupAdvantages("group", 1e-4), DistinctivenessMasker(_LengthScorer(), 3.0)], native,
-               StepContext(seed=0, num_generations=trainer.num_generations))
-    assert torch.equal(torch.tensor([s.is_anchor for s in samples]), last["is_anchor"].cpu())
-    torch.testing.assert_close(native.advantages, last["raw_advantages"].cpu().float(), atol=1e-6, rtol=0)
-    assert torch.equal(native.weights, out[SAMPLE_WEIGHT].float())
-    # the loss: the adapter's _compute_loss and policy_loss with the native LossSpec on the same tensors
-    model = trainer.model
-    inputs = {k: v for k, v in out.items()}
-    inputs["old_per_token_logps"] = None
-    trl_loss = float(trainer._compute_loss(model, inputs))
-    ids = torch.cat([out["prompt_ids"], out["completion_ids"]], 1)
-    att = torch.cat([out["prompt_mask"], out["completion_mask"]], 1)
-    logps, _, _ = trainer._get_per_token_logps_and_entropies(model, ids, att, out["completion_ids"].shape[1])
-    mask = out["completion_mask"]
-    spec = LossSpec(eps_low=trainer.epsilon_low, eps_high=trainer.epsilon_high, agg="token_mean",
-                    anchor_ratio="shaped", shaping_gamma=0.1)
-    loss, _ = policy_loss(logps, logps.detach(), LossInputs(
-        advantages=native.advantages * native.weights, loss_mask=mask, sample_weight=native.weights,
-        anchor_token_mask=out["completion_mask"].bool() & out[IS_ANCHOR].unsqueeze(1)), spec,
-        LossTotals(total_tokens=float(mask.sum()), total_sequences=len(rows), max_completion_length=mask.shape[1]))
-    assert float(loss) == pytest.approx(trl_loss, abs=1e-6)

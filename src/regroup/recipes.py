@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from regroup.algo.losses import LossSpec
-from regroup.config import parse_reward_spec
+from regroup.config import ConfigError, parse_reward_spec
 from regroup.registry import REWARDS, load_dotted
 from regroup.rephrase import build_rephraser as build_named_rephraser
 from regroup.rewards import combine
@@ -53,6 +53,16 @@ class Recipe:
     @property
     def names(self) -> list[str]:
         return [s.name for s in self.stages]
+
+    def check_front_end(self, front_end: str) -> None:
+        """Refuse, in one line naming the config key, a stage `front_end` cannot run ("native" runs all).
+
+        A stage that needs something a front-end lacks (the TRL adapter's fixed-shape generation batch cannot
+        refill groups or grow them) says so in `unsupported_by(front_end) -> str | None`."""
+        for stage in self.stages:
+            reason = stage.unsupported_by(front_end) if hasattr(stage, "unsupported_by") else None
+            if reason:
+                raise ConfigError(f"{reason} (not supported by the {front_end} front-end)")
 
     def collect_stages(self) -> list:
         """The stages before the first filter: what a dynamic-sampling refill runs on new questions."""

@@ -1,5 +1,6 @@
-"""Adapters that put regroup's algorithm pieces inside other training stacks.
+"""Adapters that run regroup's recipes inside other training stacks.
 
-- `regroup.integrations.trl`: `RegroupGRPOTrainer`, a TRL `GRPOTrainer` subclass with DaGRPO masks and
-  anchors and TA-GRPO pooling (needs the optional `trl` dependency; imported only when used).
+- `regroup.integrations.trl`: `RegroupGRPOTrainer`, a TRL `GRPOTrainer` subclass in which TRL samples and a
+  regroup recipe (its stages and loss) does the rest (needs the optional `trl` dependency; imported only
+  when used).
 """

@@ -1,68 +1,65 @@
-"""TRL adapter: regroup's DaGRPO masks and anchors and TA-GRPO pooling inside TRL's `GRPOTrainer`.
+"""TRL adapter: TRL's `GRPOTrainer` samples; regroup's recipe does the rest, exactly as in the native trainer.
 
-For users who keep TRL's stack (vLLM, DeepSpeed, PEFT). Written against trl 1.16.0 / transformers 5.24;
-it hooks four `GRPOTrainer` methods and leaves the rest of TRL's machinery alone:
+For users who keep TRL's stack (vLLM, DeepSpeed, PEFT). Written against trl 1.16.0 / transformers 5.24.
+Its settings are a regroup `RunConfig` (`regroup_config=load_config("dagrpo", [...])`); the recipe built
+from it (`regroup.recipes.build_recipe`) is the one the native trainer runs, and the adapter holds no
+variant logic of its own:
 
-- `_generate`: remembers the completions; for TA-GRPO with `ratio_anchor="original"` it hands back the
-  q0 prompt ids, so old / ref / current log-probs are all computed on `(q0, o)` (SPEC §3.4).
-- `_calculate_rewards`: remembers the gathered rewards.
-- `_generate_and_score_completions`: after TRL has built the batch, injects anchors (SPEC §2b), recomputes
-  the advantages with `regroup.algo.advantages.group_advantages` over explicit group ids (pooled TA
-  groups, SPEC §3.2–3), and applies the distinctiveness mask (SPEC §2a). Train mode only.
-- `_compute_loss`: `regroup.algo.losses.policy_loss` with TRL's normalisation for `loss_type`
-  dapo / grpo / dr_grpo / bnpo (shaped loss on anchor tokens, sample weights for masks).
+- the data set: the recipe's pre-sampling stages (TA-GRPO's variants) run once over the problems, and
+  every (question, variant) becomes one TRL prompt row (`problem_rows`);
+- the reward: TRL's only reward function is `regroup_reward`, the recipe's stages from "sample" to
+  "reward" on this process's completions (real token ids and texts, as `Sample`s);
+- after TRL's generation, the remaining stages (overlong shaping, anchors, advantages, masks, filters)
+  run on the whole generation batch as one `StepBatch` (every process runs them on the gathered batch, so
+  groups may span processes), and the adapter writes back advantages, weights and anchor rows;
+- the loss: `policy_loss` with the recipe's `LossSpec` and TRL's normaliser for `loss_type`.
 
-TA-GRPO expands every dataset row into N+1 rows (q0, q1..qN) that TRL samples as ordinary prompts, and
-a sampler keeps each question's N+1 rows in the same generation batch. See docs/trl_adapter.md.
+What TRL's fixed-shape batch cannot do is refused by `Recipe.check_front_end("trl")`. TRL private
+methods hooked (trl 1.16.0): `_generate_and_score_completions` (post-processing), `_compute_loss`,
+`_generate` (TA-GRPO ratios on q0 only) and `_get_train_sampler` (TA-GRPO pools only). See docs/trl_adapter.md.
 """
 
 from __future__ import annotations
 
-import asyncio
-import inspect
-import math
-from collections import Counter
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from types import SimpleNamespace
+import json
+import logging
+from pathlib import Path
 from typing import Any
 
 import torch
-from accelerate.utils import gather, gather_object
+from accelerate.utils import gather_object
 from torch import Tensor, nn
 from torch.utils.data import Sampler
+from transformers import TrainerCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 from trl import GRPOTrainer
-from trl.data_utils import is_conversational
-from trl.trainer.utils import is_async_callable, use_adapter
+from trl.trainer.utils import use_adapter
 
-from regroup.algo.advantages import group_reward_stats
-from regroup.algo.losses import ANCHOR_RATIOS, LossInputs, LossSpec, LossTotals, policy_loss
+from regroup.algo.losses import LossInputs, LossTotals, policy_loss
 from regroup.batch import Sample
-from regroup.stages.advantages import GroupAdvantages
-from regroup.stages.anchors import AnchorInjector
-from regroup.stages.base import StepBatch, StepContext
-from regroup.stages.masking import DistinctivenessMasker
+from regroup.config import ConfigError, RunConfig
 from regroup.integrations.trl_helpers import (  # noqa: F401  (re-exported)
-    ANCHOR_MASK, ANCHOR_MODES, ANCHOR_WHEN, GROUP_ID, IS_ANCHOR, LOSS_AGG, Q0_PROMPT, RATIO_ANCHORS, SAMPLE_WEIGHT, VARIANT,
-    PooledRepeatSampler, _pad_right, anchor_slots, completion_text, expand_variants, loss_totals,
-    prompt_question,
+    ANCHOR_MASK, GROUP_ID, IS_ANCHOR, LOSS_AGG, Q0_PROMPT, QUESTION, QUESTION_ID, SAMPLE_WEIGHT, SHARED_SETTINGS,
+    VARIANT, PooledRepeatSampler, _pad_right, check_shared_settings, completion_text, grpo_args, loss_totals,
+    problem_rows,
 )
-from regroup.scorers import Scorer, build_scorer
+from regroup.models.prompting import build_prompter, encode_response
+from regroup.recipes import build_recipe
+from regroup.setup import training_problems
+from regroup.io import write_atomic
+from regroup.stages.base import StepBatch, StepContext, load_stage_states, run_stages, stage_states
+from regroup.stages.groups import samples_per_question
+from regroup.tasks import get_task
 
 __all__ = [
-    "ANCHOR_MASK",
-    "GROUP_ID",
-    "IS_ANCHOR",
-    "Q0_PROMPT",
-    "SAMPLE_WEIGHT",
-    "VARIANT",
-    "PooledRepeatSampler",
-    "RegroupGRPOTrainer",
-    "RegroupTRLConfig",
-    "anchor_slots",
-    "expand_variants",
-    "loss_totals",
+    "ANCHOR_MASK", "IS_ANCHOR", "SAMPLE_WEIGHT", "PooledRepeatSampler", "RegroupGRPOTrainer", "grpo_args",
+    "loss_totals", "problem_rows",
 ]
+
+log = logging.getLogger(__name__)
+
+STAGE_STATES = "regroup_stages.json"
+"""The recipe's stage states (self-anchor buffer, reference verdicts) in each TRL checkpoint folder."""
 
 # Multimodal / model-specific forward inputs TRL passes through to `_get_per_token_logps_and_entropies`.
 _FORWARD_KEYS = (
@@ -70,569 +67,313 @@ _FORWARD_KEYS = (
     "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids",
 )
 
-
-@dataclass
-class RegroupTRLConfig:
-    """Which regroup pieces `RegroupGRPOTrainer` switches on; all off = TRL's GRPO through regroup's loss."""
-
-    # --- DaGRPO sequence-level gradient rectification (SPEC §2a) ---
-    distinctiveness: bool = False
-    """Multiply each advantage by the distinctiveness mask λ (the normaliser is not reduced)."""
-    scorer: str | Scorer = "step"
-    """Fine-grained scorer: "step", "judge", "similarity", "pkg.mod:obj", or a ready `Scorer` instance."""
-    scorer_kwargs: dict[str, Any] = field(default_factory=dict)
-    """Settings passed to `regroup.scorers.build_scorer` (ignored for a ready instance)."""
-    delta: float = 3.0
-    """Margin δ on the 1–10 score scale (paper: 3)."""
-    problem_fn: Callable[[Mapping[str, Any]], Any] | None = None
-    """Builds `ScoreItem.problem` from a dataset row (the `step` scorer needs it); None = no problem."""
-
-    # --- DaGRPO off-policy anchors (SPEC §2b) ---
-    anchors: bool = False
-    """Replace one on-policy completion per group with the row's reference solution."""
-    reference_column: str = "solution"
-    """Dataset column holding the reference solution text (rows without one get no anchor)."""
-    anchor_mode: str = "replace"
-    """Only "replace": the anchor takes the slot of one of the G sampled completions."""
-    anchor_when: str = "always"
-    """"always", or "no_correct": only in groups where no sampled completion is correct."""
-    anchor_ratio: str = "shaped"
-    """Anchor-token objective: "shaped" (−A·p/(p+γ), LUFFY) or "plain" (π_old := stop_grad π_θ)."""
-    shaping_gamma: float = 0.1
-    """γ of the policy-shaping function."""
-    correct_reward: float = 1.0
-    """A reward >= this counts as correct: the reference must reach it to be used, and it defines
-    "no correct sample" for `anchor_when="no_correct"`."""
-    anchor_suffix_ids: list[int] | None = None
-    """Token ids appended to the reference's tokens (what ends a generated turn); None = [eos_token_id]."""
-
-    # --- TA-GRPO pooling (SPEC §3) ---
-    ta_pooling: bool = False
-    """Sample G completions for q0 and for every variant, one advantage group of (N+1)·G per question."""
-    variants_column: str = "variants"
-    """Dataset column with the N rephrased questions (strings, or full prompts in the prompt's format)."""
-    num_variants: int | None = None
-    """N; None = the number every row has (they must agree). Extra variants are cut, missing ones raise."""
-    ratio_anchor: str = "original"
-    """"original": every log-prob (old, current, ref) on (q0, o); "own": on the variant's own prompt."""
-
-    # --- shared ---
-    adv_eps: float = 1e-4
-    """eps of the advantage std division (TRL hard-codes 1e-4)."""
-
-    def validate(self) -> None:
-        """Raise ValueError naming the first setting that is out of range."""
-        if self.anchor_mode not in ANCHOR_MODES:
-            raise ValueError(f"anchor_mode must be one of {ANCHOR_MODES}, got {self.anchor_mode!r}")
-        if self.anchor_when not in ANCHOR_WHEN:
-            raise ValueError(f"anchor_when must be one of {ANCHOR_WHEN}, got {self.anchor_when!r}")
-        if self.anchor_ratio not in ANCHOR_RATIOS:
-            raise ValueError(f"anchor_ratio must be one of {ANCHOR_RATIOS}, got {self.anchor_ratio!r}")
-        if self.ratio_anchor not in RATIO_ANCHORS:
-            raise ValueError(f"ratio_anchor must be one of {RATIO_ANCHORS}, got {self.ratio_anchor!r}")
-        if not self.delta >= 0:
-            raise ValueError(f"delta must be >= 0, got {self.delta}")
-        if not self.shaping_gamma > 0:
-            raise ValueError(f"shaping_gamma must be > 0, got {self.shaping_gamma}")
-        if not self.adv_eps >= 0:
-            raise ValueError(f"adv_eps must be >= 0, got {self.adv_eps}")
-        if self.num_variants is not None and self.num_variants < 1:
-            raise ValueError(f"num_variants must be >= 1 (or None), got {self.num_variants}")
-        if not isinstance(self.scorer, str) and not callable(getattr(self.scorer, "score_batch", None)):
-            raise ValueError(f"scorer must be a name or an object with score_batch(items), got {self.scorer!r}")
-        if self.distinctiveness and self.scorer == "step" and self.problem_fn is None:
-            raise ValueError(
-                "the 'step' scorer checks a response against the task's Problem: set problem_fn "
-                "(dataset row -> Problem), or choose another scorer"
-            )
-
-
-# ----------------------------------------------------------------------------------------------------------
-# The trainer
-# ----------------------------------------------------------------------------------------------------------
+# TRL loss features regroup's `policy_loss` does not compute: (GRPOConfig field, is it on?, the value to use).
+_TRL_REFUSED = (
+    ("delta", lambda a: a.delta is not None, "None"),
+    ("top_entropy_quantile", lambda a: a.top_entropy_quantile != 1.0, "1.0"),
+    ("off_policy_mask_threshold", lambda a: a.off_policy_mask_threshold is not None, "None"),
+    ("entropy_coef", lambda a: a.entropy_coef != 0.0, "0.0"),
+    ("use_adaptive_entropy", lambda a: a.use_adaptive_entropy, "False"),
+    ("remove_unused_columns", lambda a: bool(a.remove_unused_columns), "False (the adapter's columns are read)"),
+)
+# GRPOTrainer arguments the adapter fills from the recipe, or cannot combine with it.
+_TRL_ARGS_REFUSED = {
+    "reward_funcs": "the reward is the recipe's (rewards.functions)",
+    "train_dataset": "the rows are built from regroup's problems (data.*, or problems=)",
+    "eval_dataset": "evaluate with `regroup eval`",
+    "tools": "tool calls are not supported",
+    "rollout_func": "a rollout_func is not supported",
+    "environment_factory": "environments are not supported",
+}
 
 
 class RegroupGRPOTrainer(GRPOTrainer):
-    """TRL's `GRPOTrainer` with regroup's DaGRPO masks / anchors and TA-GRPO pooling, each switchable.
+    """TRL's `GRPOTrainer` running a regroup recipe: `RegroupGRPOTrainer(model, args, regroup_config=cfg)`.
 
-    Takes every `GRPOTrainer` argument plus `regroup: RegroupTRLConfig`. With TA pooling the train
-    dataset is expanded by `expand_variants` and sampled by `PooledRepeatSampler`; this needs
-    `generation_batch_size / num_generations` (unique prompts per generation batch) to be a multiple of
-    N+1. Supported TRL settings: `loss_type` in dapo / grpo / dr_grpo / bnpo, token-level importance
-    sampling, `multi_objective_aggregation="sum_then_normalize"`; entropy bonus, `top_entropy_quantile`,
-    `off_policy_mask_threshold` and two-sided clipping (`delta`) are refused. After each generation,
-    `regroup_last_batch` holds the global tensors used (rewards, group ids, advantages, scores, masks).
+    `args` is TRL's `GRPOConfig`; its fields that regroup's config decides (`SHARED_SETTINGS`: group size,
+    sampling, β, clip, loss normaliser, ...) must agree with `cfg` — `grpo_args(cfg, **trl_only)` builds one
+    that does. `problems` (default: `cfg.data`'s training problems) and `task` (default: `cfg.data.task`)
+    are regroup's. After each generation `regroup_last_batch` holds the step's `StepBatch` (samples,
+    advantages, weights) and `regroup_rows[i]` the index in it of TRL's global row i.
     """
 
-    def __init__(self, *args: Any, regroup: RegroupTRLConfig | None = None, **kwargs: Any) -> None:
-        cfg = regroup if regroup is not None else RegroupTRLConfig()
-        if not isinstance(cfg, RegroupTRLConfig):
-            raise TypeError(f"regroup must be a RegroupTRLConfig, got {type(cfg).__name__}")
-        cfg.validate()
-        self.regroup = cfg
-        self.regroup_num_variants = 0
-        self.regroup_last_batch: dict[str, Tensor] = {}
-        self._regroup_inputs: list[dict[str, Any]] | None = None
-        self._regroup_completions: list[Any] | None = None
-        self._regroup_rewards_per_func: Tensor | None = None
-        self._regroup_anchor_cache: dict[str, float | None] = {}
-        self._regroup_masker: DistinctivenessMasker | None = None
-        if cfg.distinctiveness:
-            scorer = build_scorer(cfg.scorer, **cfg.scorer_kwargs) if isinstance(cfg.scorer, str) else cfg.scorer
-            self._regroup_masker = DistinctivenessMasker(scorer, cfg.delta)
+    def __init__(self, model: Any, args: Any, *, regroup_config: RunConfig, problems: list | None = None,
+                 task: Any = None, processing_class: Any = None, **kwargs: Any) -> None:
+        cfg = regroup_config
+        if not isinstance(cfg, RunConfig):
+            raise TypeError(f"regroup_config must be a regroup RunConfig (load_config(...)), got {type(cfg).__name__}")
+        for name, why in _TRL_ARGS_REFUSED.items():
+            if kwargs.get(name) is not None:
+                raise ValueError(f"RegroupGRPOTrainer takes no {name}: {why}")
+        check_shared_settings(cfg, args)
+        for name, is_on, use in _TRL_REFUSED:
+            if is_on(args):
+                raise ConfigError(f"GRPOConfig.{name}: the recipe's loss does not implement it; use {use}")
+        if cfg.rollout.tis_cap > 0:
+            raise ConfigError("rollout.tis_cap > 0: under TRL use GRPOConfig.vllm_importance_sampling_correction")
+        if cfg.ta.enabled and cfg.grpo.samples_multiplier != 1:
+            raise ConfigError("grpo.samples_multiplier with ta.enabled: TRL samples every prompt row equally often")
+        if cfg.ta.enabled:
+            pool, unique = cfg.ta.n_variants + 1, args.generation_batch_size // args.num_generations
+            if unique % pool:
+                raise ConfigError(
+                    f"ta.n_variants={pool - 1}: the unique prompts per generation batch, generation_batch_size / "
+                    f"num_generations = {args.generation_batch_size} / {args.num_generations} = {unique}, must be a "
+                    f"multiple of N+1 = {pool} (q0 and its variants are generated together)")
+            if cfg.ta.ratio_anchor == "original" and args.use_vllm and args.vllm_importance_sampling_correction:
+                raise ConfigError("ta.ratio_anchor=original with GRPOConfig.vllm_importance_sampling_correction would "
+                                  "divide pi_old(o|q0) by the sampler's pi(o|q_n); set one of them off")
+        if processing_class is None:
+            if not isinstance(model, str):
+                raise ValueError("pass processing_class (the tokenizer) when model is not a path")
+            from transformers import AutoTokenizer
 
-        bound = inspect.signature(GRPOTrainer.__init__).bind(self, *args, **kwargs)
-        if cfg.ta_pooling:
-            dataset = bound.arguments.get("train_dataset")
-            if dataset is None:
-                raise ValueError("TA pooling needs a train_dataset with a 'variants' column")
-            expanded, n = expand_variants(dataset, cfg.variants_column, cfg.num_variants)
-            bound.arguments["train_dataset"] = expanded
-            self.regroup_num_variants = n
-        super().__init__(*bound.args[1:], **bound.kwargs)
-        self._regroup_check_settings()
-        # The native anchor stage's verification: one definition of a usable reference for both front-ends.
-        self._regroup_anchor_injector = AnchorInjector(
-            SimpleNamespace(source="reference", count=1, mode="replace", when=cfg.anchor_when, buffer_size=1),
-            self._regroup_reference_reward, self._regroup_anchor_ids,
-            correct_threshold=cfg.correct_reward, max_tokens=self.max_completion_length or 0)
+            processing_class = AutoTokenizer.from_pretrained(model)
+        tokenizer = processing_class
+        task = task if task is not None else get_task(cfg.data.task)
+        problems = list(problems) if problems is not None else training_problems(cfg, task)
+        self._problems = {p.id: p for p in problems}
+        if len(self._problems) != len(problems):
+            raise ValueError("problem ids must be unique: TRL's rows find their Problem by id")
 
-    # --- set-up checks -------------------------------------------------------------------------------------
+        self.regroup_config = cfg
+        self.recipe = build_recipe(cfg, task, lambda text: encode_response(tokenizer, text), Path(args.output_dir))
+        self.recipe.check_front_end("trl")
+        names = self.recipe.names
+        first, last = names.index("sample"), names.index("reward")
+        self._reward_stages = self.recipe.stages[first + 1 : last + 1]  # run where the completions are
+        self._batch_stages = self.recipe.stages[last + 1 :]  # run on the whole generation batch
+        self.regroup_n_variants = cfg.ta.n_variants if cfg.ta.enabled else 0
+        self._group_size = samples_per_question(cfg.grpo.num_generations, cfg.grpo.samples_multiplier,
+                                                self.regroup_n_variants)
+        self._q0_ids: dict[str, list[int]] = {}
+        self._ctx = StepContext(
+            seed=cfg.seed, num_generations=cfg.grpo.num_generations, samples_multiplier=cfg.grpo.samples_multiplier,
+            n_variants=self.regroup_n_variants, encode_prompt=lambda question: self._q0_ids[question],
+            encode_response=lambda text: encode_response(tokenizer, text), warn=log.warning)
 
-    def _regroup_check_settings(self) -> None:
-        """Refuse TRL settings the adapter does not implement, naming the setting and the way out."""
-        cfg, args = self.regroup, self.args
-        if self.loss_type not in LOSS_AGG:
-            raise ValueError(
-                f"RegroupGRPOTrainer computes the loss with regroup's policy_loss, which matches TRL's loss_type "
-                f"{sorted(LOSS_AGG)}; got loss_type={self.loss_type!r}"
-            )
-        refused = {
-            "delta (two-sided clipping)": (args.delta is not None, "None"),
-            "top_entropy_quantile": (self.top_entropy_quantile != 1.0, "1.0"),
-            "off_policy_mask_threshold": (self.off_policy_mask_threshold is not None, "None"),
-            "entropy_coef / use_adaptive_entropy": (bool(getattr(self, "_entropy_bonus_enabled", False)), "0 / False"),
-            "multi_objective_aggregation": (
-                self.multi_objective_aggregation != "sum_then_normalize", "'sum_then_normalize'"
-            ),
-        }
-        for name, (bad, ok) in refused.items():
-            if bad:
-                raise ValueError(f"RegroupGRPOTrainer does not support {name} other than {ok}")
-        if cfg.anchors:
-            if any(isinstance(f, nn.Module) for f in self.reward_funcs):
-                raise ValueError(
-                    "anchors are verified with the reward functions, which must be callables (a verifier); "
-                    "reward models (nn.Module) are not supported for anchor verification"
-                )
-            if self.environment_factories is not None or self.tools:
-                raise ValueError("anchors are not supported together with tools / environments")
-        if cfg.ta_pooling:
-            pool = self.regroup_num_variants + 1
-            unique = args.generation_batch_size // self.num_generations
-            if unique % pool != 0:
-                raise ValueError(
-                    f"TA pooling needs the unique prompts per generation batch, generation_batch_size / "
-                    f"num_generations = {args.generation_batch_size} / {self.num_generations} = {unique}, to be a "
-                    f"multiple of N+1 = {pool} (q0 and its {pool - 1} variants are generated together); e.g. set "
-                    f"per_device_train_batch_size × num_processes × steps_per_generation = "
-                    f"{pool * self.num_generations}·k"
-                )
-            if cfg.ratio_anchor == "original" and self.use_vllm and self.vllm_importance_sampling_correction:
-                raise ValueError(
-                    "TA pooling with ratio_anchor='original' computes π_old on (q0, o) while vLLM sampled o from the "
-                    "variant's prompt, so TRL's vLLM importance-sampling correction would compare different "
-                    "distributions; set vllm_importance_sampling_correction=False or ratio_anchor='own'"
-                )
-            if self.environment_factories is not None or self.rollout_func is not None:
-                raise ValueError("TA pooling is not supported together with environments or a rollout_func")
+        # TRL's data set is fixed before training: the recipe's pre-sampling stages run once, over all problems.
+        prep = StepBatch(step=0, problems=problems, group_ids=list(range(len(problems))))
+        run_stages(self.recipe.stages[:first], prep, self._ctx)
+        prompter = build_prompter(cfg.data, tokenizer, builtin_model=False)
+        rows, dropped = problem_rows(problems, prep.variants, prompter.messages if prompter.use_chat else prompter.render,
+                                     self.regroup_n_variants)
+        if dropped:
+            log.warning("%d of %d questions have fewer than ta.n_variants=%d variants and are left out",
+                        dropped, len(problems), self.regroup_n_variants)
+        if not rows:
+            raise ValueError("no training rows: every question was left out")
+        self.regroup_last_batch: StepBatch | None = None
+        self.regroup_rows: list[int] = []
+        self._local_samples: list[Sample] | None = None
+        self._reward_metrics: dict[str, float] = {}
+        self._own_prompt_ids: list[list[int]] | None = None
+        self._rows_in_flight: list[dict] | None = None
 
-    def _set_signature_columns_if_needed(self) -> None:
-        # With remove_unused_columns=True, TRL would drop the columns the adapter reads.
-        super()._set_signature_columns_if_needed()
-        extra = [GROUP_ID, VARIANT, Q0_PROMPT, self.regroup.reference_column]
-        self._signature_columns = list(dict.fromkeys(list(self._signature_columns) + extra))
+        from datasets import Dataset
+
+        callbacks = [*(kwargs.pop("callbacks", None) or []), _SaveStageStates(self.recipe.stages)]
+        super().__init__(model=model, reward_funcs=[self.regroup_reward], args=args, callbacks=callbacks,
+                         train_dataset=Dataset.from_list(rows), processing_class=tokenizer, **kwargs)
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any) -> Any:
+        """TRL's `train`; a resumed run first restores the recipe's stage states saved with the checkpoint."""
+        path = resume_from_checkpoint
+        if path is True:
+            path = get_last_checkpoint(self.args.output_dir)
+        if path and (Path(path) / STAGE_STATES).is_file():
+            load_stage_states(self.recipe.stages, json.loads((Path(path) / STAGE_STATES).read_text()))
+        return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+
+    # --- the data TRL samples --------------------------------------------------------------------------------
 
     def _get_train_sampler(self, dataset: Any = None) -> Sampler:
-        if not self.regroup.ta_pooling:
+        if not self.regroup_n_variants:
             return super()._get_train_sampler(dataset)
         dataset = self.train_dataset if dataset is None else dataset
         return PooledRepeatSampler(
-            num_rows=len(dataset),
-            pool_size=self.regroup_num_variants + 1,
-            mini_repeat_count=self.num_generations,
+            num_rows=len(dataset), pool_size=self.regroup_n_variants + 1, mini_repeat_count=self.num_generations,
             batch_size=self.args.generation_batch_size // self.num_generations,
-            repeat_count=self.num_iterations * self.args.steps_per_generation,
-            shuffle=self.shuffle_dataset,
-            seed=self.args.seed,
-        )
-
-    # --- hooks into TRL's generation --------------------------------------------------------------------
+            repeat_count=self.num_iterations * self.args.steps_per_generation, shuffle=self.shuffle_dataset,
+            seed=self.args.seed)
 
     def _generate(self, prompts: list) -> Any:
         result = super()._generate(prompts)
-        prompt_ids, completion_ids, tool_mask, completions, *rest = result
-        self._regroup_completions = list(completions)
-        rows = self._regroup_inputs
-        swap = (
-            self.regroup.ta_pooling
-            and self.regroup.ratio_anchor == "original"
-            and self.model.training
-            and rows is not None
-            and len(rows) == len(prompt_ids)
-            and all(Q0_PROMPT in r for r in rows)
-        )
-        if swap:
-            # SPEC §3.4: the response was sampled from q_n, but every log-prob is taken on (q0, o).
-            q0_ids, _, _ = self._tokenize_prompts([r[Q0_PROMPT] for r in rows])
-            prompt_ids = [list(ids) for ids in q0_ids]
-        return (prompt_ids, completion_ids, tool_mask, completions, *rest)
+        rows = self._rows_in_flight
+        if not (self.recipe.ratio_on_original and self.model.training and rows is not None):
+            return result
+        # SPEC §3.4: o was sampled from q_n, but π_old, π_ref and π_θ are all taken on (q0, o); TRL computes
+        # π_old / π_ref right after this call, so the prompt ids are swapped here.
+        prompt_ids, *rest = result
+        self._own_prompt_ids = [list(ids) for ids in prompt_ids]
+        q0_ids, _, _ = self._tokenize_prompts([r[Q0_PROMPT] for r in rows])
+        return ([list(ids) for ids in q0_ids], *rest)
 
-    def _calculate_rewards(self, inputs: Any, prompts: Any, completions: Any, completion_ids_list: Any) -> Tensor:
-        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        self._regroup_rewards_per_func = rewards_per_func  # [B_global, F]
-        return rewards_per_func
+    # --- the recipe's stages -----------------------------------------------------------------------------------
+
+    def regroup_reward(self, prompts: list, completions: list, completion_ids: list, **columns: Any) -> list:
+        """TRL's reward function: this process's completions as `Sample`s through the recipe's reward stages."""
+        eos = set(self.eos_token_ids) | {self._tokenizer.pad_token_id}
+        samples = [
+            Sample(group_id=int(columns[GROUP_ID][i]), question_id=columns[QUESTION_ID][i],
+                   variant=int(columns[VARIANT][i]), is_anchor=False,
+                   prompt_ids=[], ratio_prompt_ids=[],  # TRL pads prompts after the reward call; filled then
+                   response_ids=list(ids), response_text=completion_text(completions[i]),
+                   truncated=not ids or ids[-1] not in eos, problem=self._problems[columns[QUESTION_ID][i]],
+                   question_text=columns[QUESTION][i])
+            for i, ids in enumerate(completion_ids)
+        ]
+        batch = StepBatch(step=int(self.state.global_step), samples=samples)
+        self._reward_metrics = run_stages(self._reward_stages, batch, self._ctx)
+        self._local_samples = samples
+        return [s.reward for s in samples]
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
-        self._regroup_inputs = inputs
-        self._regroup_rewards_per_func = None
+        self._rows_in_flight, self._own_prompt_ids, self._local_samples = inputs, None, None
         try:
             out = super()._generate_and_score_completions(inputs)
-            if self.model.training:
-                out = self._regroup_postprocess(inputs, out)
         finally:
-            self._regroup_inputs = None
-        return out
+            self._rows_in_flight = None
+        return self._run_batch_stages(out) if self.model.training else out
 
-    # --- the regroup stages on TRL's batch ----------------------------------------------------------------
+    def _run_batch_stages(self, out: dict[str, Any]) -> dict[str, Any]:
+        """The recipe's stages after the reward on the whole generation batch; write back this process's rows."""
+        local = self._local_samples
+        if local is None or len(local) != out["prompt_ids"].shape[0]:
+            raise RuntimeError("internal: TRL did not call the regroup reward function on this generation batch")
+        for k, s in enumerate(local):
+            s.ratio_prompt_ids = out["prompt_ids"][k][out["prompt_mask"][k].bool()].tolist()
+            s.prompt_ids = self._own_prompt_ids[k] if self._own_prompt_ids is not None else s.ratio_prompt_ids
+        samples = list(gather_object(local))  # [B_global], rank order: TRL's global row order
+        groups: dict[int, Any] = {}
+        for s in samples:
+            groups.setdefault(s.group_id, s.problem)
+        sizes = {g: sum(s.group_id == g for s in samples) for g in groups}
+        if any(n != self._group_size for n in sizes.values()):
+            raise RuntimeError(f"a generation batch holds a question with {sorted(set(sizes.values()))} samples instead "
+                               f"of {self._group_size}: the adapter's sampler was bypassed")
+        self._q0_ids = {s.problem.question: s.ratio_prompt_ids for s in samples if s.variant == 0}
+        batch = StepBatch(step=int(self.state.global_step), problems=list(groups.values()), group_ids=list(groups),
+                          samples=list(samples))
+        metrics = {**self._reward_metrics, **run_stages(self._batch_stages, batch, self._ctx)}
+        rows = _rows_after_stages(samples, batch.samples)  # [B_global] index into batch.samples
 
-    def _regroup_groups(self, inputs: list[dict[str, Any]], total: int) -> tuple[Tensor, Tensor]:
-        """Global group ids and variant ids [B]: the pooled TA groups, else TRL's G consecutive samples."""
-        device = self.accelerator.device
-        G = self.num_generations
-        if not self.regroup.ta_pooling:
-            if total % G != 0:
-                raise RuntimeError(f"batch of {total} samples is not a whole number of groups of {G}")
-            return torch.arange(total, device=device) // G, torch.zeros(total, dtype=torch.long, device=device)
-        missing = [k for k in (GROUP_ID, VARIANT) if k not in inputs[0]]
-        if missing:
-            raise RuntimeError(f"TA pooling: batch rows lack the columns {missing} the dataset expansion adds")
-        gids = torch.tensor(gather_object([int(r[GROUP_ID]) for r in inputs]), device=device)
-        variants = torch.tensor(gather_object([int(r[VARIANT]) for r in inputs]), device=device)
-        if gids.numel() != total:
-            raise RuntimeError(f"TA pooling: {gids.numel()} group ids for {total} rewards")
-        pool = (self.regroup_num_variants + 1) * G
-        _, counts = torch.unique(gids, return_counts=True)
-        if bool((counts != pool).any()):
-            raise RuntimeError(
-                f"TA pooling: a generation batch holds a question with {int(counts[counts != pool][0])} samples "
-                f"instead of (N+1)·G = {pool}; the pooled sampler was bypassed (custom sampler or iterable data?)"
-            )
-        return gids, variants
-
-    def _regroup_postprocess(self, inputs: list[dict[str, Any]], out: dict[str, Any]) -> dict[str, Any]:
-        """Anchors, pooled advantages and distinctiveness masks on TRL's generation batch (train mode)."""
-        cfg = self.regroup
-        mode = "train"
-        device = out["advantages"].device
-        rpf = self._regroup_rewards_per_func
-        if rpf is None:
-            raise RuntimeError("internal: TRL did not call _calculate_rewards before computing advantages")
-        # The reward TRL normalises (sum_then_normalize): weighted nansum, NaN where no function scored.
-        rewards = (rpf * self.reward_weights.to(rpf.device).unsqueeze(0)).nansum(dim=1)  # [B]
-        rewards[torch.isnan(rpf).all(dim=1)] = torch.nan
-        rewards = rewards.to(device)
-        total, local_n = rewards.numel(), len(inputs)
-        start = self.accelerator.process_index * local_n
-        local = slice(start, start + local_n)
-        group_ids, variants = self._regroup_groups(inputs, total)
-
-        is_anchor = torch.zeros(total, dtype=torch.bool, device=device)  # [B]
-        if cfg.anchors:
-            rewards, is_anchor = self._regroup_anchors(inputs, out, rewards, group_ids, variants, local)
-
-        # The same stages as the native trainer, on the global batch (TRL has already gathered it).
-        step = StepBatch(step=int(self.state.global_step), samples=[
-            Sample(group_id=int(g), question_id=str(int(g)), variant=int(v), is_anchor=bool(a), prompt_ids=[],
-                   ratio_prompt_ids=[], response_ids=[], response_text="", reward=None if math.isnan(r) else r)
-            for g, v, a, r in zip(group_ids.tolist(), variants.tolist(), is_anchor.tolist(), rewards.tolist())])
-        whole = StepContext(seed=self.args.seed, num_generations=self.num_generations)  # one "process": the global batch
-        GroupAdvantages(self.scale_rewards, cfg.adv_eps)(step, whole)
-        raw_adv = step.advantages.to(device=device, dtype=out["advantages"].dtype)  # [B]
-        weight = torch.ones(total, dtype=raw_adv.dtype, device=device)  # [B]
-        scores = None
-        if cfg.distinctiveness:
-            scores = self._regroup_scores(inputs, out, is_anchor[local])  # [B]
-            keep, mask_metrics = self._regroup_masker.mask_from_scores(raw_adv.cpu(), scores.cpu(), group_ids.cpu())
-            weight = keep.to(device=device, dtype=raw_adv.dtype)
-            for key, value in mask_metrics.items():
-                self._metrics[mode][f"regroup/{key}"].append(value)
-            out[SAMPLE_WEIGHT] = weight[local]
-        # SPEC §2a.4: a masked sample's advantage is 0; the loss normaliser is not reduced.
-        advantages = raw_adv * weight  # [B]
-        out["advantages"] = advantages[local].to(out["advantages"].dtype)
+        n, device = len(local), out["advantages"].device
+        mine = rows[self.accelerator.process_index * n : (self.accelerator.process_index + 1) * n]
+        out["advantages"] = batch.advantages[mine].to(device=device, dtype=out["advantages"].dtype)  # [n]
+        if batch.weights is not None:
+            out[SAMPLE_WEIGHT] = batch.weights[mine].to(device=device, dtype=out["advantages"].dtype)  # [n]
+        if any(s.is_anchor for s in batch.samples):  # the same on every process: it ran on the whole batch
+            anchors = [(k, batch.samples[j].response_ids) for k, j in enumerate(mine) if batch.samples[j].is_anchor]
+            if anchors:
+                self._write_anchor_rows(out, anchors)
+            is_anchor = torch.tensor([batch.samples[j].is_anchor for j in mine], device=device)  # [n]
+            out[IS_ANCHOR] = is_anchor
+            out[ANCHOR_MASK] = out["completion_mask"].bool() & is_anchor.unsqueeze(1)  # [n, T]
+            # The loss-token count TRL normalises dapo by includes the anchors' tokens.
+            loss_mask = out["completion_mask"] if "tool_mask" not in out else out["completion_mask"] * out["tool_mask"]
+            out["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
         logged = self._logs.get("advantages")
-        if logged is not None and len(logged) >= total:
-            # TRL's completions table got its own (per-prompt) advantages for this batch; show ours instead.
-            for _ in range(total):
+        if logged is not None and len(logged) >= len(rows):  # TRL's completions table: show the recipe's advantages
+            for _ in rows:  # a deque: drop TRL's per-prompt advantages of this batch
                 logged.pop()
-            logged.extend(advantages.tolist())
-
-        stats = group_reward_stats(rewards, group_ids, correct_value=cfg.correct_reward)
-        for key in ("frac_all_equal", "frac_all_correct", "frac_all_wrong"):
-            self._metrics[mode][f"regroup/groups/{key}"].append(stats[key])
-        self.regroup_last_batch = {
-            "rewards": rewards.detach().clone(),
-            "group_ids": group_ids,
-            "variants": variants,
-            "is_anchor": is_anchor,
-            "raw_advantages": raw_adv,
-            "weight": weight,
-            "advantages": advantages,
-        }
-        if scores is not None:
-            self.regroup_last_batch["scores"] = scores
+            logged.extend(batch.advantages[rows].tolist())
+        for key, value in metrics.items():
+            self._metrics["train"][f"regroup/{key}"].append(float(value))
+        self.regroup_last_batch, self.regroup_rows = batch, rows
         return out
 
-    def _regroup_anchors(
-        self,
-        inputs: list[dict[str, Any]],
-        out: dict[str, Any],
-        rewards: Tensor,
-        group_ids: Tensor,
-        variants: Tensor,
-        local: slice,
-    ) -> tuple[Tensor, Tensor]:
-        """Replace each group's anchor slot by the verified reference (SPEC §2b); returns (rewards, is_anchor) [B]."""
-        cfg, device = self.regroup, rewards.device
-        slots = anchor_slots(group_ids, variants, rewards, when=cfg.anchor_when, correct_reward=cfg.correct_reward)
-        local_slots = slots[local].nonzero().flatten().tolist()
-        anchor_reward = torch.full((len(inputs),), torch.nan, device=device)  # [L] NaN = no anchor here
-        skipped: Counter[str] = Counter()
-        replaced: list[tuple[int, list[int]]] = []
-        for i in local_slots:
-            found = self._regroup_anchor_for(inputs[i], skipped)
-            if found is not None:
-                ids, reward = found
-                anchor_reward[i] = reward
-                replaced.append((i, ids))
-        if replaced:
-            self._regroup_insert_anchors(out, replaced)
-        # Loss-token count TRL uses for dapo must include the anchor tokens.
-        loss_mask = out["completion_mask"] if "tool_mask" not in out else out["completion_mask"] * out["tool_mask"]
-        out["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
-
-        all_anchor_reward = gather(anchor_reward)  # [B]
-        is_anchor = ~torch.isnan(all_anchor_reward)  # [B]
-        rewards = torch.where(is_anchor, all_anchor_reward, rewards)  # [B]
-        is_anchor_local = is_anchor[local]
-        out[IS_ANCHOR] = is_anchor_local
-        out[ANCHOR_MASK] = out["completion_mask"].bool() & is_anchor_local.unsqueeze(1)  # [L, T]
-
-        counts = torch.tensor(
-            [float(slots.sum()), skipped["missing"], skipped["too_long"], skipped["unverified"]], device=device
-        )
-        counts[1:] = self.accelerator.reduce(counts[1:].contiguous(), reduction="sum")
-        num_groups = max(int(torch.unique(group_ids).numel()), 1)
-        metrics = self._metrics["train"]
-        metrics["regroup/anchor/frac_groups"].append(float(is_anchor.sum()) / num_groups)
-        metrics["regroup/anchor/frac_slots"].append(float(counts[0]) / num_groups)
-        metrics["regroup/anchor/skipped_missing"].append(float(counts[1]))
-        metrics["regroup/anchor/skipped_too_long"].append(float(counts[2]))
-        metrics["regroup/anchor/skipped_unverified"].append(float(counts[3]))
-        return rewards, is_anchor
-
-    def _regroup_anchor_for(self, row: Mapping[str, Any], skipped: Counter[str]) -> tuple[list[int], float] | None:
-        """The reference's completion ids and verified reward for `row`, or None (counted in `skipped`).
-
-        The verdict — missing, over the length cap, below `correct_reward`, or ok — is the native anchor
-        stage's (`AnchorInjector.reference_verdict`), asked once per (prompt, reference)."""
-        reference = row.get(self.regroup.reference_column)
-        if not isinstance(reference, str) or not reference.strip():
-            skipped["missing"] += 1
-            return None
-        problem = SimpleNamespace(id=repr((row["prompt"], reference)), solution=reference, row=row)
-        verdict = self._regroup_anchor_injector.reference_verdict(problem)
-        if verdict != "ok":
-            skipped["too_long" if verdict == "too_long" else "unverified"] += 1
-            return None
-        return self._regroup_anchor_ids(reference), self._regroup_anchor_cache[problem.id]
-
-    def _regroup_anchor_ids(self, reference: str) -> list[int]:
-        cfg = self.regroup
-        suffix = cfg.anchor_suffix_ids if cfg.anchor_suffix_ids is not None else [self._tokenizer.eos_token_id]
-        return list(self._tokenizer(reference, add_special_tokens=False)["input_ids"]) + list(suffix)
-
-    def _regroup_reference_reward(self, reference: str, problem: Any) -> float | None:
-        """The anchor stage's reward function on a dataset row: TRL's reward functions, remembered."""
-        reward = self._regroup_verify(problem.row, reference, self._regroup_anchor_ids(reference))
-        self._regroup_anchor_cache[problem.id] = reward
-        return reward
-
-    def _regroup_verify(self, row: Mapping[str, Any], reference: str, ids: list[int]) -> float | None:
-        """The weighted reward TRL's reward functions give `reference` as the answer to the row's prompt."""
-        prompt = row["prompt"]
-        completion: Any = reference
-        if is_conversational({"prompt": prompt}):
-            completion = [{"role": "assistant", "content": reference}]
-        kwargs: dict[str, Any] = {k: [v] for k, v in row.items() if k not in ("prompt", "completion", "completion_ids")}
-        kwargs.update(trainer_state=self.state, log_extra=lambda *a, **k: None, log_metric=lambda *a, **k: None)
-        values: list[float] = []
-        for func in self.reward_funcs:
-            call = dict(prompts=[prompt], completions=[completion], completion_ids=[ids], **kwargs)
-            if is_async_callable(func):
-                result = asyncio.run_coroutine_threadsafe(func(**call), self.async_loop).result()
-            else:
-                result = func(**call)
-            value = result[0] if result else None
-            values.append(math.nan if value is None else float(value))
-        v = torch.tensor(values, dtype=torch.float32)
-        if bool(torch.isnan(v).all()):
-            return None
-        return float((v * self.reward_weights.cpu()).nansum())
-
-    def _regroup_insert_anchors(self, out: dict[str, Any], replaced: list[tuple[int, list[int]]]) -> None:
-        """Write the anchors' token ids into the local batch, widening [B, T] tensors when needed."""
+    def _write_anchor_rows(self, out: dict[str, Any], anchors: list[tuple[int, list[int]]]) -> None:
+        """Write anchor token ids into the local batch rows they took (widening [n, T] tensors when needed)."""
         width = out["completion_ids"].shape[1]
-        need = max(len(ids) for _, ids in replaced)
+        need = max(len(ids) for _, ids in anchors)
         if need > width:
             width = need
             if self.pad_to_multiple_of:
                 width = -(-width // self.pad_to_multiple_of) * self.pad_to_multiple_of
-            pads = {
-                "completion_ids": self._tokenizer.pad_token_id, "completion_mask": 0, "tool_mask": 1,
-                "old_per_token_logps": 0.0, "ref_per_token_logps": 0.0, "sampling_per_token_logps": 0.0,
-            }
+            pads = {"completion_ids": self._tokenizer.pad_token_id, "completion_mask": 0, "tool_mask": 1,
+                    "old_per_token_logps": 0.0, "ref_per_token_logps": 0.0, "sampling_per_token_logps": 0.0}
             for key, value in pads.items():
                 if out.get(key) is not None:
                     out[key] = _pad_right(out[key], width, value)
             isr = out.get("importance_sampling_ratio")
             if isr is not None and isr.dim() == 2 and isr.shape[1] > 1:
                 out["importance_sampling_ratio"] = _pad_right(isr, width, 1.0)
-        rows = torch.tensor([i for i, _ in replaced], device=out["completion_ids"].device)
-        for i, ids in replaced:
-            n = len(ids)
-            out["completion_ids"][i] = self._tokenizer.pad_token_id
-            out["completion_ids"][i, :n] = torch.tensor(ids, dtype=out["completion_ids"].dtype)
-            out["completion_mask"][i] = 0
-            out["completion_mask"][i, :n] = 1
+        rows = torch.tensor([k for k, _ in anchors], device=out["completion_ids"].device)
+        for k, ids in anchors:
+            out["completion_ids"][k] = self._tokenizer.pad_token_id
+            out["completion_ids"][k, : len(ids)] = torch.tensor(ids, dtype=out["completion_ids"].dtype)
+            out["completion_mask"][k] = 0
+            out["completion_mask"][k, : len(ids)] = 1
             if out.get("tool_mask") is not None:
-                out["tool_mask"][i] = 1
-            # π_old / π_sampler are undefined for forced tokens; the loss ignores them there (policy_loss).
+                out["tool_mask"][k] = 1
+            # π_old / π_sampler are undefined for forced tokens; policy_loss ignores them there.
             for key in ("old_per_token_logps", "sampling_per_token_logps"):
                 if out.get(key) is not None:
-                    out[key][i] = 0.0
+                    out[key][k] = 0.0
             if out.get("importance_sampling_ratio") is not None:
-                out["importance_sampling_ratio"][i] = 1.0
-        if out.get("ref_per_token_logps") is not None:
-            # The KL term does apply to anchor tokens, so their reference log-probs must be real.
+                out["importance_sampling_ratio"][k] = 1.0
+        if out.get("ref_per_token_logps") is not None:  # the KL term applies to anchor tokens: real π_ref there
             input_ids = torch.cat([out["prompt_ids"][rows], out["completion_ids"][rows]], dim=1)
             attention = torch.cat([out["prompt_mask"][rows], out["completion_mask"][rows]], dim=1)
-            out["ref_per_token_logps"][rows] = self._regroup_ref_logps(input_ids, attention, width)
+            out["ref_per_token_logps"][rows] = self._ref_logps(input_ids, attention, width)
 
     @torch.no_grad()
-    def _regroup_ref_logps(self, input_ids: Tensor, attention_mask: Tensor, logits_to_keep: int) -> Tensor:
+    def _ref_logps(self, input_ids: Tensor, attention_mask: Tensor, logits_to_keep: int) -> Tensor:
         """Reference-model log-probs [n, T], as TRL computes them (separate ref model, or PEFT base)."""
         batch_size = self.args.per_device_train_batch_size
         if self.ref_model is not None:
-            logps, _, _ = self._get_per_token_logps_and_entropies(
-                self.ref_model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size
-            )
-            return logps
+            return self._get_per_token_logps_and_entropies(
+                self.ref_model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size)[0]
         model = self.accelerator.unwrap_model(self.model)
         with use_adapter(model, adapter_name="ref" if "ref" in model.peft_config else None):
-            logps, _, _ = self._get_per_token_logps_and_entropies(
-                self.model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size
-            )
-        return logps
+            return self._get_per_token_logps_and_entropies(
+                self.model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size)[0]
 
-    def _regroup_scores(self, inputs: list[dict[str, Any]], out: dict[str, Any], is_anchor_local: Tensor) -> Tensor:
-        """Fine-grained scores [B] (NaN = unscored) of every sample of the global batch (SPEC §2a.1)."""
-        cfg = self.regroup
-        completions = self._regroup_completions or [""] * len(inputs)
-        samples = []
-        for i, row in enumerate(inputs):
-            reference = row.get(cfg.reference_column)
-            reference = reference if isinstance(reference, str) else None
-            response = reference if bool(is_anchor_local[i]) and reference else completion_text(completions[i])
-            question = prompt_question(row["prompt"])
-            problem = cfg.problem_fn(row) if cfg.problem_fn is not None else SimpleNamespace(question=question, solution=reference)
-            samples.append(Sample(group_id=0, question_id="", variant=0, is_anchor=bool(is_anchor_local[i]),
-                                  prompt_ids=[], ratio_prompt_ids=[], response_ids=[], response_text=response,
-                                  problem=problem, question_text=question))
-        assert self._regroup_masker is not None
-        self._regroup_masker.score(samples)  # the native masker's scoring, on this process's rows
-        local = torch.tensor(
-            [math.nan if s.score is None else float(s.score) for s in samples], dtype=torch.float32, device=out["advantages"].device
-        )
-        return gather(local)  # [B]
-
-    # --- the loss --------------------------------------------------------------------------------------------
+    # --- the loss ----------------------------------------------------------------------------------------------
 
     def _compute_loss(self, model: nn.Module, inputs: dict[str, Any]) -> Tensor:
-        """regroup's policy_loss (SPEC §1, §2a.4, §2b.3) with TRL's normalisation for `loss_type`."""
-        cfg = self.regroup
+        """The recipe's `policy_loss` and `LossSpec` (SPEC §1, §2a.4, §2b.3) with TRL's normaliser for `loss_type`."""
         mode = "train" if self.model.training else "eval"
-        prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
         completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
-        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # [B, P+T]
-        attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)  # [B, P+T]
+        input_ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)  # [B, P+T]
+        attention_mask = torch.cat([inputs["prompt_mask"], completion_mask], dim=1)  # [B, P+T]
         logits_to_keep = completion_ids.size(1)
         mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]  # [B, T]
         logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
-            model,
-            input_ids,
-            attention_mask,
-            logits_to_keep,
-            compute_entropy=True,
-            compute_aux_loss=self.aux_loss_enabled,
-            **{k: inputs.get(k) for k in _FORWARD_KEYS},
-        )  # [B, T] x2
+            model, input_ids, attention_mask, logits_to_keep, compute_entropy=True,
+            compute_aux_loss=self.aux_loss_enabled, **{k: inputs.get(k) for k in _FORWARD_KEYS})  # [B, T] x2
         old = inputs.get("old_per_token_logps")
-        # Aligned generation (TRL skips π_old): π_old equals π_θ at this point.
-        old = logps.detach() if old is None else old  # [B, T]
+        old = logps.detach() if old is None else old  # aligned generation (TRL skips π_old): π_old = π_θ  [B, T]
         is_weight = None
         if self.use_vllm and self.vllm_importance_sampling_correction:
             is_weight = inputs["importance_sampling_ratio"].expand_as(logps)  # [B, T]
         training = mode == "train"
-        agg, totals = loss_totals(
-            self.loss_type,
-            loss_mask=mask,
-            num_items_in_batch=float(inputs["num_items_in_batch"]),
+        _, totals = loss_totals(
+            self.loss_type, loss_mask=mask, num_items_in_batch=float(inputs["num_items_in_batch"]),
             num_processes=self.accelerator.num_processes,
             grad_accum=self.current_gradient_accumulation_steps if training else 1,
             steps_per_generation=self.args.steps_per_generation if training else 1,
-            max_completion_length=self.max_completion_length or logits_to_keep,
-        )
-        spec = LossSpec(eps_low=self.epsilon_low, eps_high=self.epsilon_high, beta=self.beta,
-                        kl_ratio_correction=bool(self.args.use_bias_correction_kl), agg=agg,
-                        ratio_level=self.importance_sampling_level, anchor_ratio=cfg.anchor_ratio,
-                        shaping_gamma=cfg.shaping_gamma)
+            max_completion_length=self.max_completion_length or logits_to_keep)
         loss_inputs = LossInputs(advantages=inputs["advantages"], loss_mask=mask, ref_logps=inputs.get("ref_per_token_logps"),
                                  sample_weight=inputs.get(SAMPLE_WEIGHT), anchor_token_mask=inputs.get(ANCHOR_MASK),
                                  is_weight=is_weight)
-        loss, m = policy_loss(logps, old, loss_inputs, spec, LossTotals(**totals))
+        loss, m = policy_loss(logps, old, loss_inputs, self.recipe.loss, LossTotals(**totals))
         if self.aux_loss_enabled:
             normalizer = self.current_gradient_accumulation_steps if training else 1.0
             loss = loss + self.router_aux_loss_coef * aux_loss / normalizer
             self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss).mean().item())
-        self._regroup_log_loss_metrics(mode, m, entropies, mask)
+        self._log_loss_metrics(mode, m, entropies, mask)
         return loss
 
-    def _regroup_log_loss_metrics(self, mode: str, m: dict[str, Tensor], entropies: Tensor, mask: Tensor) -> None:
+    def _log_loss_metrics(self, mode: str, m: dict[str, Tensor], entropies: Tensor, mask: Tensor) -> None:
         """TRL's loss metrics (entropy, clip ratios, kl) plus anchor ones, as global token means."""
-        maskf = mask.to(entropies.dtype)
-        n_on, n_loss = m["n_onpolicy_tokens"], m["n_loss_tokens"]
+        n_on, n_loss, n_anchor = m["n_onpolicy_tokens"], m["n_loss_tokens"], m["n_anchor_tokens"]
         sums = torch.stack([
-            m["clip_low_frac"] * n_on,
-            m["clip_high_frac"] * n_on,
-            m["clip_frac"] * n_on,
-            n_on,
-            (entropies.detach() * maskf).sum(),
-            n_loss,
+            m["clip_low_frac"] * n_on, m["clip_high_frac"] * n_on, m["clip_frac"] * n_on, n_on,
+            (entropies.detach() * mask.to(entropies.dtype)).sum(), n_loss,
             m.get("kl_mean", torch.zeros_like(n_loss)) * n_loss,
-            m.get("anchor_prob_mean", torch.zeros_like(n_loss)) * m["n_anchor_tokens"],
-            m["n_anchor_tokens"],
+            m.get("anchor_prob_mean", torch.zeros_like(n_loss)) * n_anchor, n_anchor,
         ]).float()
         s = self.accelerator.reduce(sums, reduction="sum").tolist()
         on, loss_tokens, anchor_tokens = max(s[3], 1.0), max(s[5], 1.0), s[8]
@@ -643,7 +384,43 @@ class RegroupGRPOTrainer(GRPOTrainer):
         metrics["clip_ratio/region_mean"].append(s[2] / on)
         if self.beta != 0.0:
             metrics["kl"].append(s[6] / loss_tokens)
-        if self.regroup.anchors:
+        if anchor_tokens > 0:
             metrics["regroup/anchor/token_frac"].append(anchor_tokens / loss_tokens)
-            if anchor_tokens > 0:
-                metrics["regroup/anchor/prob_mean"].append(s[7] / anchor_tokens)
+            metrics["regroup/anchor/prob_mean"].append(s[7] / anchor_tokens)
+
+
+class _SaveStageStates(TrainerCallback):
+    """Writes the recipe's stage states into each checkpoint folder TRL has just saved (main process)."""
+
+    def __init__(self, stages: list) -> None:
+        self.stages = stages
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+        if state.is_world_process_zero and folder.is_dir():
+            write_atomic(folder / STAGE_STATES, json.dumps(stage_states(self.stages)))
+
+
+def _rows_after_stages(rows: list[Sample], samples: list[Sample]) -> list[int]:
+    """For each of TRL's rows, the index in `samples` (the batch after the stages) of the sample it now holds.
+
+    The stages the TRL front-end runs keep the batch's shape: a sample is kept, or (anchors in replace mode)
+    dropped for an anchor of its group, which then takes its row — in order, within the group."""
+    index = {id(s): k for k, s in enumerate(samples)}
+    before = {id(r) for r in rows}
+    added: dict[int, list[int]] = {}
+    for k, s in enumerate(samples):
+        if id(s) not in before:
+            added.setdefault(s.group_id, []).append(k)
+    out: list[int] = []
+    for r in rows:
+        if id(r) in index:
+            out.append(index[id(r)])
+        elif added.get(r.group_id):
+            out.append(added[r.group_id].pop(0))
+        else:
+            raise RuntimeError("a stage dropped a sample without replacing it; the recipe's check_front_end('trl') "
+                               "should have refused that stage")
+    if any(added.values()):
+        raise RuntimeError("a stage added samples beyond the batch's fixed shape (refused by check_front_end('trl'))")
+    return out

@@ -1,7 +1,7 @@
-"""Pure helpers of the TRL adapter (no TRL trainer state): the TA-GRPO dataset expansion and the sampler
-that keeps a question's N+1 rows together, anchor slot choice, and TRL's loss normalisers expressed as
-regroup's aggregation totals. Tested without building a trainer; `regroup.integrations.trl` re-exports
-them."""
+"""Pure helpers of the TRL adapter (no TRL trainer state): the TRL settings regroup's config decides, the
+dataset rows built from regroup's problems, the sampler that keeps a TA-GRPO question's N+1 rows together,
+and TRL's loss normalisers expressed as regroup's aggregation totals. Tested without building a trainer;
+`regroup.integrations.trl` re-exports them."""
 
 from __future__ import annotations
 
@@ -12,52 +12,66 @@ import torch
 from torch import Tensor
 from torch.utils.data import Sampler
 
-# Dataset columns the TA expansion adds (one row per (question, variant)).
-GROUP_ID, VARIANT, Q0_PROMPT = "regroup_group_id", "regroup_variant", "regroup_q0_prompt"
+from regroup.config import ConfigError
+
+# Dataset columns of the rows the adapter builds (one row per (question, variant)).
+GROUP_ID, VARIANT, QUESTION_ID, QUESTION, Q0_PROMPT = (
+    "regroup_group_id", "regroup_variant", "regroup_question_id", "regroup_question", "regroup_q0_prompt")
 # Batch keys the adapter adds to TRL's generation batch (all [B] or [B, T], so TRL shuffles / splits them).
 SAMPLE_WEIGHT, ANCHOR_MASK, IS_ANCHOR = "regroup_sample_weight", "regroup_anchor_mask", "regroup_is_anchor"
 
-ANCHOR_WHEN = ("always", "no_correct")
-ANCHOR_MODES = ("replace",)
-RATIO_ANCHORS = ("original", "own")
 # TRL loss_type -> regroup aggregation mode computing the same loss (see `loss_totals`).
 LOSS_AGG = {"dapo": "token_mean", "grpo": "seq_mean_token_mean", "dr_grpo": "seq_sum_constant", "bnpo": "token_mean"}
 
-# ----------------------------------------------------------------------------------------------------------
-# Pure helpers
-# ----------------------------------------------------------------------------------------------------------
+# GRPOConfig fields TRL uses itself whose value regroup's config decides: (GRPOConfig field, regroup key,
+# the value TRL must have). TRL samples and computes π_old / π_ref with them; the recipe's stages and loss
+# use regroup's keys; so the two must agree.
+SHARED_SETTINGS = (
+    ("num_generations", "grpo.num_generations",
+     lambda c: c.grpo.num_generations * (1 if c.ta.enabled else c.grpo.samples_multiplier)),
+    ("max_completion_length", "rollout.max_new_tokens", lambda c: c.rollout.max_new_tokens),
+    ("temperature", "rollout.temperature", lambda c: c.rollout.temperature),
+    ("top_p", "rollout.top_p", lambda c: c.rollout.top_p),
+    ("beta", "grpo.beta", lambda c: c.grpo.beta),
+    ("num_iterations", "grpo.num_iterations", lambda c: c.grpo.num_iterations),
+    ("epsilon", "grpo.eps_low", lambda c: c.grpo.eps_low),
+    ("epsilon_high", "grpo.eps_high", lambda c: c.grpo.eps_high),
+    ("scale_rewards", "grpo.adv_scale", lambda c: c.grpo.adv_scale),
+    ("importance_sampling_level", "grpo.importance_level", lambda c: c.grpo.importance_level),
+    ("use_bias_correction_kl", "grpo.kl_ratio_correction", lambda c: c.grpo.kl_ratio_correction),
+    ("loss_type", "grpo.loss_agg", lambda c: {v: k for k, v in LOSS_AGG.items() if k != "bnpo"}[c.grpo.loss_agg]),
+)
 
 
-def _with_variant(prompt: Any, variant: Any) -> Any:
-    """The q0 prompt with its question replaced by `variant` (a string), or `variant` itself if it is a prompt."""
-    if isinstance(prompt, str):
-        if not isinstance(variant, str):
-            kind = type(variant).__name__
-            raise ValueError(f"the prompt is plain text, so each variant must be a string, got {kind}")
-        return variant
-    if isinstance(variant, list):  # a full conversation, used as given
-        return variant
-    if not isinstance(variant, str):
-        raise ValueError(f"a variant must be a string or a message list, got {type(variant).__name__}")
-    messages = [dict(m) for m in prompt]
-    users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
-    if not users:
-        raise ValueError("a conversational prompt needs a user message to put the variant question into")
-    messages[users[-1]]["content"] = variant  # the question is the last user turn; system turns stay
-    return messages
+def _trl_value(args: Any, name: str) -> Any:
+    if name == "epsilon_high" and args.epsilon_high is None:  # TRL: None = epsilon
+        return args.epsilon
+    if name == "loss_type" and args.loss_type == "bnpo":  # token mean over the local batch
+        return "dapo"
+    return getattr(args, name)
 
 
-def prompt_question(prompt: Any) -> str:
-    """The question text of a prompt: the string itself, or the last user message's text."""
-    if isinstance(prompt, str):
-        return prompt
-    for message in reversed(prompt):
-        if message.get("role") == "user":
-            content = message.get("content")
-            if isinstance(content, list):  # content blocks: keep the text parts
-                return "".join(p.get("text", "") for p in content if p.get("type") == "text")
-            return str(content)
-    return ""
+def check_shared_settings(cfg: Any, args: Any) -> None:
+    """Raise ConfigError naming both keys when a GRPOConfig field disagrees with regroup's config."""
+    for name, key, want in SHARED_SETTINGS:
+        got, need = _trl_value(args, name), want(cfg)
+        if name == "use_bias_correction_kl" and cfg.grpo.beta == 0:
+            continue  # no KL term: TRL's default (True) changes nothing
+        if name == "loss_type" and args.loss_type not in LOSS_AGG:
+            raise ConfigError(f"GRPOConfig.loss_type={args.loss_type!r}: the adapter computes the recipe's loss "
+                              f"(grpo.loss_agg), which TRL's {sorted(LOSS_AGG)} normalise")
+        if got != need:
+            raise ConfigError(f"GRPOConfig.{name}={got!r} disagrees with {key} (TRL needs {need!r}): TRL samples and "
+                              f"the recipe trains with one setting; regroup.integrations.trl.grpo_args(cfg, ...) sets it")
+
+
+def grpo_args(cfg: Any, **trl_only: Any) -> Any:
+    """TRL's `GRPOConfig` with the fields regroup's config decides filled from `cfg` (`SHARED_SETTINGS`) and
+    the rest (output_dir, batch sizes, steps, logging, ...) from `trl_only`."""
+    from trl import GRPOConfig
+
+    shared = {name: want(cfg) for name, _, want in SHARED_SETTINGS}
+    return GRPOConfig(**{**shared, **trl_only})
 
 
 def completion_text(completion: Any) -> str:
@@ -69,62 +83,25 @@ def completion_text(completion: Any) -> str:
     return ""
 
 
-def expand_variants(
-    dataset: Any, variants_column: str = "variants", num_variants: int | None = None
-) -> tuple[Any, int]:
-    """The TA-GRPO dataset (SPEC §3.1–2): every row becomes N+1 consecutive rows q0, q1..qN.
-
-    Each output row keeps all columns, has `prompt` set to its variant's prompt, and gains `regroup_group_id`
-    (the source row index), `regroup_variant` (0 = q0) and `regroup_q0_prompt`. Row `q·(N+1)+k` is variant
-    k of question q. Returns `(dataset, N)`. Needs a map-style `datasets.Dataset` with a `prompt` column.
-    """
-    if not hasattr(dataset, "map") or not hasattr(dataset, "__len__") or not hasattr(dataset, "column_names"):
-        raise TypeError(
-            f"TA pooling needs a map-style datasets.Dataset (it expands and samples rows by index), got "
-            f"{type(dataset).__name__}"
-        )
-    columns = list(dataset.column_names)
-    for needed in ("prompt", variants_column):
-        if needed not in columns:
-            raise ValueError(f"TA pooling: the training dataset has no {needed!r} column (columns: {columns})")
-    for taken in (GROUP_ID, VARIANT, Q0_PROMPT):
-        if taken in columns:
-            raise ValueError(f"TA pooling: the dataset already has a column {taken!r}, which the adapter adds")
-    if len(dataset) == 0:
-        raise ValueError("TA pooling: the training dataset is empty")
-    counts = [len(v) if v is not None else 0 for v in dataset[variants_column]]
-    if num_variants is None:
-        n = counts[0]
-        bad = next((i for i, c in enumerate(counts) if c != n), None)
-        if bad is not None:
-            raise ValueError(
-                f"TA pooling: rows have different numbers of variants (row 0: {n}, row {bad}: {counts[bad]}); "
-                f"set num_variants to cut them to a common N"
-            )
-    else:
-        n = num_variants
-        bad = next((i for i, c in enumerate(counts) if c < n), None)
-        if bad is not None:
-            raise ValueError(f"TA pooling: row {bad} has {counts[bad]} variants, fewer than num_variants={n}")
-    if n < 1:
-        raise ValueError(f"TA pooling: rows need at least one variant in column {variants_column!r}, got {n}")
-
-    def expand(batch: dict[str, list], indices: list[int]) -> dict[str, list]:
-        out: dict[str, list] = {key: [] for key in batch}
-        out.update({GROUP_ID: [], VARIANT: [], Q0_PROMPT: []})
-        for j, index in enumerate(indices):
-            q0 = batch["prompt"][j]
-            prompts = [q0] + [_with_variant(q0, v) for v in list(batch[variants_column][j])[:n]]
-            for k, prompt in enumerate(prompts):
-                for key in batch:
-                    out[key].append(prompt if key == "prompt" else batch[key][j])
-                out[GROUP_ID].append(index)
-                out[VARIANT].append(k)
-                out[Q0_PROMPT].append(q0)
-        return out
-
-    expanded = dataset.map(expand, batched=True, with_indices=True, remove_columns=columns)
-    return expanded, n
+def problem_rows(problems: list, variants: list[list[str]] | None, messages: Any, n_variants: int) -> tuple[list[dict], int]:
+    """TRL's dataset rows of regroup problems, one per prompt TRL samples: q0 and, for TA-GRPO (SPEC §3.1–2),
+    each of its `n_variants` rephrasings, consecutive, sharing the question's group id. `messages(text)` is
+    the run's prompt (`Prompter.messages`). A question with fewer than `n_variants` variants is left out
+    (TRL's pooled sampler needs pools of one size); returns (rows, questions left out)."""
+    rows: list[dict] = []
+    dropped = 0
+    for index, problem in enumerate(problems):
+        texts = [problem.question]
+        if variants is not None:
+            if len(variants[index]) < n_variants:
+                dropped += 1
+                continue
+            texts += list(variants[index])[:n_variants]
+        q0 = messages(problem.question)
+        for k, text in enumerate(texts):
+            rows.append({"prompt": messages(text), GROUP_ID: index, VARIANT: k, QUESTION_ID: problem.id,
+                         QUESTION: text, Q0_PROMPT: q0})
+    return rows, dropped
 
 
 class PooledRepeatSampler(Sampler[int]):
@@ -173,42 +150,6 @@ class PooledRepeatSampler(Sampler[int]):
 
     def __len__(self) -> int:
         return (self.num_rows // self.batch_size) * self.batch_size * self.mini_repeat_count * self.repeat_count
-
-
-def anchor_slots(
-    group_ids: Tensor,
-    variants: Tensor,
-    rewards: Tensor,
-    *,
-    when: str = "always",
-    correct_reward: float = 1.0,
-) -> Tensor:
-    """Which samples an anchor replaces (SPEC §2b.2, replace mode): bool [B].
-
-    One slot per group: its last sample (in batch order) with `variants == 0` (a q0 sample, so the
-    anchor answers q0). With `when="no_correct"` a group gets a slot only if none of its rewards is
-    `>= correct_reward` (NaN = unscored counts as not correct).
-    """
-    if when not in ANCHOR_WHEN:
-        raise ValueError(f"when must be one of {ANCHOR_WHEN}, got {when!r}")
-    if not (group_ids.shape == variants.shape == rewards.shape) or group_ids.dim() != 1:
-        raise ValueError(
-            f"group_ids {tuple(group_ids.shape)}, variants {tuple(variants.shape)} and rewards "
-            f"{tuple(rewards.shape)} must all be 1-D of the same length"
-        )
-    gids, var = group_ids.tolist(), variants.tolist()
-    correct = (torch.isfinite(rewards) & (rewards >= correct_reward)).tolist()  # NaN, inf: not correct
-    last: dict[Any, int] = {}
-    has_correct: dict[Any, bool] = {}
-    for i, g in enumerate(gids):
-        if var[i] == 0:
-            last[g] = i
-        has_correct[g] = has_correct.get(g, False) or correct[i]
-    slots = torch.zeros(len(gids), dtype=torch.bool, device=group_ids.device)
-    for g, i in last.items():
-        if when == "always" or not has_correct[g]:
-            slots[i] = True
-    return slots
 
 
 def loss_totals(

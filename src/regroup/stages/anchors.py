@@ -80,8 +80,11 @@ class AnchorInjector:
             return [0] * len(problems)
         return [len(self._candidates(p)) for p in problems]
 
-    def inject(self, samples: list[Sample], problems, group_ids: list[int], q0_prompts: list[list[int]]):
-        """Return samples with anchors added, and the step's anchor stats."""
+    def inject(self, samples: list[Sample], problems, group_ids: list[int], q0_prompts: list[list[int]],
+               reserved: bool = True):
+        """Return samples with anchors added, and the step's anchor stats. `reserved`: slots were left out
+        before sampling (`ReserveAnchorSlots`); else (the TRL adapter samples every slot) an anchor in
+        replace mode takes the place of the last on-policy sample of q0."""
         by_group: dict[int, list[Sample]] = {}
         for s in samples:
             by_group.setdefault(s.group_id, []).append(s)
@@ -94,7 +97,7 @@ class AnchorInjector:
             candidates = self._candidates(problem)
             if not candidates:
                 continue
-            reserved_here = self.cfg.mode == "replace" and self.cfg.when == "always" and self.reserve
+            reserved_here = self.cfg.mode == "replace" and self.cfg.when == "always" and reserved
             if self.cfg.mode == "replace" and not reserved_here:
                 # Drop the last on-policy samples of q0 to make room (the slot was not reserved up front).
                 drop = [s for s in members if s.variant == 0 and not s.is_anchor][-len(candidates):]
@@ -111,9 +114,6 @@ class AnchorInjector:
                 injected += 1
         self.totals["injected"] += injected
         return out, {"anchor/count": float(injected)}
-
-    reserve = True
-    """Whether slots were reserved before sampling (native trainer); False: replace sampled ones (TRL)."""
 
     def observe(self, samples: list[Sample]) -> None:
         """Keep the policy's own verified-correct answers to q0 as future self-bootstrapped anchors."""
@@ -163,12 +163,19 @@ class InjectAnchors:
     def __init__(self, injector: AnchorInjector):
         self.injector = injector
 
+    def unsupported_by(self, front_end: str) -> str | None:
+        if front_end == "trl" and self.injector.cfg.mode != "replace":
+            return (f"anchors.mode={self.injector.cfg.mode}: an added anchor grows its group, and TRL's generation "
+                    "batch has a fixed shape; use anchors.mode=replace")
+        return None
+
     def __call__(self, batch: StepBatch, ctx: StepContext) -> dict[str, float]:
         inj = self.injector
         t0, verifying0 = time.perf_counter(), inj.time_verifying
         before = dict(inj.totals)
         q0_prompts = [ctx.encode_prompt(p.question) for p in batch.problems]
-        batch.samples, metrics = inj.inject(batch.samples, batch.problems, batch.group_ids, q0_prompts)
+        batch.samples, metrics = inj.inject(batch.samples, batch.problems, batch.group_ids, q0_prompts,
+                                            reserved=batch.reserved is not None)
         inj.observe(batch.samples)
         metrics["anchor/too_long"] = float(inj.totals["too_long"] - before["too_long"])
         metrics["anchor/rejected_reference"] = float(inj.totals["rejected_reference"] - before["rejected_reference"])

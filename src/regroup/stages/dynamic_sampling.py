@@ -38,6 +38,11 @@ class DynamicSampling:
         self.target_groups = target_groups
         self.max_rounds = max_rounds
 
+    def unsupported_by(self, front_end: str) -> str | None:
+        if front_end == "trl":
+            return "dynamic_sampling.enabled: TRL's generation batch has a fixed size, so groups cannot be dropped and refilled"
+        return None
+
     def _global_verdicts(self, batch: StepBatch, ctx: StepContext) -> list[tuple[int, bool]]:
         local = informative_groups(batch.samples)
         ids = torch.tensor(sorted(local), dtype=torch.long)  # [g]

@@ -39,7 +39,7 @@ class DistinctivenessMasker:
 
     def mask_from_scores(self, advantages: torch.Tensor, scores: torch.Tensor, group_ids: torch.Tensor):
         """(keep mask [B] bool, metrics) from scores [B] (NaN = unscored). Advantages were computed over the
-        full group before masking. The TRL adapter scores on each process and calls this on the gathered batch."""
+        full group before masking."""
         keep = distinctiveness_mask(advantages, scores, group_ids, self.delta)  # [B] bool
         stats = mask_stats(advantages, keep)
         metrics = {
