@@ -257,10 +257,9 @@ def _unlisted(path: Path, listed: set[str]) -> list[str]:
     return found
 
 
-def verify_checkpoint(path: Path) -> None:
-    """Raise CheckpointError unless every file listed in the manifest is there with its hash;
-    CheckpointRefused (the subclass) when the folder holds a file the manifest does not list, a link,
-    or is of the older pickled format."""
+def check_listing(path: Path) -> dict[str, str]:
+    """The manifest's {file: sha256}, after refusing (CheckpointRefused) a checkpoint that is a link, holds
+    a link or a file the manifest does not list, or is of the older format. Reads no file but the manifest."""
     if path.is_symlink():
         raise CheckpointRefused(f"{path} is a symbolic link; regroup does not follow links inside a run folder")
     files = read_manifest(path)["files"]
@@ -268,6 +267,14 @@ def verify_checkpoint(path: Path) -> None:
     if extra:
         raise CheckpointRefused(f"{path}: file {extra[0]} is not listed in its {MANIFEST}; a checkpoint loads only "
                                 f"the files it lists, so this one is refused (remove the file if you put it there)")
+    return files
+
+
+def verify_checkpoint(path: Path) -> None:
+    """Raise CheckpointError unless every file listed in the manifest is there with its hash;
+    CheckpointRefused (the subclass) when the folder holds a file the manifest does not list, a link,
+    or is of the older pickled format."""
+    files = check_listing(path)
     for name, digest in files.items():
         f = path / name
         if not os.path.lexists(f) or (f.is_dir() and not f.is_symlink()):
@@ -325,7 +332,7 @@ def newest_run_config(run_dir) -> tuple[Path, dict] | None:
     reads and hashes only that small file (a check before any model loads; the resume verifies the rest)."""
     for path in reversed(list_checkpoints(run_dir)):
         try:
-            digest = read_manifest(path)["files"].get(RUN_CONFIG)
+            digest = check_listing(path).get(RUN_CONFIG)
             if digest is not None and _sha256(path / RUN_CONFIG) == digest:
                 return path, load_run_config(path)
         except CheckpointRefused:
