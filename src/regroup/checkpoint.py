@@ -11,7 +11,7 @@ previous one used.
 Nothing in a checkpoint can run code (the manifest is a checksum, not a signature: whoever can write the
 folder can re-hash a file):
 - `trainer_state.pt` holds only tensors and plain values (the python and numpy RNG states are stored as
-  ints and lists, `portable_rng_state`), and is read with `torch.load(weights_only=True)`: a pickled
+  ints and lists, `rng_state`), and is read with `torch.load(weights_only=True)`: a pickled
   object of any other type is refused (`CheckpointRefused`), never constructed;
 - a checkpoint of the older format (`FORMAT` absent from its manifest: a trainer state pickled with
   numpy objects) is refused in one line, not unpickled;
@@ -151,6 +151,27 @@ def is_disk_full(exc: BaseException) -> bool:
                                    "os error 28", "Errno 28"))
 
 
+PLAIN = (str, int, float, bool, type(None), torch.Tensor, torch.Size, torch.dtype)
+
+
+def _check_plain(value, where: str = "trainer state") -> None:
+    """Raise CheckpointError naming the first value `torch.load(weights_only=True)` would refuse (anything
+    but tensors, plain scalars and dicts / lists / tuples of them): a checkpoint that cannot be resumed is
+    refused when written, not discovered at the resume."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, (str, int)):
+                raise CheckpointError(f"{where} has a key of type {type(key).__name__}: checkpoints hold only "
+                                      "tensors and plain values")
+            _check_plain(item, f"{where}.{key}")
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _check_plain(item, f"{where}[{i}]")
+    elif not isinstance(value, PLAIN):
+        raise CheckpointError(f"{where} is a {type(value).__module__}.{type(value).__name__}: checkpoints hold only "
+                              "tensors and plain values (a stage's state_dict must return those)")
+
+
 def save_checkpoint(run_dir, step: int, model, tokenizer, trainer_state: dict, keep: int = 2,
                     write_weights=None, config: dict | None = None) -> Path:
     """Write checkpoint `step` atomically and keep only the newest `keep` (see `_retain`).
@@ -159,6 +180,7 @@ def save_checkpoint(run_dir, step: int, model, tokenizer, trainer_state: dict, k
     tell a hand-edited config.yaml from the one the run trained with.
     `write_weights(folder)` replaces `model.save_pretrained` + tokenizer (sharded runs write gathered
     weights and move their sharded training state in; see `regroup.sharded`)."""
+    _check_plain(trainer_state)
     root = checkpoint_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     _remove_leftovers(root)

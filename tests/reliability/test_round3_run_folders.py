@@ -454,3 +454,17 @@ def test_report_markdown_escapes_html_from_a_recipe_name(tmp_path):
     for path in (html, md):
         text = Path(path).read_text()
         assert "<script>alert" not in text and "&lt;script&gt;alert(1)&lt;/script&gt;" in text, path
+
+
+def test_a_state_weights_only_could_not_read_is_refused_when_written(tmp_path):
+    import numpy as np
+
+    from regroup.checkpoint import CheckpointError, save_checkpoint
+
+    class NoModel:
+        def save_pretrained(self, folder, **kw):
+            (Path(folder) / "model.safetensors").write_bytes(b"")
+
+    with pytest.raises(CheckpointError, match=r"trainer state.stages.custom.rng is a numpy.ndarray"):
+        save_checkpoint(tmp_path, 1, NoModel(), None, {"step": 1, "stages": {"custom": {"rng": np.zeros(3)}}})
+    assert list_checkpoints(tmp_path) == []
