@@ -101,16 +101,13 @@ def test_a_checkpoint_of_the_older_pickled_format_is_refused_in_one_line(run_cop
 
 
 def test_trainer_state_holds_only_tensors_and_plain_values():
+    import io
     import random
 
     import numpy as np
 
-    state = rng_state()
-    path_state = {"rng": state}
-    import io
-
     buffer = io.BytesIO()
-    torch.save(path_state, buffer)
+    torch.save({"rng": rng_state()}, buffer)
     buffer.seek(0)
     back = torch.load(buffer, weights_only=True)  # would raise on any numpy or other object
     expected = (random.random(), float(np.random.rand()), float(torch.rand(1)))
