@@ -465,3 +465,12 @@ def test_a_state_weights_only_could_not_read_is_refused_when_written(tmp_path):
     with pytest.raises(CheckpointError, match=r"trainer state.stages.custom.rng is a numpy.ndarray"):
         save_checkpoint(tmp_path, 1, NoModel(), None, {"step": 1, "stages": {"custom": {"rng": np.zeros(3)}}})
     assert list_checkpoints(tmp_path) == []
+
+
+def test_report_of_a_run_with_a_corrupt_eval_summary_is_one_line(run_copy, tmp_path, capsys):
+    (run_copy / "eval").mkdir()
+    (run_copy / "eval" / "summary.json").write_text('{"mean@n": 0.5')  # torn
+    capsys.readouterr()
+    assert main(["report", str(run_copy), "--out", str(tmp_path / "r")]) == 2
+    lines = error_lines(capsys.readouterr().err)
+    assert len(lines) == 1 and lines[0].startswith("report error:") and "summary.json is not valid JSON" in lines[0]
