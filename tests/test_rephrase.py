@@ -265,7 +265,7 @@ def test_run_rephrase_rules(tmp_path):
     with open(path, "a") as f:
         f.write('{"id": "broken"}\n')  # no question: skipped and reported, the rest goes on
     out = tmp_path / "out" / "aug.jsonl"
-    summary = run_rephrase(str(path), str(out), 2, "rules", progress=False)
+    summary = run_rephrase(str(path), str(out), 2, "rules", progress=False, skip_bad_rows=True, log=lambda line: None)
     assert summary["skipped_rows"] == 1 and "question" in summary["skipped_examples"][0]
     back = load_problems(str(out), skip_bad_rows=False).problems
     assert [p.id for p in back] == [p.id for p in problems]

@@ -84,18 +84,12 @@ def cmd_train(args) -> int:
     if args.resume and args.overwrite:
         raise ConfigError("--resume and --overwrite cannot be combined: one continues the run, the other discards it")
     if args.resume:
-        import yaml
-
         run_dir = Path(args.resume)
         saved = run_dir / "config.yaml"
-        if not saved.exists():
+        if not os.path.lexists(saved):
             raise ConfigError(f"--resume {run_dir}: no config.yaml there")
         check_resume_overrides(args.overrides)
-        try:
-            data = yaml.safe_load(saved.read_text())
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{saved}: invalid YAML: {e}") from None
-        cfg = config_from_dict(apply_overrides(data, args.overrides) if isinstance(data, dict) else data)
+        cfg = _saved_config(saved, lambda data: config_from_dict(apply_overrides(data, args.overrides)))
         mode = "resume"
     else:
         cfg = load_config(args.config, args.overrides)
@@ -104,6 +98,8 @@ def cmd_train(args) -> int:
         mode = "overwrite" if args.overwrite else "fresh"
     lock = claim_run_dir(run_dir, mode, log=_log, lock=_is_main_process())
     try:
+        if args.resume:
+            _check_resume_config(run_dir, cfg)  # before the model loads
         from regroup.trainer import Trainer
 
         trainer = Trainer.from_config(cfg, run_dir, resume=bool(args.resume), log=_log)
@@ -119,6 +115,28 @@ def cmd_train(args) -> int:
     return 0
 
 
+def _saved_config(path: Path, build):
+    """`build(mapping)` of a run's config.yaml; a ConfigError (invalid YAML, bad value) names the file."""
+    from regroup.config import ConfigError
+    from regroup.rundir import read_saved_config
+
+    data = read_saved_config(path)
+    try:
+        return build(data)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+
+
+def _check_resume_config(run_dir: Path, cfg) -> None:
+    """Refuse a resume whose config.yaml was edited outside RESUME_OVERRIDABLE since the newest checkpoint
+    (the trainer checks again against the checkpoint it actually loads)."""
+    from regroup.checkpoint import check_resume_config, newest_run_config
+
+    found = newest_run_config(run_dir)
+    if found is not None:
+        check_resume_config(found[0], found[1], cfg.to_dict(), str(run_dir / "config.yaml"))
+
+
 # --------------------------------------------------------------------------------------------- eval
 def _bench_files(specs: list[str] | None) -> dict[str, str]:
     out = {}
@@ -132,8 +150,8 @@ def _bench_files(specs: list[str] | None) -> dict[str, str]:
 
 def cmd_eval(args) -> int:
     from regroup.config import ConfigError, check_readable
-    from regroup.data import DataError
-    from regroup.eval.runner import format_table, run_bench_cli, run_eval_cli
+    from regroup.eval.runner import run_config_path
+    from regroup.rundir import claim_eval_dir
 
     if not Path(args.model).is_dir():
         raise ConfigError(f"--model: no such model folder: {args.model}")
@@ -143,6 +161,22 @@ def cmd_eval(args) -> int:
     for path in args.data or []:  # before the model loads
         if not str(path).startswith("hf:"):
             check_readable("--data", path)
+    if args.prompt_config is None and run_config_path(args.model):  # a checkpoint's run: its config must read
+        from regroup.config import config_from_dict
+
+        _saved_config(Path(run_config_path(args.model)), config_from_dict)
+    lock = claim_eval_dir(args.out, overwrite=args.overwrite, log=_log)  # refuses earlier results unless --overwrite
+    try:
+        return _run_eval(args)
+    finally:
+        lock.release()
+
+
+def _run_eval(args) -> int:
+    from regroup.config import ConfigError
+    from regroup.data import DataError
+    from regroup.eval.runner import format_table, run_bench_cli, run_eval_cli
+
 
     prompt = {k: v for k, v in {"system_prompt": args.system_prompt, "prompt_template": args.prompt_template,
                                 "chat_template": args.chat_template, "config_file": args.prompt_config}.items()
@@ -215,7 +249,8 @@ def cmd_rephrase(args) -> int:
     try:
         summary = run_rephrase(args.data, args.out, args.n, args.rewriter, base_url=args.base_url, model=args.model,
                                api_key_env=args.api_key_env, cache_dir=args.cache_dir, concurrency=args.concurrency,
-                               timeout_s=args.timeout)
+                               timeout_s=args.timeout, skip_bad_rows=args.skip_bad_rows,
+                               log=lambda line: _log(f"warning: {line}"))
     except ConfigError as e:  # e.g. a key pasted into --api-key-env: one line, the value never printed
         _log(f"config error: {e}")
         return 2
@@ -244,7 +279,15 @@ def cmd_study(args) -> int:
 def cmd_report(args) -> int:
     from regroup.report import build_report
 
-    html, md = build_report(args.runs, args.out)
+    try:
+        html, md = build_report(args.runs, args.out)
+    except ValueError as e:  # an unreadable eval summary; ConfigError (config.yaml) goes to main's one line
+        from regroup.config import ConfigError
+
+        if isinstance(e, ConfigError) or getattr(args, "debug", False):
+            raise
+        _log(f"report error: {e}")
+        return 2
     print(f"report: {html}\n        {md}")
     return 0
 
@@ -358,6 +401,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True)
     p.add_argument("--data", nargs="+", help="benchmark files (JSONL, JSON, Parquet, CSV, datasets folder, hf:NAME@SPLIT)")
     p.add_argument("--out", default="runs/eval")
+    p.add_argument("--overwrite", action="store_true", help="replace the results of an earlier evaluation in --out")
     p.add_argument("--n", type=_number(int, "count"), default=None, help="samples per problem (--data: 32; --bench: the paper's)")
     p.add_argument("--k", default=None, type=_positive_ints, help="pass@k values, e.g. 1,4,8,32 (--bench: the paper's)")
     p.add_argument("--temperature", type=_number(float, "zero_or_positive"), default=None, help="--data: 0.6; --bench: the paper's")
@@ -411,6 +455,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-dir")
     p.add_argument("--concurrency", type=_number(int, "count"), default=16)
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per request in all, retries included")
+    p.add_argument("--skip-bad-rows", action="store_true",
+                   help="leave malformed rows out of --out (each is printed) instead of failing")
     p.set_defaults(fn=cmd_rephrase)
 
     p = sub.add_parser("demo", parents=[common], help="warm up, train every recipe from the same start, evaluate, report")
@@ -440,7 +486,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def user_error(exc: BaseException) -> str | None:
     """The one line to show for an error the user can fix (config, data, folders, disk), or None for a bug."""
-    from regroup.checkpoint import is_disk_full
+    from regroup.checkpoint import CheckpointError, is_disk_full
     from regroup.config import ConfigError
     from regroup.data import DataError
     from regroup.rundir import RunDirError
@@ -451,6 +497,8 @@ def user_error(exc: BaseException) -> str | None:
         return f"data error: {exc}"
     if isinstance(exc, RunDirError):
         return f"error: {exc}"
+    if isinstance(exc, CheckpointError):
+        return f"checkpoint error: {exc}"
     if is_disk_full(exc):
         text = (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
         return f"error: {text}" if text.startswith("no space left") else f"error: no space left on device ({text[:200]})"

@@ -8,10 +8,11 @@ write `runs/demo-<time>/report.html` (and `report.md`).
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from regroup.io import write_atomic
 
 RECIPES = ["grpo", "grpo_matched", "ta_grpo", "dagrpo", "dagrpo_ta"]
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"  # package data: found from a wheel install too
@@ -72,10 +73,8 @@ def evaluate_model(model_path: str, problems, out_dir: Path, settings: DemoSetti
     result = evaluate(model, tokenizer, problems, task.grade, n=settings.eval_samples, ks=ks, temperature=1.0,
                       max_new_tokens=48, greedy=True, batch_size=256, seed=seed, progress=False)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "summary.json").write_text(json.dumps(result.summary, indent=2))
-    with open(out_dir / "per_problem.jsonl", "w") as f:
-        for r in result.to_dict()["problems"]:
-            f.write(json.dumps(r) + "\n")
+    write_atomic(out_dir / "summary.json", json.dumps(result.summary, indent=2))
+    write_atomic(out_dir / "per_problem.jsonl", "".join(json.dumps(r) + "\n" for r in result.to_dict()["problems"]))
     return result.summary
 
 
@@ -143,14 +142,14 @@ def run_demo(quick: bool = False, seeds: int = 1, out_root: str = "runs", recipe
         summary = evaluate_model(str(final), problems, run_dir / "eval", settings, seed=0)
         (run_dir / "eval_before").mkdir(exist_ok=True)
         for name_ in ("summary.json", "per_problem.jsonl"):  # per-problem results allow a paired SE
-            shutil.copy(demo_dir / "start" / "eval" / name_, run_dir / "eval_before" / name_)
-        (run_dir / "timing.json").write_text(json.dumps({"train_seconds": train_seconds}))
+            write_atomic(run_dir / "eval_before" / name_, (demo_dir / "start" / "eval" / name_).read_bytes())
+        write_atomic(run_dir / "timing.json", json.dumps({"train_seconds": train_seconds}))
         log(f"{name} (seed {seed}): pass@1 {start_summary['mean@n']:.3f} -> {summary['mean@n']:.3f} "
             f"in {train_seconds:.0f} s of training")
         run_dirs.append(str(run_dir))
     overall.close()
     html, _ = build_report(run_dirs, str(demo_dir), title="regroup demo: GRPO variants on the built-in task")
-    (demo_dir / "demo.json").write_text(json.dumps({
+    write_atomic(demo_dir / "demo.json", json.dumps({
         "seconds": time.perf_counter() - started, "quick": quick, "seeds": seeds, "recipes": names,
         "settings": settings.__dict__, "start": start_summary,
     }, indent=2, default=str))

@@ -11,14 +11,13 @@ metrics.jsonl is the record the report is built from, so it is guarded:
 
 from __future__ import annotations
 
-import errno
 import json
 import math
 import os
 import warnings
 from pathlib import Path
 
-from regroup.io import write_atomic
+from regroup.io import append_text, read_bytes, write_atomic
 
 
 class MetricsFileWarning(UserWarning):
@@ -54,8 +53,7 @@ def parse_metrics_line(raw: bytes) -> dict | str | None:
 def read_metrics_file(path: str | os.PathLike) -> tuple[list[dict], list[tuple[int, str]]]:
     """(step records in file order, (line number, reason) of every line skipped); an absent file is empty."""
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        data = read_bytes(path)  # never through a link
     except FileNotFoundError:
         return [], []
     records, bad = [], []
@@ -125,7 +123,7 @@ class MetricsLogger:
 
     def _rewrite(self) -> None:
         write_atomic(self.path, "".join(line + "\n" for line in self._lines))
-        st = os.stat(self.path)
+        st = os.lstat(self.path)
         self._identity = (st.st_dev, st.st_ino, st.st_size)
 
     def _read(self) -> list[dict]:
@@ -136,7 +134,7 @@ class MetricsLogger:
     def truncate_after(self, step: int) -> None:
         """On resume: keep the valid lines of steps up to the checkpoint's (the later ones will be logged
         again); lines that are not a step record are reported and dropped: the file is repaired."""
-        if not self.enabled or not self.path.exists():
+        if not self.enabled or not os.path.lexists(self.path):
             return
         self._lines = [json.dumps(r) for r in self._read() if r["step"] <= step]
         self._rewrite()
@@ -144,13 +142,13 @@ class MetricsLogger:
     def _check_file(self) -> None:
         """Notice a metrics.jsonl that vanished, was replaced or shrank since the last write; restore it."""
         if self._lines is None:  # first write of this logger: adopt what is there
-            self._lines = [json.dumps(r) for r in self._read()] if self.path.exists() else []
-            if self.path.exists():
-                st = os.stat(self.path)
+            self._lines = [json.dumps(r) for r in self._read()] if os.path.lexists(self.path) else []
+            if os.path.lexists(self.path):
+                st = os.lstat(self.path)
                 self._identity = (st.st_dev, st.st_ino, st.st_size)
             return
         try:
-            st = os.stat(self.path)
+            st = os.lstat(self.path)
             now = (st.st_dev, st.st_ino, st.st_size)
         except FileNotFoundError:
             now = None
@@ -166,15 +164,7 @@ class MetricsLogger:
         record = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
         line = json.dumps(record)
         self._check_file()
-        try:
-            with open(self.path, "a") as f:
-                f.write(line + "\n")
-                f.flush()
-                st = os.fstat(f.fileno())
-        except OSError as e:
-            if e.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise OSError(e.errno, f"no space left on device while writing {self.path}") from e
-            raise
+        st = append_text(self.path, line + "\n")  # never through a link; a failure names the file
         self._lines.append(line)
         self._identity = (st.st_dev, st.st_ino, st.st_size)
         if self.accelerator is not None:

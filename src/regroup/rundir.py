@@ -7,8 +7,14 @@
   the holder's PID written inside, so a second writer gets one error naming that PID (the kernel drops
   the lock when the holder dies, even by SIGKILL, so a crash never leaves a stale lock);
 - a fresh run (`mode="fresh"`) into a folder that already holds a run's files is refused; `"resume"`
-  keeps them; `"overwrite"` is the user asking to discard them (checkpoints, metrics, samples, config,
-  TensorBoard events; caches of remote answers are kept, they are still right).
+  keeps them; `"overwrite"` is the user asking to discard them: everything in RUN_OUTPUTS (what regroup
+  writes into a run folder), and nothing else: caches of remote answers are kept (they are still right),
+  and so is any file of the user's own;
+- nothing in it is followed through a symbolic link: a link planted as `.lock`, `metrics.jsonl`, ... counts
+  as a run's file for the "already holds a run" check, is refused when opened, and `--overwrite` removes
+  the link itself, never what it points to.
+
+`claim_eval_dir(out, overwrite)` does the same for `regroup eval --out`.
 
 `new_run_dir(root, name)` makes a folder that did not exist before (exclusive `mkdir`), adding `-2`,
 `-3`, ... when two runs start in the same second.
@@ -22,23 +28,43 @@ import shutil
 import time
 from pathlib import Path
 
+from regroup.io import SymlinkError, open_nofollow
+
 LOCK_FILE = ".lock"
-RUN_FILES = ("config.yaml", "metrics.jsonl", "samples.jsonl")
-"""Files whose presence means the folder holds a run."""
-DISCARDED_ON_OVERWRITE = ("config.yaml", "metrics.jsonl", "samples.jsonl", "checkpoints", "tb")
+RUN_OUTPUTS = ("config.yaml", "metrics.jsonl", "samples.jsonl", "checkpoints", "tb", "eval", "eval_before",
+               "timing.json", "plots", "report.html", "report.md")
+"""Everything regroup writes into a run folder (trainer, demo, study, `regroup eval --out RUN/eval`, `regroup
+report RUN`); the "already holds a run" check and `--overwrite` both use this one list. Not in it: `.lock`
+and `cache/` (answers of a judge or rewriter, still right for a new run)."""
+EVAL_OUTPUTS = ("summary.json", "summary.md")
+"""What `regroup eval` writes at the top of its --out folder (besides one folder per benchmark holding
+EVAL_BENCH_OUTPUTS)."""
+EVAL_BENCH_OUTPUTS = ("per_problem.jsonl", "summary.json")
 
 
 class RunDirError(RuntimeError):
     """A run folder cannot be used as asked (held by another run, holds a run, not writable)."""
 
 
-def holds_a_run(run_dir: str | os.PathLike) -> bool:
-    """True when the folder has a config, metrics or any checkpoint folder of an earlier run."""
-    run_dir = Path(run_dir)
-    if any((run_dir / name).exists() for name in RUN_FILES):
+def _present(path: Path) -> bool:
+    """A file or link (dangling or not) at `path`, or a folder with anything in it."""
+    if path.is_symlink():
         return True
-    checkpoints = run_dir / "checkpoints"
-    return checkpoints.is_dir() and any(p.name.startswith("step-") for p in checkpoints.iterdir())
+    if path.is_dir():
+        return any(True for _ in path.iterdir())
+    return os.path.lexists(path)
+
+
+def run_outputs_present(run_dir: str | os.PathLike) -> list[str]:
+    """The names of RUN_OUTPUTS present in the folder (a link counts, even a dangling one; an empty folder
+    does not)."""
+    run_dir = Path(run_dir)
+    return [name for name in RUN_OUTPUTS if _present(run_dir / name)]
+
+
+def holds_a_run(run_dir: str | os.PathLike) -> bool:
+    """True when the folder has anything an earlier run (or its evaluation, report) wrote."""
+    return bool(run_outputs_present(run_dir))
 
 
 class RunDirLock:
@@ -50,7 +76,10 @@ class RunDirLock:
         self._fd: int | None = None
 
     def acquire(self) -> "RunDirLock":
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = open_nofollow(self.path, os.O_RDWR | os.O_CREAT, 0o644)  # a linked .lock: its target untouched
+        except SymlinkError as e:
+            raise RunDirError(e.strerror) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -87,22 +116,31 @@ def _make_dir(path: Path) -> None:
         raise RunDirError(f"cannot write to run folder {path}: {e.strerror or e}") from None
 
 
+def _remove(path: Path) -> bool:
+    """Remove a file, a link (never what it points to) or a folder; True when something was there."""
+    if path.is_symlink() or (os.path.lexists(path) and not path.is_dir()):
+        path.unlink()
+        return True
+    if path.is_dir():
+        trash = path.parent / f".trash-{path.name}-{os.getpid()}"  # out of the way first: a crash leaves no half folder
+        os.replace(path, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+        return True
+    return False
+
+
+def _remove_trash(folder: Path) -> None:
+    for leftover in folder.glob(".trash-*"):  # an earlier --overwrite killed while deleting
+        if leftover.is_symlink():
+            leftover.unlink()
+        else:
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
 def discard_previous_run(run_dir: Path) -> list[str]:
-    """Remove what an earlier run wrote (see DISCARDED_ON_OVERWRITE); returns the names removed."""
-    removed = []
-    for leftover in run_dir.glob(".trash-*"):  # an earlier --overwrite killed while deleting
-        shutil.rmtree(leftover, ignore_errors=True)
-    for name in DISCARDED_ON_OVERWRITE:
-        path = run_dir / name
-        if path.is_dir():
-            trash = run_dir / f".trash-{name}-{os.getpid()}"  # out of the way first: a crash leaves no half folder
-            os.replace(path, trash)
-            shutil.rmtree(trash, ignore_errors=True)
-            removed.append(name)
-        elif path.exists():
-            path.unlink()
-            removed.append(name)
-    return removed
+    """Remove what an earlier run wrote (RUN_OUTPUTS, nothing else); returns the names removed."""
+    _remove_trash(run_dir)
+    return [name for name in RUN_OUTPUTS if _remove(run_dir / name)]
 
 
 def claim_run_dir(run_dir: str | os.PathLike, mode: str = "fresh", log=print, lock: bool = True) -> RunDirLock | None:
@@ -120,7 +158,7 @@ def claim_run_dir(run_dir: str | os.PathLike, mode: str = "fresh", log=print, lo
     held = RunDirLock(run_dir).acquire() if lock else None
     try:
         if mode == "fresh" and holds_a_run(run_dir):
-            raise RunDirError(f"run folder {run_dir} already holds a run (config.yaml, metrics.jsonl or checkpoints); "
+            raise RunDirError(f"run folder {run_dir} already holds a run ({', '.join(run_outputs_present(run_dir))}); "
                               "continue it with --resume, discard it with --overwrite, or choose another run_dir")
         if mode == "overwrite" and lock:
             removed = discard_previous_run(run_dir)
@@ -152,3 +190,60 @@ def new_run_dir(root: str | os.PathLike, name: str, stamp: str | None = None) ->
         except OSError as e:
             raise RunDirError(f"cannot create {path}: {e.strerror or e}") from None
     raise RunDirError(f"no free run folder name under {root} for {name}-{stamp}")
+
+
+def eval_outputs_present(out_dir: str | os.PathLike) -> list[str]:
+    """What an earlier `regroup eval` wrote in `out_dir`: EVAL_OUTPUTS and `BENCH/<EVAL_BENCH_OUTPUTS>`."""
+    out_dir = Path(out_dir)
+    if not out_dir.is_dir():
+        return []
+    found = [name for name in EVAL_OUTPUTS if os.path.lexists(out_dir / name)]
+    for sub in sorted(p for p in out_dir.iterdir() if p.is_dir() and not p.is_symlink()):
+        found += [f"{sub.name}/{name}" for name in EVAL_BENCH_OUTPUTS if os.path.lexists(sub / name)]
+    return found
+
+
+def claim_eval_dir(out_dir: str | os.PathLike, overwrite: bool = False, log=print) -> RunDirLock:
+    """Make and lock `regroup eval`'s --out folder; refuse one holding an earlier evaluation unless
+    `overwrite` (then exactly those files are removed, and benchmark folders left empty by that)."""
+    out_dir = Path(out_dir)
+    _make_dir(out_dir)
+    held = RunDirLock(out_dir).acquire()
+    try:
+        found = eval_outputs_present(out_dir)
+        if found and not overwrite:
+            raise RunDirError(f"eval folder {out_dir} already holds results ({', '.join(found[:4])}"
+                              f"{', ...' if len(found) > 4 else ''}); pass --overwrite to replace them, or choose "
+                              "another --out")
+        for name in found:
+            (out_dir / name).unlink()
+            parent = (out_dir / name).parent
+            if parent != out_dir and not any(parent.iterdir()):
+                parent.rmdir()
+        if found:
+            log(f"--overwrite: discarded the earlier evaluation in {out_dir}")
+    except BaseException:
+        held.release()
+        raise
+    return held
+
+
+def read_saved_config(path: str | os.PathLike) -> dict:
+    """The mapping in a run's config.yaml (never read through a link); ConfigError naming the file when it
+    is not valid YAML or not a mapping. Callers that build a RunConfig from it validate it further."""
+    import yaml
+
+    from regroup.config import ConfigError
+    from regroup.io import read_text
+
+    try:
+        data = yaml.safe_load(read_text(path))
+    except SymlinkError as e:
+        raise ConfigError(e.strerror) from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: invalid YAML: {' '.join(str(e).split())[:300]}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a saved config must be a mapping, got {type(data).__name__}")
+    return data

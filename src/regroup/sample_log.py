@@ -7,6 +7,8 @@ import json
 import math
 from pathlib import Path
 
+from regroup.io import append_text, read_bytes, write_atomic
+
 PER_STEP = 4
 MAX_CHARS = 2000
 
@@ -42,12 +44,29 @@ class SampleLog:
         if not self.enabled or (step != 1 and step % self.every):
             return
         records = sample_records(step, batch)
-        with open(self.path, "a") as f:
-            for r in records:
-                f.write(json.dumps(r) + "\n")
+        append_text(self.path, "".join(json.dumps(r) + "\n" for r in records))  # never through a link
         if self.tb is not None:
             text = "\n\n".join(f"**reward {r['reward']}, A {r['advantage']}**\n\n    {r['response']}" for r in records)
             self.tb.add_text("samples", text, step)
+
+    def truncate_after(self, step: int) -> None:
+        """On resume: keep the records of steps up to the checkpoint's (later ones are logged again, as
+        metrics.jsonl's are); a line that is not a record with an integer step (torn by a crash) is dropped."""
+        if not self.enabled:
+            return
+        try:
+            data = read_bytes(self.path)
+        except FileNotFoundError:
+            return
+        kept = []
+        for raw in data.split(b"\n"):
+            try:
+                record = json.loads(raw)
+            except (ValueError, RecursionError):
+                continue
+            if isinstance(record, dict) and type(record.get("step")) is int and record["step"] <= step:
+                kept.append(raw.decode("utf-8") + "\n")
+        write_atomic(self.path, "".join(kept))
 
     def close(self) -> None:
         pass

@@ -37,6 +37,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from regroup.io import write_atomic
 from regroup.report.claims import ArmResult, Claim
 from regroup.tasks.arithmetic import ArithmeticConfig, ArithmeticTask, apply_transforms
 
@@ -384,8 +385,8 @@ def run_arm(arm: Arm, regime: Regime, seed: int, problems: list, s: StudySetting
     summary = evaluate_model(str(final), problems, run_dir / "eval", _eval_settings(s), seed=0, ks=s.ks)
     (run_dir / "eval_before").mkdir(exist_ok=True)
     for name in ("summary.json", "per_problem.jsonl"):
-        shutil.copy(regime_dir / "start" / "eval" / name, run_dir / "eval_before" / name)
-    (run_dir / "timing.json").write_text(json.dumps({"train_seconds": train_seconds}))
+        write_atomic(run_dir / "eval_before" / name, (regime_dir / "start" / "eval" / name).read_bytes())
+    write_atomic(run_dir / "timing.json", json.dumps({"train_seconds": train_seconds}))
     shutil.rmtree(run_dir / "checkpoints")  # evaluated; the study keeps metrics and evaluations only
     log(f"{regime.name} {arm.name} seed {seed}: pass@1 {summary['mean@n']:.3f} ({train_seconds:.0f} s of training)")
     return run_dir
@@ -483,7 +484,7 @@ def run_study(quick: bool = False, out_root: str = "runs", log=print, settings: 
     record = {"seconds": seconds, "quick": quick, "settings": {**asdict(s), "steps": s.steps, "ks": s.ks},
               "regimes": [asdict(r) for r in regimes],
               "planned": {a.name: asdict(plan(a, s)) for a in arms}, "measured": budgets}
-    (study_dir / "study.json").write_text(json.dumps(record, indent=2, default=str))
+    write_atomic(study_dir / "study.json", json.dumps(record, indent=2, default=str))
     html = write_study_page(study_dir, s, arms, regimes, results, verdicts, budgets, seconds)
     return html
 

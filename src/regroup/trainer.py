@@ -24,7 +24,8 @@ from regroup.algo.losses import LossInputs, LossTotals, policy_loss, rows_with_g
 from regroup.algo.ratios import truncated_is_weight
 from regroup.batch import RolloutBatch, collate
 from regroup.checkpoint import (
-    latest_valid_checkpoint, load_model_weights, load_trainer_state, rng_state, save_checkpoint, set_rng_state,
+    check_resume_config, latest_valid_checkpoint, load_model_weights, load_run_config, load_trainer_state, rng_state,
+    save_checkpoint, set_rng_state,
 )
 from regroup.config import save_config
 from regroup.data_stream import QuestionStream
@@ -467,7 +468,8 @@ class Trainer:
         path = None
         if self.is_main:
             path = save_checkpoint(self.run_dir, self.step, self.acc.unwrap_model(self.model), self.tokenizer,
-                                   self.state(), keep=self.cfg.train.keep_checkpoints)
+                                   self.state(), keep=self.cfg.train.keep_checkpoints,
+                                   config=self.cfg.to_dict())
         self.acc.wait_for_everyone()
         return path
 
@@ -487,7 +489,8 @@ class Trainer:
             state = self.state()
             state["optimizer"] = None  # sharded: restored from accelerate_state/ on every process
             path = save_checkpoint(self.run_dir, self.step, self.acc.unwrap_model(self.model), self.tokenizer,
-                                   state, keep=self.cfg.train.keep_checkpoints, write_weights=write_weights)
+                                   state, keep=self.cfg.train.keep_checkpoints, write_weights=write_weights,
+                                   config=self.cfg.to_dict())
             shutil.rmtree(staging, ignore_errors=True)
         self.acc.wait_for_everyone()
         return path
@@ -497,7 +500,9 @@ class Trainer:
         if path is None:
             self.log(f"no checkpoint in {self.run_dir}; starting from step 0")
             self.logger.truncate_after(0)  # steps logged before the crash are logged again
+            self.sample_log.truncate_after(0)
             return
+        check_resume_config(path, load_run_config(path), self.cfg.to_dict(), f"{self.run_dir / 'config.yaml'}")
         state = load_trainer_state(path)
         if state.get("optimizer") is None:  # a sharded run's checkpoint: weights and optimizer shards
             load_training_state(self.acc, path)
@@ -515,4 +520,5 @@ class Trainer:
         self.step = state["step"]
         self.sampler.sync_weights(self.acc.unwrap_model(self.model))
         self.logger.truncate_after(self.step)
+        self.sample_log.truncate_after(self.step)
         self.log(f"resumed from {path} at step {self.step}")

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from regroup.cpu_memory import keep_freed_memory
+from regroup.io import write_atomic
 from regroup.models.prompting import encode_prompt, encode_response
 from regroup.schedule import lr_lambda
 from regroup.models.tiny import TinyModelConfig, build_model, build_tokenizer
@@ -183,7 +184,7 @@ def warmup(out_dir: str | Path, cfg: WarmupConfig | None = None, *, task=None, l
         "config": asdict(cfg),
     })
     metrics["in_band"] = in_band(metrics)
-    (out_dir / "warmup_metrics.json").write_text(json.dumps(metrics, indent=2))
+    write_atomic(out_dir / "warmup_metrics.json", json.dumps(metrics, indent=2))
     if not metrics["in_band"]:
         log(f"warning: the warmed-up model is outside the band {BAND}: "
             f"pass1={metrics['heldout_pass1']:.3f} mixed={metrics['group_mixed']:.2f} "

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from regroup.eval.passk import mean_pass_at_k
+from regroup.io import write_atomic
 
 Grader = Callable[[str, Any], "float | None"]
 
@@ -364,19 +365,23 @@ def load_eval_setup(model_path: str, *, dtype: str = "float32", device: str | No
     run config, e.g. to evaluate the starting model as the run will prompt it); explicit arguments
     override them.
     """
-    import yaml
-
-    from regroup.config import DataConfig, RewardsConfig, config_from_dict, load_config
+    from regroup.config import ConfigError, DataConfig, RewardsConfig, config_from_dict, load_config
     from regroup.models.load import is_adapter_dir, load_for_inference
     from regroup.models.prompting import build_prompter
+    from regroup.rundir import read_saved_config
 
     if not os.path.isdir(model_path):
         raise FileNotFoundError(f"model directory not found: {model_path}")
     cfg_path = config_file or run_config_path(model_path)
     if config_file is not None:
         cfg = load_config(config_file)
+    elif cfg_path:
+        try:
+            cfg = config_from_dict(read_saved_config(cfg_path))  # invalid YAML or values: one line naming the file
+        except ConfigError as e:
+            raise ConfigError(e if str(e).startswith(cfg_path) else f"{cfg_path}: {e}") from None
     else:
-        cfg = config_from_dict(yaml.safe_load(open(cfg_path, encoding="utf-8"))) if cfg_path else None
+        cfg = None
     data_cfg = cfg.data if cfg is not None else DataConfig()
     base_path = None
     if cfg is not None and cfg.model.path and is_adapter_dir(model_path):
@@ -543,9 +548,8 @@ def evaluate_sets(setup: EvalSetup, sets: Sequence[EvalSet], out_dir: str, *, mo
         result.summary["skipped_rows"] = es.skipped
         bench_dir = os.path.join(out_dir, es.name)
         os.makedirs(bench_dir, exist_ok=True)
-        with open(os.path.join(bench_dir, "per_problem.jsonl"), "w", encoding="utf-8") as f:
-            for p in result.problems:
-                f.write(json.dumps(asdict(p), default=_json_default) + "\n")
+        write_atomic(os.path.join(bench_dir, "per_problem.jsonl"),
+                     "".join(json.dumps(asdict(p), default=_json_default) + "\n" for p in result.problems))
         _write_json(os.path.join(bench_dir, "summary.json"), result.summary)
         rows.append(_row(es.name, result.summary, all_ks))
 
@@ -564,15 +568,12 @@ def evaluate_sets(setup: EvalSetup, sets: Sequence[EvalSet], out_dir: str, *, mo
     if isinstance(getattr(checker_stats, "stats", None), dict):
         top["checker_stats"] = dict(checker_stats.stats)  # timeouts etc. of math-verify
     _write_json(os.path.join(out_dir, "summary.json"), top)
-    with open(os.path.join(out_dir, "summary.md"), "w", encoding="utf-8") as f:
-        f.write(format_markdown(rows) + "\n")
+    write_atomic(os.path.join(out_dir, "summary.md"), format_markdown(rows) + "\n")
     return rows
 
 
 def _write_json(path: str, obj: Any) -> None:
     """Write JSON atomically, so a reader never sees half a file."""
-    from regroup.io import write_atomic
-
     write_atomic(path, json.dumps(obj, indent=2, default=_json_default) + "\n")
 
 

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+from regroup.io import write_atomic
+
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": "auto"}
 
 
@@ -119,7 +121,7 @@ def convert_gguf(src_dir: str | os.PathLike, gguf_file: str, out_dir: str | os.P
     tmp.mkdir(parents=True)
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
-    (tmp / "regroup_source.json").write_text(json.dumps({"gguf": str((src / gguf_file).resolve())}) + "\n")
+    write_atomic(tmp / "regroup_source.json", json.dumps({"gguf": str((src / gguf_file).resolve())}) + "\n")
     if out.exists():
         shutil.rmtree(out)
     os.replace(tmp, out)

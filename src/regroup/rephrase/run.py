@@ -32,6 +32,22 @@ def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     write_atomic(path, redact(json.dumps(data, indent=2, ensure_ascii=False)) + "\n")
 
 
+def _refuse_same_file(data_in: str, out: str) -> None:
+    """A ConfigError when `out` is `data_in` itself (same file, or a link to it): rephrasing writes the set
+    back with variants, and a row the loader skipped would be gone from the only copy."""
+    from regroup.config import ConfigError
+
+    if str(data_in).startswith("hf:") or not Path(out).exists():
+        return
+    try:
+        same = Path(data_in).exists() and Path(out).samefile(data_in)
+    except OSError:
+        same = False
+    if same:
+        raise ConfigError(f"--out {out} is the input file --data {data_in}; rephrase writes a new file and never "
+                          "over its input: choose another --out")
+
+
 def summarise(outcomes: Sequence[RephraseOutcome]) -> dict[str, Any]:
     """Totals over outcomes: questions, failed questions, accepted / rejected / cached variants,
     request failures."""
@@ -69,8 +85,9 @@ def run_rephrase(
     progress: bool = True,
     temperature: float = 0.7,
     seed: int = 0,
-    skip_bad_rows: bool = True,
+    skip_bad_rows: bool = False,
     timeout_s: float = 60.0,
+    log=None,
 ) -> dict[str, Any]:
     """Add up to `n` variants to every question of `data_in` with `rewriter` ("rules", "openai",
     "dataset" or "package.module:object"), save the set to `out`, and return the summary that is
@@ -81,8 +98,12 @@ def run_rephrase(
     waits, deadline hits and oversize replies are in the summary's `totals`;
     `cache_dir` keeps its answers (`<cache_dir>/rephrase.sqlite`) so a rerun only asks for what is
     missing; `seed` seeds the rules rewriter.
+
+    `out` must not be `data_in` (the set is never written over its input). A malformed row raises the
+    DataError naming it, unless `skip_bad_rows`: then each skipped row goes to `log` (one line each) and
+    into the summary.
     """
-    from regroup.data import load_problems, save_problems
+    from regroup.data import DataError, load_problems, save_problems
 
     if not isinstance(n, int) or n < 0:
         raise ValueError(f"n (variants per question) must be an integer >= 0, got {n!r}")
@@ -90,8 +111,17 @@ def run_rephrase(
         check_key_env_name(api_key_env, "--api-key-env")  # before anything is read or printed
         if not timeout_s > 0:
             raise ConfigError(f"--timeout must be > 0 seconds, got {timeout_s}")
+    _refuse_same_file(data_in, out)
     t0 = time.monotonic()
-    loaded = load_problems(data_in, skip_bad_rows=skip_bad_rows)
+    try:
+        loaded = load_problems(data_in, skip_bad_rows=skip_bad_rows)
+    except DataError as e:
+        if e.row is None:
+            raise
+        raise DataError(e.path, e.row, e.field, f"{e.message} (pass --skip-bad-rows to leave malformed rows out "
+                                                 f"of {out})") from None
+    for skipped in loaded.skipped:
+        (log or (lambda line: print(line, file=sys.stderr)))(f"skipped malformed row: {skipped}")
     problems = list(loaded.problems)
 
     cache: DiskCache | None = None

@@ -6,6 +6,7 @@ import datetime as _dt
 import os
 from collections.abc import Sequence
 
+from regroup.io import write_atomic
 from regroup.report.plots import assign_colors, make_plots
 from regroup.report.render import render_html, render_markdown
 from regroup.report.runs import group_runs, load_run
@@ -34,8 +35,6 @@ def build_report(run_dirs: Sequence[str], out_dir: str, *, title: str = "regroup
     dirs = [str(d) for d in run_dirs]
     html_path = os.path.join(out_dir, "report.html")
     md_path = os.path.join(out_dir, "report.md")
-    with open(html_path, "w", encoding="utf-8") as f:
-        f.write(render_html(title, rows, outcomes, found, colors, generated, dirs))
-    with open(md_path, "w", encoding="utf-8") as f:
-        f.write(render_markdown(title, rows, outcomes, found, generated, dirs))
+    write_atomic(html_path, render_html(title, rows, outcomes, found, colors, generated, dirs))
+    write_atomic(md_path, render_markdown(title, rows, outcomes, found, generated, dirs))
     return html_path, md_path

@@ -98,6 +98,17 @@ TRAINING_PLOTS = [
 EVAL_PLOTS = {"passk": "pass@k curves", "difficulty": "Accuracy by difficulty"}
 
 
+def _save(fig, out_path: str) -> None:
+    """Render the figure to memory, then write it atomically (a full disk leaves no torn PNG)."""
+    import io
+
+    from regroup.io import write_atomic
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    write_atomic(out_path, buffer.getvalue())
+
+
 def assign_colors(labels: Sequence[str]) -> dict[str, str]:
     """A fixed colour per label, in order (cycling the palette if there are more labels than colours)."""
     return {label: PALETTE[i % len(PALETTE)] for i, label in enumerate(labels)}
@@ -222,7 +233,7 @@ def _training_plot(spec: PlotSpec, groups: Sequence[RunGroup], colors: dict[str,
         ax.set_visible(False)
     # A single half-width panel has room for about three labels per row.
     _legend(fig, list(handles.values()), list(handles), max_cols=3 if len(panels) == 1 else 5)
-    fig.savefig(out_path)
+    _save(fig, out_path)
     return [k for k, _ in panels]
 
 
@@ -255,7 +266,7 @@ def _passk_plot(rows: Sequence[dict[str, Any]], colors: dict[str, str], out_path
     ax.set_ylim(0, 1.02)
     _style(ax)
     ax.legend(fontsize=8, frameon=False)
-    fig.savefig(out_path)
+    _save(fig, out_path)
     return True
 
 
@@ -298,7 +309,7 @@ def _difficulty_plot(rows: Sequence[dict[str, Any]], colors: dict[str, str], out
     ax.set_ylim(0, 1.02)
     _style(ax)
     ax.legend(fontsize=8, frameon=False, ncols=min(len(series), 4))
-    fig.savefig(out_path)
+    _save(fig, out_path)
     return True
 
 

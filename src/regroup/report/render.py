@@ -174,8 +174,10 @@ def render_html(title: str, rows: Sequence[dict[str, Any]], outcomes: Sequence[P
 
 
 def _md_escape(text: str) -> str:
-    """Escape the pipe so a cell cannot break a Markdown table."""
-    return text.replace("|", "\\|")
+    """Text from run folders (recipe names, paths, config values) as inert Markdown: HTML special characters
+    as entities (Markdown passes raw HTML such as `<script>` through to the page), the pipe escaped so a
+    cell cannot break a table."""
+    return escape(str(text), quote=False).replace("|", "\\|")
 
 
 def render_markdown(title: str, rows: Sequence[dict[str, Any]], outcomes: Sequence[PlotOutcome], found: Sequence[str],
@@ -184,12 +186,12 @@ def render_markdown(title: str, rows: Sequence[dict[str, Any]], outcomes: Sequen
     ks = table_ks(rows)
     n_name = _mean_header(rows)
     base = next((r for r in rows if r["is_baseline"]), None)
-    lines = [f"# {title}", "", f"{len(run_dirs)} run folder(s) · {len(rows)} recipe setting(s) · generated {generated}",
+    lines = [f"# {_md_escape(title)}", "", f"{len(run_dirs)} run folder(s) · {len(rows)} recipe setting(s) · generated {generated}",
              "", "## What the results show", ""]
-    lines += [f"- {s}" for s in found]
+    lines += [f"- {_md_escape(s)}" for s in found]
     # Built as a list so that no k column (runs without an evaluation) leaves no empty header cell.
     header = ["recipe", "runs", *[f"pass@{k}" for k in ks], f"{n_name} ± SE", "greedy", "Δ vs start (±2 SE)",
-              f"Δ vs {base['label'] if base else 'baseline'} (±2 SE)", "steps", "wall time"]
+              f"Δ vs {_md_escape(base['label']) if base else 'baseline'} (±2 SE)", "steps", "wall time"]
     lines += ["", "## Results", "", "| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
     for r in rows:
         passk = r.get("pass@k") or {}
@@ -220,7 +222,7 @@ def render_markdown(title: str, rows: Sequence[dict[str, Any]], outcomes: Sequen
         if r["diff_against"] is None:
             diff = "reference for the config diff"
         elif not r["config_diff"]:
-            diff = f"same settings as {r['diff_against']}"
+            diff = f"same settings as {r['diff_against']}"  # escaped with the cell below
         else:
             diff = "<br>".join(f"`{k}`: {format_value(a)} → **{format_value(b)}**" for k, a, b in r["config_diff"])
         lines.append(f"| {_md_escape(r['label'])} | {_md_escape(', '.join(r['runs']))} | "
@@ -231,8 +233,8 @@ def render_markdown(title: str, rows: Sequence[dict[str, Any]], outcomes: Sequen
             if o.section != section:
                 continue
             if o.path:
-                lines += [f"![{o.title}]({o.path})", "", f"*{o.title}.* {o.description}", ""]
+                lines += [f"![{_md_escape(o.title)}]({o.path})", "", f"*{_md_escape(o.title)}.* {_md_escape(o.description)}", ""]
         omitted = [o for o in outcomes if o.section == section and not o.path]
-        lines += [f"- {o.note}" for o in omitted]
-    lines += ["", f"Runs: {', '.join(run_dirs)}", ""]
+        lines += [f"- {_md_escape(o.note or '')}" for o in omitted]
+    lines += ["", f"Runs: {_md_escape(', '.join(run_dirs))}", ""]
     return "\n".join(lines)

@@ -13,7 +13,6 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
 
 # Config keys that identify a run or only change bookkeeping: they are left out of the config diff
 # and do not split runs of one recipe into separate rows (seeds of one recipe are aggregated). Older runs'
@@ -120,10 +119,9 @@ def load_run(path: str) -> RunData:
         raise FileNotFoundError(f"run folder not found: {path}")
     if not os.path.exists(cfg_path):
         raise FileNotFoundError(f"not a run folder: {path} has no config.yaml")
-    with open(cfg_path, encoding="utf-8") as f:
-        config = yaml.safe_load(f) or {}
-    if not isinstance(config, dict):
-        raise ValueError(f"{cfg_path} should hold a mapping, found {type(config).__name__}")
+    from regroup.rundir import read_saved_config
+
+    config = read_saved_config(cfg_path)  # invalid YAML or not a mapping: a ConfigError naming the file
     recipe = config.get("recipe")
     if isinstance(recipe, dict):  # tolerate `recipe: {name: ...}`
         recipe = recipe.get("name")
@@ -138,11 +136,35 @@ def load_run(path: str) -> RunData:
         seed=config.get("seed"),
         metrics=metrics,
         bad_metric_lines=bad,
-        eval=_read_json(os.path.join(path, "eval", "summary.json")),
-        eval_before=_read_json(os.path.join(path, "eval_before", "summary.json")),
-        per_problem=read_per_problem(os.path.join(path, "eval", "per_problem.jsonl")),
-        per_problem_before=read_per_problem(os.path.join(path, "eval_before", "per_problem.jsonl")),
+        **dict(zip(("eval", "per_problem"), read_eval_dir(os.path.join(path, "eval")))),
+        **dict(zip(("eval_before", "per_problem_before"), read_eval_dir(os.path.join(path, "eval_before")))),
     )
+
+
+def read_eval_dir(folder: str) -> tuple[dict[str, Any] | None, dict[str, float] | None]:
+    """(summary, per-problem accuracy) of an evaluation folder, in either layout:
+
+    - the trainer's / demo's: `summary.json` is one set's summary, `per_problem.jsonl` beside it;
+    - `regroup eval --out FOLDER`: `summary.json` is {"model", "settings", "rows"} with one folder per
+      benchmark holding that benchmark's summary.json and per_problem.jsonl. One benchmark: its summary and
+      per-problem results. Several: the "average" row (mean over benchmarks) and no per-problem pairing.
+    """
+    summary = _read_json(os.path.join(folder, "summary.json"))
+    if summary is None or not isinstance(summary.get("rows"), list):
+        return summary, read_per_problem(os.path.join(folder, "per_problem.jsonl"))
+    benches = [r for r in summary["rows"] if isinstance(r, dict) and r.get("benchmark") != "average"]
+    if len(benches) == 1 and isinstance(benches[0].get("benchmark"), str):
+        bench_dir = os.path.join(folder, os.path.basename(benches[0]["benchmark"]))
+        bench = _read_json(os.path.join(bench_dir, "summary.json"))
+        if bench is not None:
+            return bench, read_per_problem(os.path.join(bench_dir, "per_problem.jsonl"))
+    average = next((r for r in summary["rows"] if isinstance(r, dict) and r.get("benchmark") == "average"), None)
+    if average is None:
+        return None, None
+    ks = sorted(int(key[len("pass@"):]) for key in average if key.startswith("pass@") and key[len("pass@"):].isdigit())
+    return {"num_problems": average.get("num_problems"), "n": average.get("n"), "mean@n": average.get("mean@n"),
+            "stderr": average.get("stderr"), "greedy": average.get("greedy"),
+            "pass@k": {str(k): average[f"pass@{k}"] for k in ks if average.get(f"pass@{k}") is not None}}, None
 
 
 def _settings_key(run: RunData) -> str:

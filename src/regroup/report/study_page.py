@@ -9,6 +9,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
+from regroup.io import write_atomic
 from regroup.report.claims import ArmResult, Comparison, Verdict, compare_pass_at_k, mean_pass_at_k
 from regroup.report.render import CSS
 from regroup.report.text import wall_time
@@ -201,7 +202,7 @@ def write_study_page(study_dir: Path, s: Any, arms: Sequence[Any], regimes: Sequ
                "Mechanisms (mean over training, then seeds):", "", markdown_table(["arm", *MECHANISMS], mrows), "",
                f"Plots: {name}/report.html (and embedded in study.html).", ""]
     html.append("</main></body></html>")
-    (study_dir / "study.md").write_text("\n".join(md), encoding="utf-8")
+    write_atomic(study_dir / "study.md", "\n".join(md))
     out = study_dir / "study.html"
-    out.write_text("\n".join(html), encoding="utf-8")
+    write_atomic(out, "\n".join(html))
     return out
