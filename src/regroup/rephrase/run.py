@@ -35,8 +35,6 @@ def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
 def _refuse_same_file(data_in: str, out: str) -> None:
     """A ConfigError when `out` is `data_in` itself (same file, or a link to it): rephrasing writes the set
     back with variants, and a row the loader skipped would be gone from the only copy."""
-    from regroup.config import ConfigError
-
     if str(data_in).startswith("hf:") or not Path(out).exists():
         return
     try:
