@@ -23,6 +23,7 @@ from typing import Any, Literal, Optional, get_args, get_origin
 import yaml
 
 from regroup.io import write_atomic  # noqa: F401  (re-exported: config.yaml is written with it)
+from regroup.loss_config import loss_spec
 
 
 class ConfigError(ValueError):
@@ -117,7 +118,13 @@ class RolloutConfig:
     batch_size: int = 256
     """Sequences decoded together."""
     tis_cap: float = 0.0
-    """Truncated importance sampling cap for sampler/learner mismatch (vLLM); 0 disables it."""
+    """Importance-sampling cap for sampler/learner mismatch (vLLM): the upper bound of `is_mode`'s weight
+    (truncated) or of the ratios kept (masked); 0 disables the correction."""
+    is_mode: Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"] = "token_truncate"
+    """How the sampler IS correction weighs the loss (TRL's vllm_importance_sampling_mode): per token or per
+    response (the product of its token ratios), truncated at the bounds or zeroed outside them."""
+    is_min: float = 0.0
+    """Lower bound of the IS correction (TRL's vllm_importance_sampling_clip_min); 0: none."""
     vllm_gpu_memory_utilization: float = 0.3
     """Fraction of GPU memory the colocated vLLM engine may take."""
     vllm_max_model_len: int = 0
@@ -159,7 +166,28 @@ class GRPOConfig:
     mini_batches: int = 1
     """Optimizer steps per rollout batch: the batch is split into this many mini-batches (TA-GRPO's scripts: 2)."""
     importance_level: Literal["token", "sequence"] = "token"
-    """token: PPO per-token ratio; sequence: GSPO's length-normalised sequence ratio and clip."""
+    """token: PPO per-token ratio; sequence: GSPO's length-normalised sequence ratio and clip (the older
+    spelling of policy_loss=gspo)."""
+    policy_loss: str = "ppo_clip"
+    """The policy-gradient term: ppo_clip, gspo, cispo, sapo, gmpo, or a 'package.module:function'
+    (docs/losses.md)."""
+    cispo_clip_max: float = 5.0
+    """CISPO: the cap on its detached importance weight (TRL's epsilon_high for loss_type=cispo; ScaleRL: 5)."""
+    sapo_temperature_pos: float = 1.0
+    """SAPO: the gate's temperature on tokens with a positive advantage (TRL's default)."""
+    sapo_temperature_neg: float = 1.05
+    """SAPO: the gate's temperature on tokens with a non-positive advantage (TRL's default)."""
+    gmpo_clip_low: float = 0.4
+    """GMPO: a token's log ratio is clipped at -gmpo_clip_low (paper: 0.4, i.e. ratio e^-0.4)."""
+    gmpo_clip_high: float = 0.4
+    """GMPO: a token's log ratio is clipped at +gmpo_clip_high (paper: 0.4)."""
+    kl_estimator: str = "k3"
+    """The KL(pi_theta || pi_ref) estimator beta multiplies: k1, k2, k3 or low_var_kl (verl's clamped k3)."""
+    entropy_coef: float = 0.0
+    """Entropy bonus: minus this times the mean per-token entropy (TRL's entropy_coef); 0 disables it."""
+    loss_terms: list[str] = field(default_factory=list)
+    """Extra loss terms, each 'name' or 'name*coefficient' (a built-in such as entropy, or a
+    'package.module:function' returning a per-token term [B, T]; docs/extending.md)."""
     shared_prefix: Literal["auto", True, False] = "auto"
     """Forward each distinct prompt once per micro-batch and run its responses on that cache (exact).
     auto: on on a CPU, off on an accelerator, where the extra forward's kernel launches cost more than
@@ -421,10 +449,10 @@ class RunConfig:
             if name not in TRACKERS:
                 raise ConfigError(f"train.report_to: unknown tracker {name!r}{_did_you_mean(name, TRACKERS)}; "
                                   f"known: {', '.join(TRACKERS)}")
-        if self.rollout.tis_cap > 0 and self.ta.enabled and self.ta.ratio_anchor == "original":
-            raise ConfigError(
-                "rollout.tis_cap > 0 with ta.ratio_anchor=original would divide pi_old(o|q0) by the sampler's "
-                "pi(o|q_n), a ratio of two different prompts; set rollout.tis_cap=0 or ta.ratio_anchor=own")
+        try:  # the loss pieces exist (dotted paths import) and compose, before any model loads
+            loss_spec(self)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -489,6 +517,7 @@ NUMERIC_RULES: dict[str, NumericRule] = {
     "rollout.max_new_tokens": COUNT,
     "rollout.batch_size": COUNT,
     "rollout.tis_cap": at_least(0.0),
+    "rollout.is_min": at_least(0.0),
     "rollout.vllm_gpu_memory_utilization": NumericRule(0.0, 1.0, low_open=True),
     "rollout.vllm_max_model_len": at_least(0, 2**31 - 1),
     "rollout.vllm_tensor_parallel_size": at_least(1, 1024),
@@ -502,6 +531,12 @@ NUMERIC_RULES: dict[str, NumericRule] = {
     "grpo.adv_eps": above(0.0),  # a uniform group has std 0: the division needs a positive epsilon
     "grpo.samples_multiplier": at_least(1, 1000),
     "grpo.mini_batches": COUNT,
+    "grpo.cispo_clip_max": above(0.0),
+    "grpo.sapo_temperature_pos": above(0.0),
+    "grpo.sapo_temperature_neg": above(0.0),
+    "grpo.gmpo_clip_low": at_least(0.0),
+    "grpo.gmpo_clip_high": at_least(0.0),
+    "grpo.entropy_coef": at_least(0.0),
     "optim.lr": above(0.0, 1.0),
     "optim.weight_decay": FRACTION,
     "optim.beta1": NumericRule(0.0, 1.0, high_open=True),
