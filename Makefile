@@ -4,8 +4,14 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
+# verl's loss code, the oracle of tests/test_verl_equality.py, in a venv of its own (verl 0.9.1 pins
+# transformers < 5.11): verl without its dependencies, plus the few that its core_algos imports.
+VERL_VENV ?= .venv-verl
+VERL_STAMP := $(VERL_VENV)/.installed
+VERL_SPEC ?= verl==0.9.1
+VERL_IMPORTS ?= numpy omegaconf ray orjson codetiming "tensordict>=0.8.0,<=0.10.0,!=0.9.0" "transformers>=5.5.3,<5.11,!=5.6.0"
 
-.PHONY: venv demo demo-quick study study-quick test test-all warmup bench clean
+.PHONY: venv verl-venv demo demo-quick study study-quick test test-all warmup bench clean
 
 # torch goes first: a plain `torch` requirement would pull a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -16,6 +22,16 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 venv: $(STAMP)
+
+$(VERL_STAMP):
+	test -x $(VERL_VENV)/bin/python || $(PY) -m venv $(VERL_VENV)
+	$(VERL_VENV)/bin/python -m pip install -q "$(TORCH_SPEC)"
+	$(VERL_VENV)/bin/python -m pip install -q --no-deps "$(VERL_SPEC)"
+	$(VERL_VENV)/bin/python -m pip install -q $(VERL_IMPORTS)
+	$(VERL_VENV)/bin/python -c "import verl.trainer.ppo.core_algos"
+	touch $(VERL_STAMP)
+
+verl-venv: $(VERL_STAMP)
 
 demo: $(STAMP)
 	$(BIN)/regroup demo

@@ -189,12 +189,19 @@ def test_truncated_is_with_q0_ratios_is_refused_and_per_row_otherwise():
     from regroup.trainer import Trainer
 
     trainer = Trainer.__new__(Trainer)
-    trainer.cfg = SimpleNamespace(rollout=SimpleNamespace(tis_cap=1.5))
+    from regroup.algo.losses import LossSpec
+
+    trainer.recipe = SimpleNamespace(loss=LossSpec(is_cap=1.5))
     old = torch.log(torch.tensor([[0.5, 0.5], [0.5, 0.5]]))
     part = SimpleNamespace(behaviour_logps=torch.log(torch.tensor([[0.25, 0.5], [1.0, 1.0]])),
-                           has_behaviour_logps=torch.tensor([True, False]))
+                           has_behaviour_logps=torch.tensor([True, False]), completion_mask=torch.ones(2, 2))
     w = trainer._is_weight(old, part)
     assert w.tolist() == [[1.5, 1.0], [1.0, 1.0]]  # min(0.5/0.25, 1.5), 1 ; anchor row: 1
+    # sequence modes: one weight per response, the product of its token ratios (2 · 1 = 2)
+    trainer.recipe = SimpleNamespace(loss=LossSpec(is_cap=3.0, is_mode="sequence_truncate"))
+    assert trainer._is_weight(old, part).tolist() == [[pytest.approx(2.0)], [1.0]]
+    trainer.recipe = SimpleNamespace(loss=LossSpec(is_cap=1.5, is_mode="sequence_mask"))
+    assert trainer._is_weight(old, part).tolist() == [[0.0], [1.0]]  # 2 > 1.5: the response is dropped
 
 
 def test_judge_is_shown_the_question_the_response_answered_unless_asked_for_q0():

@@ -372,3 +372,145 @@ def test_gspo_sequence_ratio_equals_trl(model_dir, tmp_path_factory, agg, beta, 
         assert torch.allclose(g_ours, g_trl, atol=ATOL)
     # not vacuous: the crafted old log-probs move the sequence ratios away from 1
     assert abs(met["ratio_mean"].item() - 1.0) > 1e-3
+
+
+# ---- CISPO, SAPO, entropy bonus, sampler IS modes: against TRL's own code -------------------------------
+
+
+def _ours(model, inputs, **kw):
+    """regroup's policy_loss on the crafted inputs (one micro-batch: the totals are this batch's)."""
+    mask = inputs["completion_mask"]
+    return call_policy_loss(
+        _forward_logps(model, inputs), inputs["old_per_token_logps"], inputs["advantages"], mask,
+        ref_logps=inputs.get("ref_per_token_logps"), total_tokens=float(mask.sum()), total_sequences=B,
+        max_completion_length=T, **kw,
+    )
+
+
+def _assert_equal_to_trl(model, trl_loss, trl_grads, loss):
+    loss.backward()
+    assert loss.item() == pytest.approx(trl_loss.item(), abs=ATOL)
+    for g_ours, g_trl in zip(_grads(model), trl_grads):
+        assert torch.allclose(g_ours, g_trl, atol=ATOL)
+    assert any(g.abs().sum() > 0 for g in trl_grads)
+
+
+@pytest.mark.parametrize(("beta", "correction"), [(0.0, False), (0.04, False), (0.04, True)])
+def test_cispo_equals_trl(model_dir, tmp_path_factory, beta, correction):
+    """TRL loss_type="cispo" (ε_max = epsilon_high; its normaliser is dapo's: token_mean)."""
+    cap = 1.2  # inside the crafted ratios' range [e^-0.5, e^0.5], so the cap truncates some tokens
+    trainer = _trainer(model_dir, tmp_path_factory, loss_type="cispo", beta=beta, epsilon_high=cap,
+                       use_bias_correction_kl=correction)
+    model = trainer.model
+    inputs, trl_loss, trl_grads = _trl_loss_and_grads(trainer, model_dir, beta)
+    trl_metrics = {k: v[-1] for k, v in trainer._metrics["train"].items()}
+    loss, met = _ours(model, inputs, policy="cispo", cispo_clip_max=cap, beta=beta, kl_ratio_correction=correction,
+                      agg="token_mean")
+    _assert_equal_to_trl(model, trl_loss, trl_grads, loss)
+    assert met["clip_high_frac"].item() > 0
+    assert met["clip_high_frac"].item() == pytest.approx(trl_metrics["cispo_clip_ratio"], abs=ATOL)
+
+
+@pytest.mark.parametrize(("tau_pos", "tau_neg"), [(1.0, 1.05), (2.0, 0.5)])
+@pytest.mark.parametrize(("beta", "correction"), [(0.0, False), (0.04, True)])
+def test_sapo_equals_trl(model_dir, tmp_path_factory, tau_pos, tau_neg, beta, correction):
+    """TRL loss_type="sapo" (its normaliser is grpo's: seq_mean_token_mean)."""
+    trainer = _trainer(model_dir, tmp_path_factory, loss_type="sapo", beta=beta, sapo_temperature_pos=tau_pos,
+                       sapo_temperature_neg=tau_neg, use_bias_correction_kl=correction)
+    model = trainer.model
+    inputs, trl_loss, trl_grads = _trl_loss_and_grads(trainer, model_dir, beta)
+    loss, _ = _ours(model, inputs, policy="sapo", sapo_temperature_pos=tau_pos, sapo_temperature_neg=tau_neg,
+                    beta=beta, kl_ratio_correction=correction, agg="seq_mean_token_mean")
+    _assert_equal_to_trl(model, trl_loss, trl_grads, loss)
+
+
+def _forward_logps_and_entropy(model, inputs):
+    """Log-probs and the differentiable entropy [B, T] through regroup's own `_token_logps` (the trainer's)."""
+    from regroup.logprobs import _token_logps
+
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)  # [B, P+T]
+    attn = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)  # [B, P+T]
+    logits = model(input_ids=ids, attention_mask=attn).logits[:, P - 1 : -1]  # [B, T, V]
+    return _token_logps(logits, inputs["completion_ids"], 1.0, "grad")
+
+
+@pytest.mark.parametrize("agg", sorted(AGG_MODES))
+@pytest.mark.parametrize("coef", [0.05, 1.0])
+def test_entropy_bonus_equals_trl(model_dir, tmp_path_factory, agg, coef):
+    """TRL's entropy_coef: loss − c · mean token entropy, whatever the loss type's normaliser."""
+    trainer = _trainer(model_dir, tmp_path_factory, loss_type=TRL_LOSS_TYPES[agg], beta=0.0, entropy_coef=coef,
+                       epsilon_high=0.28)
+    model = trainer.model
+    inputs, trl_loss, trl_grads = _trl_loss_and_grads(trainer, model_dir, 0.0)
+    model.zero_grad()
+    logps, entropy = _forward_logps_and_entropy(model, inputs)
+    assert entropy.requires_grad
+    mask = inputs["completion_mask"]
+    loss, met = call_policy_loss(
+        logps, inputs["old_per_token_logps"], inputs["advantages"], mask, entropy=entropy, eps_high=0.28, agg=agg,
+        terms=(("entropy", coef),), total_tokens=float(mask.sum()), total_sequences=B, max_completion_length=T,
+    )
+    _assert_equal_to_trl(model, trl_loss, trl_grads, loss)
+    # the bonus is there: without it the loss differs by c · mean H
+    h = (entropy.detach() * mask).sum() / mask.sum()
+    assert met["term/entropy"].item() == pytest.approx(-h.item(), abs=ATOL)
+    assert (loss - met["pg_loss"]).item() == pytest.approx(-coef * h.item(), abs=ATOL)
+
+
+IS_CASES = [(mode, cap, floor) for mode in ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+            for cap, floor in ((3.0, None), (1.5, 0.5))]
+
+
+@pytest.mark.parametrize(("mode", "cap", "floor"), IS_CASES)
+def test_sampler_is_modes_equal_trl(model_dir, tmp_path_factory, mode, cap, floor):
+    """TRL's vllm_importance_sampling_mode: its own weight computation (`_generate_and_score_completions`,
+    with the vLLM generation replaced by crafted completions and sampler log-probs) and its loss with
+    that weight, against `sampler_is_weight` and `policy_loss(is_weight=...)`."""
+    from regroup.algo.sampler_is import sampler_is_weight
+
+    trainer = _trainer(model_dir, tmp_path_factory, loss_type="dapo", epsilon_high=0.28)
+    trainer.use_vllm = True  # only the IS branches read it once _generate is replaced
+    trainer.vllm_importance_sampling_correction = True
+    trainer.vllm_importance_sampling_mode = mode
+    trainer.vllm_importance_sampling_clip_max = cap
+    trainer.vllm_importance_sampling_clip_min = floor
+    model = trainer.model
+    crafted = _crafted_inputs(model.config.vocab_size, model_dir[1].pad_token_id)
+    lengths = crafted["completion_mask"].sum(1).tolist()
+    prompt_lists = [row[m.bool()].tolist() for row, m in zip(crafted["prompt_ids"], crafted["prompt_mask"])]
+    completion_lists = [row[:n].tolist() for row, n in zip(crafted["completion_ids"], lengths)]
+    with torch.no_grad():
+        true_lp = _forward_logps(model, crafted)  # [B, T]
+    gen = torch.Generator().manual_seed(11)
+    sampler = true_lp + torch.randn(B, T, generator=gen)  # a sampler that disagrees per token
+    sampler_lists = [row[:n].tolist() for row, n in zip(sampler, lengths)]
+    sampler_lists[0][2] = None  # a token the sampler could not score (TRL: ratio 1)
+    trainer._generate = lambda prompts: (prompt_lists, completion_lists, None, ["x"] * B, sampler_lists, {}, None, None)
+    _REWARD_QUEUE.append([1, 0, 0, 1, 1, 0.5, 0, 1, 0, 0, 1, 1, 0, 1, 0, 0][:B])
+    prompts = ["1+1=", "2+3="]
+    with torch.no_grad():
+        out = trainer._generate_and_score_completions([{"prompt": p} for p in prompts for _ in range(NUM_GEN)])
+    mask = out["completion_mask"]
+    assert torch.equal(mask, crafted["completion_mask"])
+    sampler_t = torch.tensor(sampler.tolist())
+    sampler_t[0, 2] = float("nan")
+    sampler_t[mask == 0] = 0.0
+    ours_w = sampler_is_weight(out["old_per_token_logps"], sampler_t, mask, mode, cap, floor)
+    trl_w = out["importance_sampling_ratio"]
+    assert ours_w.shape == trl_w.shape
+    assert torch.allclose(ours_w, trl_w, atol=ATOL)
+    # not vacuous: some weights are capped / zeroed, some kept unequal to 1
+    assert bool((trl_w == (cap if "truncate" in mode else 0.0)).any()) and bool(((trl_w - 1).abs() > 1e-3).any())
+
+    # the loss with that weight: ratios moved off 1 as in the other cases
+    inputs = {k: out[k] for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages",
+                                  "num_items_in_batch", "importance_sampling_ratio")}
+    inputs["advantages"] = crafted["advantages"]
+    inputs["old_per_token_logps"] = out["old_per_token_logps"] + (torch.rand(B, T, generator=gen) - 0.5)
+    model.zero_grad()
+    trl_loss = trainer._compute_loss(model, inputs)
+    trl_loss.backward()
+    trl_grads = _grads(model)
+    model.zero_grad()
+    loss, met = _ours(model, inputs, eps_high=0.28, agg="token_mean", is_weight=ours_w)
+    _assert_equal_to_trl(model, trl_loss, trl_grads, loss)

@@ -31,6 +31,7 @@ from regroup.errors import ConfigError
 from regroup import fields
 from regroup.fields import F, NumericRule, above, at_least, build, parse_override, read_yaml  # noqa: F401  (re-exported)
 from regroup.io import write_atomic
+from regroup.loss_config import loss_spec
 from regroup.net.redact import check_key_env_name
 from regroup.registry import REPHRASERS, REWARDS, SCORERS, STAGES, TASKS, Registry, did_you_mean
 from regroup.stages.user import check_user_stage, parse_stage_entry
@@ -101,7 +102,12 @@ class RolloutConfig:
     top_p: float = F(1.0, "Nucleus sampling threshold.", gt=0.0, le=1.0)
     max_new_tokens: int = F(48, "Longest response; longer ones are truncated (and counted).", ge=1, le=MAX_TOKENS)
     batch_size: int = F(256, "Sequences decoded together.", ge=1, le=65536)
-    tis_cap: float = F(0.0, "Truncated importance sampling cap for sampler/learner mismatch (vLLM); 0 disables it.", ge=0.0)
+    tis_cap: float = F(0.0, "Importance-sampling cap for sampler/learner mismatch (vLLM): the upper bound of `is_mode`'s "
+                       "weight (truncated) or of the ratios kept (masked); 0 disables the correction.", ge=0.0)
+    is_mode: Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"] = F("token_truncate",
+        "How the sampler IS correction weighs the loss (TRL's vllm_importance_sampling_mode): per token or per response "
+        "(the product of its token ratios), truncated at the bounds or zeroed outside them.")
+    is_min: float = F(0.0, "Lower bound of the IS correction (TRL's vllm_importance_sampling_clip_min); 0: none.", ge=0.0)
     vllm_gpu_memory_utilization: float = F(0.3, "Fraction of GPU memory the colocated vLLM engine may take.", gt=0.0, le=1.0)
     vllm_max_model_len: int = F(0, "vLLM engine max model length (0: prompt limit + max_new_tokens).", **EVERY)
     vllm_enable_sleep_mode: bool = F(False, "Let the colocated vLLM engine release GPU memory between rollouts.")
@@ -132,7 +138,24 @@ class GRPOConfig:
     mini_batches: int = F(1, "Optimizer steps per rollout batch: the batch is split into this many mini-batches (TA-GRPO's "
                           "scripts: 2).", **COUNT)
     importance_level: Literal["token", "sequence"] = F("token",
-        "token: PPO per-token ratio; sequence: GSPO's length-normalised sequence ratio and clip.")
+        "token: PPO per-token ratio; sequence: GSPO's length-normalised sequence ratio and clip (the older spelling of "
+        "policy_loss=gspo).")
+    policy_loss: str = F("ppo_clip", "The policy-gradient term: ppo_clip, gspo, cispo, sapo, gmpo, or a "
+                         "'package.module:function' (docs/losses.md).")
+    cispo_clip_max: float = F(5.0, "CISPO: the cap on its detached importance weight (TRL's epsilon_high for "
+                              "loss_type=cispo; ScaleRL: 5).", gt=0.0)
+    sapo_temperature_pos: float = F(1.0, "SAPO: the gate's temperature on tokens with a positive advantage (TRL's default).",
+                                    gt=0.0)
+    sapo_temperature_neg: float = F(1.05, "SAPO: the gate's temperature on tokens with a non-positive advantage (TRL's "
+                                    "default).", gt=0.0)
+    gmpo_clip_low: float = F(0.4, "GMPO: a token's log ratio is clipped at -gmpo_clip_low (paper: 0.4).", ge=0.0)
+    gmpo_clip_high: float = F(0.4, "GMPO: a token's log ratio is clipped at +gmpo_clip_high (paper: 0.4).", ge=0.0)
+    kl_estimator: str = F("k3", "The KL(pi_theta || pi_ref) estimator beta multiplies: k1, k2, k3 or low_var_kl (verl's "
+                          "clamped k3), or a 'package.module:function'.")
+    entropy_coef: float = F(0.0, "Entropy bonus: minus this times the mean per-token entropy (TRL's entropy_coef); 0: off.",
+                            ge=0.0)
+    loss_terms: list[str] = F([], "Extra loss terms, each 'name' or 'name*coefficient' (a built-in such as entropy, or a "
+                              "'package.module:function' returning a per-token term [B, T]; docs/extending.md).")
     shared_prefix: Literal["auto", True, False] = F("auto",
         "Forward each distinct prompt once per micro-batch and its responses on that cache (exact). auto: on a CPU only; on an "
         "accelerator the extra forward's kernel launches cost more than the prompt positions saved "
@@ -340,10 +363,10 @@ class RunConfig:
             if name not in TRACKERS:
                 raise ConfigError(f"train.report_to: unknown tracker {name!r}{did_you_mean(name, TRACKERS)}; "
                                   f"known: {', '.join(TRACKERS)}")
-        if self.rollout.tis_cap > 0 and self.ta.enabled and self.ta.ratio_anchor == "original":
-            raise ConfigError(
-                "rollout.tis_cap > 0 with ta.ratio_anchor=original would divide pi_old(o|q0) by the sampler's "
-                "pi(o|q_n), a ratio of two different prompts; set rollout.tis_cap=0 or ta.ratio_anchor=own")
+        try:  # the loss pieces exist (dotted paths import) and compose, before any model loads
+            loss_spec(self)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
 
 RECIPE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+=@-]{0,99}")

@@ -42,10 +42,12 @@ PACKED_MASK_ATTENTION = {"sdpa", "eager"}
 
 
 def response_logps(model, batch: RolloutBatch, temperature: float = 1.0, with_entropy: bool = False,
-                   shared_prefix: bool = True):
+                   shared_prefix: bool = True, entropy_grad: bool = False):
     """log pi(o_t | prompt, o_<t) for every response token, from logits divided by the sampling
     temperature (as TRL scores them). Returns (logps [B, T], entropy [B, T] or None); both are 0 on
-    response columns that are padding in every row.
+    response columns that are padding in every row. The entropy is detached (a metric) unless
+    `entropy_grad`, for a loss term that differentiates it (the entropy bonus); then it is returned
+    whether or not `with_entropy` is set.
 
     `shared_prefix` (cfg.grpo.shared_prefix) forwards each distinct prompt once (module docstring). It
     falls back to the padded forward, with the same result, where the cache path is not known to be
@@ -54,6 +56,7 @@ def response_logps(model, batch: RolloutBatch, temperature: float = 1.0, with_en
     4-D mask (outside PACKED_MASK_ATTENTION), or no prompt repeated in the micro-batch (nothing to share).
     """
     p_all, t_all = batch.input_ids.shape[1] - batch.completion_length, batch.completion_length
+    with_entropy = "grad" if entropy_grad else with_entropy  # _token_logps: "grad" keeps the graph
     ids, attention, positions, p, t = _trim_padding(batch, p_all, t_all)
     result = None
     if shared_prefix and t > 0 and shared_prefix_supported(model):
@@ -70,8 +73,9 @@ def response_logps(model, batch: RolloutBatch, temperature: float = 1.0, with_en
     return logps, entropy
 
 
-def _token_logps(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool):
-    """(log pi(target) [m, w], entropy [m, w] or None) from logits [m, w, V] divided by the temperature."""
+def _token_logps(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool | str):
+    """(log pi(target) [m, w], entropy [m, w] or None) from logits [m, w, V] divided by the temperature;
+    `with_entropy="grad"` returns a differentiable entropy, True a detached one."""
     logits = logits.float()
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
@@ -79,6 +83,8 @@ def _token_logps(logits: torch.Tensor, targets: torch.Tensor, temperature: float
     logps = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [m, w]
     if not with_entropy:
         return logps, None
+    if with_entropy == "grad":
+        return logps, -(log_probs.exp() * log_probs).sum(-1)  # [m, w]
     with torch.no_grad():
         return logps, -(log_probs.exp() * log_probs).sum(-1)  # [m, w]
 
@@ -235,7 +241,7 @@ def _expanded_cache(layers_kv: list[tuple[torch.Tensor, torch.Tensor]], index: t
 
 
 def _shared_prefix_logps(model, ids, attention, positions, p: int, lengths: torch.Tensor, temperature: float,
-                         with_entropy: bool):
+                         with_entropy: bool | str):
     """(logps [B, t_b], entropy [B, t_b] or None) from one forward per distinct prompt, then the responses
     packed into lines on the expanded cache; None when no prompt repeats (the padded forward then costs
     the same or less). t_b is the longest response of the micro-batch."""

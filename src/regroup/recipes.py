@@ -14,6 +14,7 @@ the recipe lists, in order, and call the loss with its spec; neither asks which 
 | + overlong       | … reward, overlong_penalty, …, advantages, overlong_filter                          | |
 | + GSPO           | unchanged                                                                          | sequence ratio |
 | + stages.extra   | user stages by dotted path, before/after a stage above or at the end               | |
+| + CISPO/SAPO/GMPO, KL estimator, IS mode, entropy, user terms | unchanged                             | named pieces (`regroup.loss_config`) |
 
 `describe(recipe)` prints the list; `regroup config --stages` shows it for a config.
 """
@@ -38,6 +39,7 @@ from regroup.stages.rephrasing import VariantProvider
 from regroup.stages.rewarding import RewardResponses
 from regroup.stages.sampling import SampleResponses
 from regroup.stages.user import insert_user_stages, parse_stage_entry
+from regroup.loss_config import describe_loss, loss_spec  # noqa: F401  (loss_spec: the recipe's loss, from the config)
 
 
 @dataclass
@@ -73,10 +75,7 @@ class Recipe:
 
 
 def describe(recipe: Recipe) -> str:
-    spec = recipe.loss
-    ratio = "sequence (GSPO)" if spec.ratio_level == "sequence" else "token"
-    return (" → ".join(recipe.names) + f" → loss[{ratio} ratio, agg {spec.agg}, beta {spec.beta}, "
-            f"clip {spec.eps_low}/{spec.eps_high}, anchors {spec.anchor_ratio}]")
+    return " → ".join(recipe.names) + " → " + describe_loss(recipe.loss)
 
 
 def build_reward_fn(specs: list[str], task, workers: int = 1, correct_threshold: float = 1.0):
@@ -117,13 +116,6 @@ def build_scorer(cfg, task, run_dir: Path):
     if s.name == "step":
         return build_named_scorer("step", step_fn=getattr(task, "step_score", None))
     return build_named_scorer(s.name)
-
-
-def loss_spec(cfg) -> LossSpec:
-    g = cfg.grpo
-    return LossSpec(eps_low=g.eps_low, eps_high=g.eps_high, beta=g.beta, kl_ratio_correction=g.kl_ratio_correction,
-                    agg=g.loss_agg, ratio_level=g.importance_level, anchor_ratio=cfg.anchors.ratio,
-                    shaping_gamma=cfg.anchors.gamma)
 
 
 def build_recipe(cfg, task, encode_response, run_dir) -> Recipe:

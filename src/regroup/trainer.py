@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from regroup.algo.losses import LossInputs, LossTotals, policy_loss, rows_with_gradient
-from regroup.algo.ratios import truncated_is_weight
+from regroup.algo.sampler_is import sampler_is_weight
 from regroup.batch import RolloutBatch, collate
 from regroup.checkpoint import (
     check_resume_config, latest_valid_checkpoint, load_model_weights, load_run_config, load_trainer_state, rng_state,
@@ -259,7 +259,8 @@ class Trainer:
             return response_logps(model, mb, temperature, shared_prefix=self.shared_prefix)[0]
 
         minis = self._mini_batches(len(batch))
-        carries = (rows_with_gradient(advantages, weights, self.recipe.loss.beta) if g.skip_zero_gradient_rows
+        spec = self.recipe.loss
+        carries = (rows_with_gradient(advantages, weights, spec.moves_every_row) if g.skip_zero_gradient_rows
                    else torch.ones(len(batch), dtype=torch.bool))  # [B]
         forwarded = [self._forwarded_rows(rows, carries.cpu()) for rows in minis]  # per mini-batch, [n] each
         all_forwarded = torch.cat(forwarded)  # [N]
@@ -289,7 +290,8 @@ class Trainer:
                     context = self.acc.no_sync(self.model) if (not sync and self.world > 1) else nullcontext()
                     with context:
                         logps, entropy = response_logps(self.model, part, temperature, with_entropy=iteration == 0,
-                                                        shared_prefix=self.shared_prefix)
+                                                        shared_prefix=self.shared_prefix,
+                                                        entropy_grad=spec.needs_entropy)  # [b, T] x2
                         old = logps.detach() if old_logps is None else old_logps[mb]  # mu = 1, one mini-batch: ratio 1 (TRL)
                         inputs = LossInputs(
                             advantages=advantages[mb], loss_mask=part.completion_mask,
@@ -297,27 +299,31 @@ class Trainer:
                             sample_weight=None if weights is None else weights[mb],
                             anchor_token_mask=anchor_tokens[mb] if bool(anchor_tokens[mb].any()) else None,
                             is_weight=self._is_weight(old, part),
+                            entropy=entropy if spec.needs_entropy else None,
                         )
-                        loss, loss_metrics = policy_loss(logps, old, inputs, self.recipe.loss, totals)
+                        loss, loss_metrics = policy_loss(logps, old, inputs, spec, totals)
                         self.acc.backward(loss * self.world)  # DDP averages over ranks; normalisers are global
                     loss_total += float(loss.detach())
                     if iteration == 0:
-                        self._accumulate(sums, part, entropy, loss_metrics, anchor_tokens[mb], logps.detach())
+                        self._accumulate(sums, part, None if entropy is None else entropy.detach(), loss_metrics,
+                                         anchor_tokens[mb], logps.detach())
                 metrics.update(self._optimizer_step(loss_total))
         metrics.update(self._finish_sums(sums))
         return metrics
 
     def _is_weight(self, old: torch.Tensor, part: RolloutBatch) -> torch.Tensor | None:
-        """Truncated IS weight [b, T] per row: rows without sampler log-probs (anchors) get weight 1.
+        """The sampler IS weight ([b, T], or [b, 1] in a sequence mode) per row: rows without sampler
+        log-probs (anchors) get weight 1.
 
         The sampler scored each response on the prompt it answered; config validation refuses
         `rollout.tis_cap > 0` with ratios on q0, where π_old(o|q0)/π_sampler(o|q_n) would compare two prompts.
         """
-        cap = self.cfg.rollout.tis_cap
-        if cap <= 0 or not bool(part.has_behaviour_logps.any()):
+        spec = self.recipe.loss
+        if spec.is_cap <= 0 or not bool(part.has_behaviour_logps.any()):
             return None
-        weight = truncated_is_weight(old, part.behaviour_logps, cap)  # [b, T]
-        return torch.where(part.has_behaviour_logps.unsqueeze(1), weight, torch.ones_like(weight))  # [b, T]
+        weight = sampler_is_weight(old, part.behaviour_logps, part.completion_mask, spec.is_mode, spec.is_cap,
+                                   spec.is_min or None)  # [b, T] or [b, 1]
+        return torch.where(part.has_behaviour_logps.unsqueeze(1), weight, torch.ones_like(weight))
 
     def _empty_update(self) -> dict:
         """This process kept no sample (dynamic sampling): it joins the collectives the others make, in

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from regroup.algo.ratios import clip_ratio
+from regroup.registry import POLICY_LOSSES
 
 
 def sequence_log_ratio(logps: Tensor, old_logps: Tensor, mask: Tensor) -> Tensor:
@@ -48,3 +49,12 @@ def sequence_clipped_pg_loss(
     is_high = (s > 1.0 + eps_high) & (adv > 0)  # [B, 1]
     shape = logps.shape
     return loss.expand(shape), is_low.expand(shape), is_high.expand(shape)
+
+
+@POLICY_LOSSES.register("gspo")
+def gspo_policy_loss(logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tensor, spec) -> tuple[Tensor, Tensor, Tensor]:
+    """The registered GSPO loss: `sequence_clipped_pg_loss` over the `mask` (on-policy) tokens, `spec.eps_*` clip."""
+    return sequence_clipped_pg_loss(logps, old_logps, advantages, mask, spec.eps_low, spec.eps_high)
+
+
+gspo_policy_loss.ratio_level = "sequence"  # its KL correction and ratio metric use s_i

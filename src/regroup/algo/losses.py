@@ -1,4 +1,19 @@
-"""Per-token policy-gradient loss, k3 KL, aggregation modes, and their composition (SPEC §1, §2a.4, §2b.3).
+"""Per-token policy-gradient loss, KL, aggregation modes, and their composition (SPEC §1, §2a.4, §2b.3).
+
+The loss is composed from named pieces (`regroup.registry`): a policy loss (`POLICY_LOSSES`: ppo_clip,
+gspo, cispo, sapo, gmpo, or a user's `pkg.mod:obj`), a KL estimator (`KL_ESTIMATORS`: k1, k2, k3,
+low_var_kl) and extra terms (`LOSS_TERMS`: entropy, or a user's). `LossSpec` names them; `policy_loss`
+composes them with anchors, DaGRPO weights and the sampler IS weight, and aggregates.
+
+One signature per kind:
+- policy loss `(logps[B, T], old_logps[B, T], advantages[B] or [B, T], mask[B, T], spec) ->
+  (per-token loss [B, T], low-clip flags [B, T], high-clip flags [B, T])`; `mask` marks the on-policy
+  loss tokens (a sequence-level loss averages over them). An attribute `ratio_level = "sequence"` on
+  the function says its ratio is one per response (the KL correction and the ratio metric use it);
+- KL estimator `(logps[B, T], ref_logps[B, T]) -> [B, T]`;
+- loss term `(TermInputs) -> [B, T]` per-token value (aggregated over the loss tokens with the policy's
+  `agg`, or with the term's own `agg` attribute) or a 0-d tensor the term normalised itself (with
+  `TermInputs.totals`); `needs_entropy = True` makes the trainer compute a differentiable entropy.
 
 Aggregation normalisers are totals over the WHOLE optimizer batch (all micro-batches, all ranks), passed
 in by the caller, so that the sum of micro-batch losses (and so of their gradients) equals the loss of
@@ -8,14 +23,17 @@ the full batch, whatever the micro-batch split. With one micro-batch the three m
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
-from dataclasses import dataclass
-
 from regroup.algo.anchors import plain_anchor_pg_loss, shaped_pg_loss
-from regroup.algo.gspo import sequence_clipped_pg_loss, sequence_ratio
-from regroup.algo.ratios import clip_ratio, importance_ratio
+from regroup.algo.gspo import sequence_ratio
+from regroup.algo.kl import kl_k3  # noqa: F401  (k3 is defined with the other estimators; re-exported)
+from regroup.algo.ratios import clip_ratio, importance_ratio, per_token_advantages
+from regroup.algo.sampler_is import IS_MODES
+from regroup.registry import KL_ESTIMATORS, LOSS_TERMS, POLICY_LOSSES
 
 AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_sum_constant")
 ANCHOR_RATIOS = ("shaped", "plain")
@@ -25,15 +43,12 @@ TRL_LOSS_TYPES = {"token_mean": "dapo", "seq_mean_token_mean": "grpo", "seq_sum_
 
 
 def _adv_per_token(advantages: Tensor, logps: Tensor) -> Tensor:
-    if advantages.dim() == 1:
-        if advantages.shape[0] != logps.shape[0]:
-            raise ValueError(
-                f"advantages [B={advantages.shape[0]}] do not match logps batch size {logps.shape[0]}"
-            )
-        return advantages.unsqueeze(1)  # [B, 1]
-    if advantages.shape != logps.shape:
-        raise ValueError(f"advantages shape {tuple(advantages.shape)} must be [B] or {tuple(logps.shape)}")
-    return advantages  # [B, T]
+    return per_token_advantages(advantages, logps)  # [B, 1] or [B, T]
+
+
+def ratio_level_of(policy) -> str:
+    """"sequence" for a policy loss whose ratio is one per response (GSPO, GMPO), else "token"."""
+    return getattr(policy, "ratio_level", "token")
 
 
 def clipped_pg_loss(
@@ -58,12 +73,10 @@ def clipped_pg_loss(
     return loss, is_low, is_high
 
 
-def kl_k3(logps: Tensor, ref_logps: Tensor) -> Tensor:
-    """k3 estimator of KL(π_θ ‖ π_ref) per token, `exp(ref − logp) − (ref − logp) − 1` -> [B, T] (SPEC §1)."""
-    if logps.shape != ref_logps.shape:
-        raise ValueError(f"ref_logps shape {tuple(ref_logps.shape)} does not match logps {tuple(logps.shape)}")
-    d = ref_logps - logps  # [B, T]
-    return torch.exp(d) - d - 1.0  # [B, T]
+@POLICY_LOSSES.register("ppo_clip")
+def ppo_clip_policy_loss(logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tensor, spec) -> tuple[Tensor, Tensor, Tensor]:
+    """The registered PPO-clip loss (SPEC §1): `clipped_pg_loss` with `spec.eps_low` / `spec.eps_high`."""
+    return clipped_pg_loss(logps, old_logps, advantages, spec.eps_low, spec.eps_high)
 
 
 def aggregate(
@@ -112,12 +125,19 @@ def aggregate(
 class LossSpec:
     """What the policy loss is made of, decided once by the recipe (the front-ends only fill in tensors).
 
-    - ratio term: `ratio_level` "token" (PPO, SPEC §1) or "sequence" (GSPO: one length-normalised ratio per
-      response, clipped as a whole; `regroup.algo.gspo`); anchor tokens use `anchor_ratio` ("shaped":
-      −A·p/(p+γ), SPEC §2b.3 / LUFFY; "plain": π_old := sg(π_θ));
-    - PG term: −min(r·A, clip(r, 1−eps_low, 1+eps_high)·A);
-    - KL term: `beta`·k3 against the reference, times the ratio when `kl_ratio_correction` (TRL's
-      use_bias_correction_kl);
+    - `policy`: the policy-gradient term by `POLICY_LOSSES` name or "pkg.mod:obj" — "ppo_clip"
+      −min(r·A, clip(r, 1−eps_low, 1+eps_high)·A) (SPEC §1), "gspo" (the same on the response's
+      length-normalised ratio, `regroup.algo.gspo`), "cispo" (`cispo_clip_max`), "sapo"
+      (`sapo_temperature_*`), "gmpo" (`gmpo_clip_*`, log space). `ratio_level="sequence"` with
+      policy "ppo_clip" is the older spelling of "gspo" (migrated here); `policy_ratio_level` is the
+      level of the policy's ratio, which the KL correction and the ratio metric use;
+    - anchor tokens use `anchor_ratio` ("shaped": −A·p/(p+γ), SPEC §2b.3 / LUFFY; "plain": π_old := sg(π_θ)),
+      whatever the policy;
+    - KL term: `beta`·`kl` (a `KL_ESTIMATORS` name, default k3) against the reference, times the ratio
+      when `kl_ratio_correction` (TRL's use_bias_correction_kl);
+    - extra `terms`: (`LOSS_TERMS` name or "pkg.mod:obj", coefficient) pairs, added as coefficient · term;
+    - the sampler IS correction (`is_mode`, `is_cap` > 0 turns it on, `is_min` 0: no lower bound), which
+      the caller turns into `LossInputs.is_weight` with `regroup.algo.sampler_is.sampler_is_weight`;
     - aggregation: `agg` (token_mean | seq_mean_token_mean | seq_sum_constant) with whole-batch totals.
     """
 
@@ -129,6 +149,52 @@ class LossSpec:
     ratio_level: str = "token"
     anchor_ratio: str = "shaped"
     shaping_gamma: float = 0.1
+    policy: str = "ppo_clip"
+    kl: str = "k3"
+    cispo_clip_max: float = 5.0
+    sapo_temperature_pos: float = 1.0
+    sapo_temperature_neg: float = 1.05
+    gmpo_clip_low: float = 0.4
+    gmpo_clip_high: float = 0.4
+    terms: tuple[tuple[str, float], ...] = ()
+    is_mode: str = "token_truncate"
+    is_cap: float = 0.0
+    is_min: float = 0.0
+
+    def __post_init__(self):
+        if self.ratio_level not in RATIO_LEVELS:
+            raise ValueError(f"ratio_level must be one of {RATIO_LEVELS}, got {self.ratio_level!r}")
+        if self.anchor_ratio not in ANCHOR_RATIOS:
+            raise ValueError(f"anchor_ratio must be one of {ANCHOR_RATIOS}, got {self.anchor_ratio!r}")
+        if self.agg not in AGG_MODES:
+            raise ValueError(f"aggregation mode must be one of {AGG_MODES}, got {self.agg!r}")
+        if self.is_mode not in IS_MODES:
+            raise ValueError(f"is_mode must be one of {IS_MODES}, got {self.is_mode!r}")
+        if self.ratio_level == "sequence" and self.policy == "ppo_clip":
+            object.__setattr__(self, "policy", "gspo")  # the older spelling of GSPO
+        policy = POLICY_LOSSES.get(self.policy)  # ValueError for an unknown name; imports a dotted path
+        if self.ratio_level == "sequence" and ratio_level_of(policy) != "sequence":
+            raise ValueError(f"ratio_level='sequence' is GSPO's sequence ratio; policy {self.policy!r} has a token "
+                             "ratio (use policy 'gspo', or ratio_level 'token')")
+        KL_ESTIMATORS.get(self.kl)
+        object.__setattr__(self, "terms", tuple((str(n), float(c)) for n, c in self.terms))
+        for name, _ in self.terms:
+            LOSS_TERMS.get(name)
+
+    @property
+    def policy_ratio_level(self) -> str:
+        """"sequence" when the policy's ratio is one per response (gspo, gmpo), else "token"."""
+        return ratio_level_of(POLICY_LOSSES.get(self.policy))
+
+    @property
+    def needs_entropy(self) -> bool:
+        """A term reads a differentiable entropy (`LossInputs.entropy`)."""
+        return any(getattr(LOSS_TERMS.get(name), "needs_entropy", False) for name, coef in self.terms if coef)
+
+    @property
+    def moves_every_row(self) -> bool:
+        """A term not multiplied by the advantage (β·KL, an extra term) can move a row whose advantage is 0."""
+        return self.beta != 0.0 or any(coef for _, coef in self.terms)
 
 
 @dataclass
@@ -140,7 +206,8 @@ class LossInputs:
     ref_logps: Tensor | None = None  # [B, T] frozen reference (needed when beta != 0)
     sample_weight: Tensor | None = None  # [B] masks and weights (normaliser NOT reduced)
     anchor_token_mask: Tensor | None = None  # [B, T] forced off-policy (anchor) tokens
-    is_weight: Tensor | None = None  # [B, T] truncated IS weight of sampler mismatch
+    is_weight: Tensor | None = None  # [B, T] or [B, 1] detached IS weight of sampler mismatch
+    entropy: Tensor | None = None  # [B, T] differentiable policy entropy (when spec.needs_entropy)
 
 
 @dataclass(frozen=True)
@@ -152,22 +219,56 @@ class LossTotals:
     max_completion_length: int
 
 
-def rows_with_gradient(advantages: Tensor, sample_weight: Tensor | None, beta: float) -> Tensor:
+@dataclass(frozen=True)
+class TermInputs:
+    """What an extra loss term (`LOSS_TERMS`) may read for one micro-batch."""
+
+    logps: Tensor  # [B, T] differentiable
+    old_logps: Tensor  # [B, T] π_old (π_θ, detached, on anchor and padding tokens)
+    advantages: Tensor  # [B] or [B, T]
+    loss_mask: Tensor  # [B, T] bool
+    on_policy: Tensor  # [B, T] bool: loss tokens sampled from π_old (not anchors)
+    entropy: Tensor | None  # [B, T] differentiable when the term needs_entropy
+    ref_logps: Tensor | None  # [B, T]
+    totals: LossTotals
+
+
+def rows_with_gradient(advantages: Tensor, sample_weight: Tensor | None, every_row: float | bool) -> Tensor:
     """[B] bool: the rows whose `policy_loss` term can have a non-zero gradient.
 
-    Every term of a row is multiplied by its advantage (PG, anchor shaping, GSPO) or by β (KL), and all
-    of it by its sample weight; the normalisers count every row whatever its terms (SPEC §2a.4). So a
-    row with weight 0 (a DaGRPO mask), or with advantage 0 on every token while β = 0 (a uniform group),
-    adds exactly nothing to the gradient, and leaving it out of the forward changes no parameter. A NaN
-    advantage or weight counts as non-zero, so the NaN guard still sees it.
+    The policy term of a row is multiplied by its advantage (PG, anchor shaping, GSPO, every registered
+    policy loss), and all of it by its sample weight; the normalisers count every row whatever its
+    terms (SPEC §2a.4). `every_row` is non-zero when the loss has a term that is not multiplied by the
+    advantage (β·KL, an entropy bonus, a user term: `LossSpec.moves_every_row`; a float β is accepted).
+    So a row with weight 0 (a DaGRPO mask), or with advantage 0 on every token when `every_row` is 0
+    (a uniform group), adds exactly nothing to the gradient, and leaving it out of the forward changes
+    no parameter. A NaN advantage or weight counts as non-zero, so the NaN guard still sees it.
     """
-    if beta != 0.0:
+    if every_row:
         carries = torch.ones(advantages.shape[0], dtype=torch.bool, device=advantages.device)  # [B]
     else:
         carries = advantages.reshape(advantages.shape[0], -1).ne(0).any(dim=1)  # [B]
     if sample_weight is not None:
         carries = carries & sample_weight.ne(0)  # [B]
     return carries
+
+
+def _policy_term(logps: Tensor, old_eff: Tensor, advantages: Tensor, on_policy: Tensor, spec: LossSpec):
+    """The spec's policy loss, its outputs checked (a user's loss must return [B, T] tensors)."""
+    out = POLICY_LOSSES.get(spec.policy)(logps, old_eff, advantages, on_policy, spec)
+    if not (isinstance(out, tuple) and len(out) == 3):
+        raise ValueError(f"policy loss {spec.policy!r} must return (loss, low_clip, high_clip), got {type(out).__name__}")
+    for part, what in zip(out, ("loss", "low-clip flags", "high-clip flags")):
+        if not isinstance(part, Tensor) or part.shape != logps.shape:
+            raise ValueError(f"policy loss {spec.policy!r}: its {what} must be a [B, T] = {tuple(logps.shape)} tensor")
+    return out
+
+
+def _ratio(logps: Tensor, old_eff: Tensor, on_policy: Tensor, level: str) -> Tensor:
+    """The policy's importance ratio: per token [B, T] or GSPO's per response [B, 1]."""
+    if level == "sequence":
+        return sequence_ratio(logps, old_eff, on_policy)  # [B, 1]
+    return torch.exp(logps - old_eff)  # [B, T]
 
 
 def policy_loss(
@@ -177,35 +278,35 @@ def policy_loss(
     spec: LossSpec,
     totals: LossTotals,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """The full GRPO / DaGRPO / TA-GRPO / GSPO policy loss of one micro-batch, aggregated with whole-batch totals.
+    """The full GRPO / DaGRPO / TA-GRPO policy loss of one micro-batch, aggregated with whole-batch totals.
 
     Per loss token (`loss_mask` True):
-    - on-policy token: PPO-clip loss (SPEC §1) on the token ratio, or on the response's GSPO sequence ratio
-      (`spec.ratio_level="sequence"`), times `is_weight` (truncated IS) when given;
+    - on-policy token: the spec's policy loss (PPO-clip on the token ratio, SPEC §1; GSPO; CISPO; SAPO;
+      GMPO; a user's), times `is_weight` (sampler IS correction, [B, T] or [B, 1]) when given;
     - anchor token (`anchor_token_mask` True, forced off-policy expert token): `−A·p/(p+γ)` with
       `anchor_ratio="shaped"` (SPEC §2b.3, LUFFY, no clipping), or `−A·exp(logp − sg(logp))` with "plain";
-    - plus `beta · KL_k3(π_θ ‖ π_ref)` on every loss token when `beta != 0` (requires `ref_logps`);
-      with `kl_ratio_correction=True` the k3 term is multiplied by the (differentiable) ratio π_θ/π_old,
-      which is TRL's `use_bias_correction_kl=True` (its default since TRL 1.x; SPEC §1 is plain k3);
+    - plus `beta · KL(π_θ ‖ π_ref)` (the spec's estimator, default k3) on every loss token when `beta != 0`
+      (requires `ref_logps`); with `kl_ratio_correction=True` the KL term is multiplied by the
+      (differentiable) ratio π_θ/π_old of the policy's level, which is TRL's `use_bias_correction_kl=True`
+      (its default since TRL 1.x; SPEC §1 is plain k3);
     - all of it times `sample_weight[i]` (DaGRPO distinctiveness mask as 0/1 float; SPEC §2a.4), while the
-      normaliser (the totals) is NOT reduced for masked samples.
+      normaliser (the totals) is NOT reduced for masked samples;
+    - plus, for each `(term, c)` of `spec.terms`, c · the term (per-token terms times `sample_weight` too,
+      aggregated over the loss tokens).
 
     Returns `(loss, metrics)`; metrics are detached 0-d tensors, means over THIS micro-batch:
     `pg_loss` (the aggregated policy-gradient part, without KL), `clip_low_frac`, `clip_high_frac`,
     `clip_frac` (low or high), `ratio_mean` (over on-policy loss tokens only; anchor tokens excluded;
     0 when there are none), `n_onpolicy_tokens`, `n_anchor_tokens`, `n_loss_tokens` (counts, so that
     micro-batch means can be combined exactly), `anchor_prob_mean` (mean p over anchor tokens; only when
-    `anchor_token_mask` is given), `kl_mean` (mean k3 over loss tokens; only when `ref_logps` is given),
-    `is_weight_mean` (over on-policy loss tokens; only when `is_weight` is given).
+    `anchor_token_mask` is given), `kl_mean` (mean KL estimate over loss tokens; only when `ref_logps` is
+    given), `is_weight_mean` (over on-policy loss tokens; only when `is_weight` is given), and
+    `term/<name>` (each extra term's aggregated value before its coefficient).
     """
     advantages, loss_mask = inputs.advantages, inputs.loss_mask
     ref_logps, sample_weight, is_weight = inputs.ref_logps, inputs.sample_weight, inputs.is_weight
     anchor_token_mask = inputs.anchor_token_mask
     beta, anchor_ratio, agg = spec.beta, spec.anchor_ratio, spec.agg
-    if spec.ratio_level not in RATIO_LEVELS:
-        raise ValueError(f"ratio_level must be one of {RATIO_LEVELS}, got {spec.ratio_level!r}")
-    if anchor_ratio not in ANCHOR_RATIOS:
-        raise ValueError(f"anchor_ratio must be one of {ANCHOR_RATIOS}, got {anchor_ratio!r}")
     if logps.shape != old_logps.shape or logps.shape != loss_mask.shape:
         raise ValueError(
             f"logps {tuple(logps.shape)}, old_logps {tuple(old_logps.shape)} and loss_mask "
@@ -218,18 +319,16 @@ def policy_loss(
     if anchor.shape != mask.shape:
         raise ValueError(f"anchor_token_mask shape {tuple(anchor.shape)} does not match loss_mask {tuple(mask.shape)}")
     on_policy = mask & ~anchor  # [B, T]
+    _adv_per_token(advantages, logps)  # shape check, with the error message naming the advantages
 
     # π_old is undefined on anchor and padding tokens; use π_θ there (ratio 1) so that whatever the
     # caller stored cannot produce inf/NaN in the unselected branch (0·inf = NaN in backward).
     old_eff = torch.where(on_policy, old_logps, logps.detach())  # [B, T]
-    if spec.ratio_level == "sequence":
-        # GSPO: every token of a response carries its sequence ratio (anchor tokens are left out of it).
-        pg, is_low, is_high = sequence_clipped_pg_loss(logps, old_eff, advantages, on_policy, spec.eps_low, spec.eps_high)
-    else:
-        pg, is_low, is_high = clipped_pg_loss(logps, old_eff, advantages, spec.eps_low, spec.eps_high)  # [B, T] x3
+    level = spec.policy_ratio_level  # [B, T] ratios or one per response
+    pg, is_low, is_high = _policy_term(logps, old_eff, advantages, on_policy, spec)  # [B, T] x3
     if is_weight is not None:
-        if is_weight.shape != mask.shape:
-            raise ValueError(f"is_weight shape {tuple(is_weight.shape)} does not match loss_mask {tuple(mask.shape)}")
+        if is_weight.shape not in (mask.shape, (mask.shape[0], 1)):
+            raise ValueError(f"is_weight shape {tuple(is_weight.shape)} must be [B, T] = {tuple(mask.shape)} or [B, 1]")
         pg = torch.where(on_policy, pg * is_weight.detach(), pg)  # [B, T]
     if anchor_token_mask is not None:
         if anchor_ratio == "shaped":
@@ -248,16 +347,13 @@ def policy_loss(
     per_token = pg
     kl = None
     if ref_logps is not None:
-        kl = kl_k3(logps, ref_logps)  # [B, T]
+        kl = KL_ESTIMATORS.get(spec.kl)(logps, ref_logps)  # [B, T]
         if beta != 0.0:
             kl_term = beta * kl  # [B, T]
             if spec.kl_ratio_correction:
                 # Unbiased reverse-KL gradient from π_old samples (DeepSeek-V3.2; TRL use_bias_correction_kl).
-                # The correction uses the ratio of the configured level (GSPO: the sequence ratio, as TRL).
-                if spec.ratio_level == "sequence":
-                    kl_term = kl_term * sequence_ratio(logps, old_eff, on_policy)  # [B, T] * [B, 1]
-                else:
-                    kl_term = kl_term * torch.exp(logps - old_eff)  # [B, T]
+                # The correction uses the ratio of the policy's level (GSPO: the sequence ratio, as TRL).
+                kl_term = kl_term * _ratio(logps, old_eff, on_policy, level)  # [B, T]
             if weight is not None:
                 kl_term = kl_term * weight  # [B, T]
             per_token = per_token + kl_term
@@ -266,10 +362,26 @@ def policy_loss(
                 max_completion_length=totals.max_completion_length)
     loss = aggregate(per_token, mask, agg, **norm)
 
+    term_values: dict[str, Tensor] = {}
+    if spec.terms:
+        t_in = TermInputs(logps=logps, old_logps=old_eff, advantages=advantages, loss_mask=mask, on_policy=on_policy,
+                          entropy=inputs.entropy, ref_logps=ref_logps, totals=totals)
+        for name, coef in spec.terms:
+            if not coef:
+                continue
+            term = LOSS_TERMS.get(name)
+            value = term(t_in)
+            if not isinstance(value, Tensor) or (value.dim() != 0 and value.shape != mask.shape):
+                raise ValueError(f"loss term {name!r} must return a [B, T] = {tuple(mask.shape)} or a 0-d tensor")
+            if value.dim() != 0:
+                if weight is not None:
+                    value = value * weight  # [B, T]
+                value = aggregate(value, mask, getattr(term, "agg", agg), **norm)
+            loss = loss + coef * value
+            term_values[name] = value.detach()
+
     with torch.no_grad():
-        ratio = torch.exp(logps - old_eff)  # [B, T]
-        if spec.ratio_level == "sequence":
-            ratio = sequence_ratio(logps.detach(), old_eff, on_policy).expand_as(logps)  # [B, T]
+        ratio = _ratio(logps.detach(), old_eff, on_policy, level).expand_as(logps)  # [B, T]
         n_on = on_policy.sum()
         denom = n_on.clamp(min=1).to(logps.dtype)
 
@@ -294,5 +406,7 @@ def policy_loss(
             k = torch.where(mask, kl.detach(), torch.zeros_like(kl))
             metrics["kl_mean"] = k.sum() / mask.sum().clamp(min=1).to(logps.dtype)
         if is_weight is not None:
-            metrics["is_weight_mean"] = on_mean(is_weight.detach())
+            metrics["is_weight_mean"] = on_mean(is_weight.detach().expand_as(logps))
+        for name, value in term_values.items():
+            metrics[f"term/{name}"] = value
     return loss, metrics

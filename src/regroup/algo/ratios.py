@@ -10,10 +10,23 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from regroup.algo.sampler_is import sampler_is_weight
+
 
 def _check_same_shape(a: Tensor, b: Tensor, name_a: str, name_b: str) -> None:
     if a.shape != b.shape:
         raise ValueError(f"{name_a} shape {tuple(a.shape)} does not match {name_b} shape {tuple(b.shape)}")
+
+
+def per_token_advantages(advantages: Tensor, like: Tensor) -> Tensor:
+    """Advantages [B] (one per response) or [B, T] broadcastable against a [B, T] tensor -> [B, 1] or [B, T]."""
+    if advantages.dim() == 1:
+        if advantages.shape[0] != like.shape[0]:
+            raise ValueError(f"advantages [B={advantages.shape[0]}] do not match logps batch size {like.shape[0]}")
+        return advantages.unsqueeze(1)  # [B, 1]
+    if advantages.shape != like.shape:
+        raise ValueError(f"advantages shape {tuple(advantages.shape)} must be [B] or {tuple(like.shape)}")
+    return advantages  # [B, T]
 
 
 def log_ratio(logps: Tensor, old_logps: Tensor) -> Tensor:
@@ -34,16 +47,12 @@ def clip_ratio(ratio: Tensor, eps_low: float, eps_high: float) -> Tensor:
     return torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
 
 
-@torch.no_grad()
 def truncated_is_weight(old_logps: Tensor, behaviour_logps: Tensor, cap: float) -> Tensor:
     """Truncated importance weight `min(π_old / π_behaviour, cap)` per token, detached  -> [B, T].
 
     Corrects for the sampler (e.g. vLLM, or a stale rollout worker) not being exactly `π_old`, as TRL's
     `vllm_importance_sampling_mode="token_truncate"` and verl's TIS do. A NaN behaviour log-prob (a token
-    the sampler could not score) gets weight 1, i.e. no correction, as in TRL.
+    the sampler could not score) gets weight 1, i.e. no correction, as in TRL. The other modes (masked,
+    sequence-level) are `regroup.algo.sampler_is.sampler_is_weight`.
     """
-    _check_same_shape(old_logps, behaviour_logps, "old_logps", "behaviour_logps")
-    if not cap > 0:
-        raise ValueError(f"truncated IS cap must be > 0, got {cap}")
-    diff = torch.nan_to_num(old_logps - behaviour_logps, nan=0.0)  # [B, T]
-    return torch.exp(diff).clamp(max=cap)  # [B, T]
+    return sampler_is_weight(old_logps, behaviour_logps, None, "token_truncate", cap)  # [B, T]

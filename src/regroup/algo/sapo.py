@@ -1,0 +1,39 @@
+"""SAPO: soft adaptive policy optimisation (Gao et al., arXiv 2511.20347, eq. 5–7).
+
+A smooth gate replaces the hard clip: each token's ratio goes through a sigmoid whose temperature τ
+depends on the sign of its advantage, so far-off-policy tokens are damped gradually, not cut:
+
+    L_t = −(4/τ) · σ(τ (r_t − 1)) · A,      τ = τ_pos if A > 0 else τ_neg
+
+At r = 1 the gate's value is 2/τ and its slope 1, so on-policy the gradient is the plain policy
+gradient. This is TRL 1.16's `loss_type="sapo"` (`GRPOTrainer._compute_loss`, `sapo_temperature_pos` /
+`sapo_temperature_neg`, defaults 1.0 / 1.05); TRL's sapo normalises like grpo
+(`grpo.loss_agg=seq_mean_token_mean`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from regroup.algo.ratios import importance_ratio, per_token_advantages
+from regroup.registry import POLICY_LOSSES
+
+
+def sapo_loss(logps: Tensor, old_logps: Tensor, advantages: Tensor, tau_pos: float, tau_neg: float) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-token SAPO loss -> (loss [B, T], low [B, T], high [B, T]); nothing is clipped, so both flags are False."""
+    if not (tau_pos > 0 and tau_neg > 0):
+        raise ValueError(f"SAPO temperatures must be > 0, got tau_pos={tau_pos}, tau_neg={tau_neg}")
+    adv = per_token_advantages(advantages, logps)  # [B, 1] or [B, T]
+    ratio = importance_ratio(logps, old_logps)  # [B, T]
+    tau = torch.where(adv > 0, tau_pos, tau_neg).to(ratio.dtype)  # [B, 1] or [B, T]
+    gate = torch.sigmoid(tau * (ratio - 1.0)) * 4.0 / tau  # [B, T]
+    loss = -gate * adv  # [B, T]
+    none = torch.zeros(loss.shape, dtype=torch.bool, device=loss.device)  # [B, T]
+    return loss, none, none
+
+
+@POLICY_LOSSES.register("sapo")
+def sapo_policy_loss(logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tensor, spec) -> tuple[Tensor, Tensor, Tensor]:
+    """The registered form: τ_pos / τ_neg are `spec.sapo_temperature_pos` / `_neg` (`grpo.sapo_temperature_*`)."""
+    return sapo_loss(logps, old_logps, advantages, spec.sapo_temperature_pos, spec.sapo_temperature_neg)
