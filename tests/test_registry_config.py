@@ -220,6 +220,9 @@ def test_the_literal_cases_cover_the_known_fields():
     assert len(keys) >= 14
 
 
+LITERAL_NEEDS = {"rollout.is_mode": ["rollout.tis_cap=3"]}
+
+
 @pytest.mark.parametrize("key, choice", LITERAL_CASES, ids=[f"{k}={c}" for k, c in LITERAL_CASES])
 def test_every_literal_choice_loads_from_yaml_and_the_command_line(tmp_path, key, choice):
     raw = {True: "true", False: "false"}.get(choice, choice) if isinstance(choice, bool) else choice
@@ -228,8 +231,9 @@ def test_every_literal_choice_loads_from_yaml_and_the_command_line(tmp_path, key
     indent = "  " * (section.count(".") + 1 if section else 0)
     path = tmp_path / "literal.yaml"
     path.write_text(f"extends: {CONFIGS / 'grpo.yaml'}\n{text}{indent}{name}: {raw}\n")  # unquoted, as users write
-    from_yaml = load_config(path)
-    from_cli = load_config(CONFIGS / "grpo.yaml", [f"{key}={raw}"])
+    needs = LITERAL_NEEDS.get(key, [])  # a choice that only takes effect with another setting
+    from_yaml = load_config(path, needs)
+    from_cli = load_config(CONFIGS / "grpo.yaml", [f"{key}={raw}", *needs])
     for cfg in (from_yaml, from_cli):
         value = cfg
         for part in key.split("."):
