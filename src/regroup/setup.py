@@ -26,6 +26,8 @@ class RunParts:
     problems: list
     prompter: object = None
     """Question -> prompt ids (regroup.models.prompting.Prompter): chat template, system prompt, template."""
+    references_verify: bool | None = None
+    """Whether the data's reference solutions passed the reward at start-up (None: not checked)."""
 
 
 def seed_everything(seed: int) -> None:
@@ -124,6 +126,9 @@ def build_parts(cfg, run_dir: Path, accelerator=None, log=print) -> RunParts:
         if ds_plugin.deepspeed_config.get("train_micro_batch_size_per_gpu", "auto") == "auto":
             # accelerate infers it from a DataLoader; this trainer has none
             ds_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = g.micro_batch_size
+    from regroup import preflight
+
+    preflight.check_world(cfg, acc.num_processes)
     seed_everything(cfg.seed)
     task = get_task(cfg.data.task)
     problems = training_problems(cfg, task, log)
@@ -132,6 +137,8 @@ def build_parts(cfg, run_dir: Path, accelerator=None, log=print) -> RunParts:
     from regroup.models.prompting import build_prompter
 
     prompter = build_prompter(cfg.data, tokenizer, builtin_model=not cfg.model.path)
+    references = preflight.before_weights_load(cfg, problems, task, tokenizer, model_path, acc.num_processes,
+                                               acc.device.type, prompter.encode, log)
     model = load_policy(model_path, cfg.model, acc.device)
     model.train()
     reference = ReferenceModel(model) if cfg.grpo.beta > 0 else None
@@ -143,4 +150,5 @@ def build_parts(cfg, run_dir: Path, accelerator=None, log=print) -> RunParts:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(o.warmup_steps, total, o.schedule, o.min_lr_ratio))
     model, optimizer = acc.prepare(model, optimizer)
     sampler = build_sampler(cfg.rollout, acc.unwrap_model(model), tokenizer, cfg.data.max_prompt_tokens)
-    return RunParts(cfg, acc, model, tokenizer, reference, optimizer, scheduler, sampler, task, problems, prompter)
+    return RunParts(cfg, acc, model, tokenizer, reference, optimizer, scheduler, sampler, task, problems, prompter,
+                    references_verify=references.verify if references is not None else None)
