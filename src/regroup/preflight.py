@@ -72,19 +72,22 @@ def _sample(problems: list, seed: int, n: int = SAMPLE) -> list:
     return random.Random(seed).sample(problems, n)
 
 
-def check_prompts(cfg, problems: list, encode, log=print) -> None:
-    """Refuse when no sampled question fits `data.max_prompt_tokens`; warn when some do not (they are skipped)."""
+def check_prompts(cfg, problems: list, encode, log=print) -> int:
+    """Refuse when no sampled question fits `data.max_prompt_tokens`; warn when some do not (they are skipped).
+    Returns the longest fitting prompt of the sample in tokens (what the memory estimate uses)."""
     limit = cfg.data.max_prompt_tokens
     sample = _sample(problems, cfg.seed)
     if not sample:
-        return
-    too_long = sum(len(p.question) > 64 * limit or len(encode(p.question)) > limit for p in sample)
+        return 0
+    lengths = [limit + 1 if len(p.question) > 64 * limit else len(encode(p.question)) for p in sample]
+    too_long = sum(n > limit for n in lengths)
     if too_long == len(sample):
         raise ConfigError(f"all {len(sample)} sampled questions are longer than data.max_prompt_tokens={limit} "
                           "tokens (prompt template included): raise data.max_prompt_tokens or shorten the questions")
     if too_long:
         log(f"warning: {too_long} of {len(sample)} sampled questions are longer than data.max_prompt_tokens={limit}; "
             "such questions are skipped (data/skipped_long)")
+    return max(n for n in lengths if n <= limit)
 
 
 @dataclass
@@ -207,9 +210,10 @@ def estimate_memory(shape: dict, *, rows_at_once: int, total_samples: int, promp
                     update_rows: int = 0, training: bool = False, reference: bool = False) -> MemoryEstimate:
     """Peak bytes of a generation batch of `rows_at_once` sequences (KV cache [L, 2, rows, kv, P+T, D], token
     and log-prob buffers [rows, T], logits and sampling noise [rows, V]), the step's `total_samples`
-    responses held at full length (ids + log-probs), an update micro-batch of `update_rows` (logits
-    [rows, P+T, V] and their log-softmax in float32), and the weights (x4 when training: gradients and
-    AdamW's two moments; + a reference copy)."""
+    responses held at full length (ids + log-probs), an update micro-batch of `update_rows` (float32
+    logits [rows, T, V] of the response tokens), and the weights (x4 when training: gradients and AdamW's
+    two moments; + a reference copy). A lower bound on purpose (activations are left out): it refuses only
+    what cannot fit."""
     seq = prompt_tokens + new_tokens
     kv = 2 * shape["layers"] * shape["kv_heads"] * shape["head_dim"] * shape["dtype_bytes"]
     parts = {
@@ -217,7 +221,7 @@ def estimate_memory(shape: dict, *, rows_at_once: int, total_samples: int, promp
         "token buffers": rows_at_once * new_tokens * 16,  # ids int64 + log-probs fp32 + lengths/mask
         "sampling logits": rows_at_once * shape["vocab"] * 4 * 3,
         "responses kept": total_samples * (new_tokens * 12 + 2048),  # ids + log-probs + a Sample object
-        "update logits": update_rows * seq * shape["vocab"] * 4 * 2,
+        "update logits": update_rows * new_tokens * shape["vocab"] * 4,
         "weights": shape["weight_bytes"] * ((4 if training else 1) + (1 if reference else 0)),
     }
     return MemoryEstimate(parts)
@@ -262,7 +266,7 @@ def check_memory(estimate: MemoryEstimate, device: str, what: str, fix: str, log
         log(f"warning: {what} needs about {_gib(total)} of the {_gib(free)} free on {device} ({detail})")
 
 
-def check_train_memory(cfg, model_path: str, world: int, device: str, log=print) -> None:
+def check_train_memory(cfg, model_path: str, world: int, device: str, log=print, prompt_tokens: int | None = None) -> None:
     from regroup.stages.groups import samples_per_question
 
     shape = model_shape(model_path)
@@ -273,7 +277,8 @@ def check_train_memory(cfg, model_path: str, world: int, device: str, log=print)
                                         cfg.anchors.count if cfg.anchors.enabled else 0)
     samples = g.prompts_per_step // max(world, 1) * per_question
     rows = min(samples, max(r.batch_size, per_question))
-    est = estimate_memory(shape, rows_at_once=rows, total_samples=samples, prompt_tokens=cfg.data.max_prompt_tokens,
+    prompt = cfg.data.max_prompt_tokens if prompt_tokens is None else prompt_tokens
+    est = estimate_memory(shape, rows_at_once=rows, total_samples=samples, prompt_tokens=prompt,
                           new_tokens=r.max_new_tokens, update_rows=min(g.micro_batch_size, samples), training=True,
                           reference=g.beta > 0)
     check_memory(est, device, f"a training step ({samples} samples of up to {r.max_new_tokens} new tokens per process)",
@@ -287,7 +292,7 @@ def check_eval_memory(model_path: str, *, n: int, batch_size: int, max_new_token
     if shape is None:
         return
     rows = max(1, batch_size // max(n, 1)) * max(n, 1)
-    est = estimate_memory(shape, rows_at_once=rows, total_samples=0, prompt_tokens=256, new_tokens=max_new_tokens)
+    est = estimate_memory(shape, rows_at_once=rows, total_samples=0, prompt_tokens=0, new_tokens=max_new_tokens)
     dev = device or ("cuda" if _cuda() else "cpu")
     check_memory(est, dev, f"evaluation ({rows} sequences of up to {max_new_tokens} new tokens at once)",
                  f"lower --max-new-tokens or --batch-size (largest part: {est.largest()})", log)
@@ -309,6 +314,6 @@ def before_weights_load(cfg, problems: list, task, tokenizer, model_path: str, w
 
     check_api_keys(cfg)
     check_eval_file(cfg)
-    check_prompts(cfg, problems, encode_prompt, log)
-    check_train_memory(cfg, model_path, world, device, log)
+    longest_prompt = check_prompts(cfg, problems, encode_prompt, log)
+    check_train_memory(cfg, model_path, world, device, log, prompt_tokens=longest_prompt)
     return check_references(cfg, problems, task, lambda text: encode_response(tokenizer, text), log)
