@@ -161,3 +161,14 @@ def test_trainer_refuses_before_the_weights_load(tiny_model_dir, tmp_path, no_we
     with pytest.raises(ConfigError, match="zero anchors"):
         Trainer.from_config(cfg_of(*base, "anchors.enabled=true", "rewards.functions=[math]", recipe="dagrpo.yaml"),
                             tmp_path / "run", log=lambda m: None)
+
+
+def test_collective_timeout_becomes_one_line():
+    from regroup.cli import user_error
+
+    exc = RuntimeError("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:129] "
+                       "Timed out waiting 5000ms for send operation to complete")
+    line = user_error(exc)
+    assert line.startswith("error: a collective timed out (train.collective_timeout_s)")
+    assert "Timed out waiting 5000ms for send operation" in line and "\n" not in line
+    assert user_error(RuntimeError("shape mismatch")) is None

@@ -308,6 +308,9 @@ class RewardsConfig:
     """A response is verified correct when its reward >= this (anchors, self-anchors, eval, the TRL adapter)."""
     workers: int = 1
     """Processes grading answers in parallel (math checker)."""
+    timeout_s: float = 30.0
+    """Deadline per call of a user reward function (pkg.mod:fn), run in a worker process: past it the call is
+    killed and scores None, counted as unscored (reward/timeout). 0: run it in-process, with no deadline."""
 
 
 @dataclass
@@ -346,6 +349,10 @@ class TrainConfig:
     """Show a progress bar."""
     threads: int = 0
     """torch CPU threads (0: leave torch's default)."""
+    collective_timeout_s: float = 600.0
+    """Seconds a process waits in a collective (all-reduce, gather, barrier) for the others before it stops
+    with an error naming a frozen or dead process (torch's default: 1800). Raise it when one process
+    legitimately works alone for long (evaluation or a checkpoint of a large model on rank 0)."""
     keep_cpu_memory: bool = True
     """On a CPU with glibc, keep freed buffers in the process instead of returning them to the OS and
     faulting them in again every micro-batch (`regroup.cpu_memory`: 8x fewer page faults, a 0-12 %
@@ -523,6 +530,7 @@ NUMERIC_RULES: dict[str, NumericRule] = {
     "overlong.penalty": at_least(0.0),
     "rewards.correct_threshold": FINITE,
     "rewards.workers": at_least(1, 1024),
+    "rewards.timeout_s": at_least(0.0, 86400.0),
     "diagnostics.diversity_every": EVERY,
     "diagnostics.grad_conflict_every": EVERY,
     "diagnostics.grad_conflict_samples": at_least(2, 2**31 - 1),
@@ -530,6 +538,7 @@ NUMERIC_RULES: dict[str, NumericRule] = {
     "train.checkpoint_every": EVERY,
     "train.keep_checkpoints": COUNT,
     "train.threads": at_least(0, 4096),
+    "train.collective_timeout_s": above(0.0, 7 * 86400.0),
     "train.eval_every": EVERY,
     "train.epochs": at_least(0, 2**31 - 1),
     "train.sample_every": EVERY,
@@ -820,7 +829,7 @@ def apply_overrides(data: dict, overrides: list[str] | tuple[str, ...]) -> dict:
 
 
 RESUME_OVERRIDABLE = ("train.steps", "train.checkpoint_every", "train.keep_checkpoints", "train.progress",
-                      "train.threads", "train.keep_cpu_memory", "train.eval_every", "train.sample_every", "train.tensorboard", "train.wandb",
+                      "train.threads", "train.collective_timeout_s", "train.keep_cpu_memory", "train.eval_every", "train.sample_every", "train.tensorboard", "train.wandb",
                       "train.report_to")
 """Keys a `--resume` may change: each is read afresh by the resumed process. Any other key would be written
 to config.yaml while the restored optimizer, scheduler, data and RNG states go on with the saved value."""

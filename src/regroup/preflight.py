@@ -127,7 +127,7 @@ def check_references(cfg, problems: list, task, encode_response, log=print) -> R
             result.too_long += 1
         else:
             todo.append(p)
-    reward_fn = build_reward_fn(cfg.rewards.functions, task, 1, cfg.rewards.correct_threshold)
+    reward_fn = build_reward_fn(cfg.rewards.functions, task, 1, cfg.rewards.correct_threshold, cfg.rewards.timeout_s)
     try:
         from regroup.rewards import score_many
 
@@ -317,3 +317,17 @@ def before_weights_load(cfg, problems: list, task, tokenizer, model_path: str, w
     longest_prompt = check_prompts(cfg, problems, encode_prompt, log)
     check_train_memory(cfg, model_path, world, device, log, prompt_tokens=longest_prompt)
     return check_references(cfg, problems, task, lambda text: encode_response(tokenizer, text), log)
+
+
+def collective_timeout_line(exc: BaseException) -> str | None:
+    """The one line for a collective that timed out (a frozen, dead or far slower process), else None."""
+    import re
+
+    text = str(exc)
+    if not isinstance(exc, RuntimeError) or not re.search(r"timed out|timeout", text, re.IGNORECASE):
+        return None
+    if not re.search(r"gloo|nccl|watchdog|collective|ProcessGroup|store", text, re.IGNORECASE):
+        return None
+    detail = re.sub(r"^\[[^\]]*\]\s*", "", text.strip().splitlines()[0])[:160]
+    return ("error: a collective timed out (train.collective_timeout_s): another process stopped answering "
+            f"(frozen, killed or far slower); check its log, or raise the timeout if it works alone that long ({detail})")

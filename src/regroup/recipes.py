@@ -54,9 +54,16 @@ def describe(recipe: Recipe) -> str:
             f"clip {spec.eps_low}/{spec.eps_high}, anchors {spec.anchor_ratio}]")
 
 
-def build_reward_fn(specs: list[str], task, workers: int = 1, correct_threshold: float = 1.0):
-    """`task`, `math`, or `pkg.mod:fn`, each optionally `*weight`; several are summed with weights."""
+def build_reward_fn(specs: list[str], task, workers: int = 1, correct_threshold: float = 1.0, timeout_s: float = 0.0):
+    """`task`, `math`, or `pkg.mod:fn`, each optionally `*weight`; several are summed with weights.
+
+    A user function (`pkg.mod:fn`, a plain function) runs in a worker process with a deadline of
+    `timeout_s` per call when `timeout_s > 0` (`rewards.timeout_s`): past it, it scores None (unscored).
+    A callable object runs in-process (it may keep state or its own pool)."""
+    import inspect
+
     from regroup.registry import load_dotted
+    from regroup.rewards.deadline import DeadlineReward
     from regroup.rewards import combine, task_grader
     from regroup.rewards.math_verify import MathAnswerChecker
 
@@ -69,6 +76,8 @@ def build_reward_fn(specs: list[str], task, workers: int = 1, correct_threshold:
             fn = MathAnswerChecker(workers=workers)
         else:
             fn = load_dotted(name)
+            if timeout_s > 0 and inspect.isfunction(fn):
+                fn = DeadlineReward(name, timeout_s)
         parts.append((fn, float(weight) if weight else 1.0))
     if len(parts) == 1 and parts[0][1] == 1.0:
         return parts[0][0]
@@ -122,7 +131,8 @@ def build_recipe(cfg, task, encode_response, run_dir) -> Recipe:
     from regroup.stages.sampling import SampleResponses
 
     run_dir = Path(run_dir)
-    reward_fn = build_reward_fn(cfg.rewards.functions, task, cfg.rewards.workers, cfg.rewards.correct_threshold)
+    reward_fn = build_reward_fn(cfg.rewards.functions, task, cfg.rewards.workers, cfg.rewards.correct_threshold,
+                                cfg.rewards.timeout_s)
     ratio_on_original = cfg.ta.enabled and cfg.ta.ratio_anchor == "original"
     stages: list = []
     if cfg.ta.enabled:
