@@ -172,3 +172,21 @@ def test_collective_timeout_becomes_one_line():
     assert line.startswith("error: a collective timed out (train.collective_timeout_s)")
     assert "Timed out waiting 5000ms for send operation" in line and "\n" not in line
     assert user_error(RuntimeError("shape mismatch")) is None
+
+
+def test_builtin_model_is_checked_before_its_warm_up(tmp_path, monkeypatch):
+    """No model.path: the checks run on the char tokenizer before the warm-up would train the model."""
+    import regroup.setup as setup
+    from regroup.trainer import Trainer
+
+    def no_warmup(*a, **k):
+        raise AssertionError("the warm-up ran before the check")
+
+    monkeypatch.setattr(setup, "resolve_model_path", no_warmup)
+    monkeypatch.setattr(preflight, "available_memory", lambda device="cpu": 16 * 2**30)
+    base = [f"run_dir={tmp_path / 'run'}", "data.num_train=16"]
+    with pytest.raises(ConfigError, match="rollout.max_new_tokens"):
+        Trainer.from_config(cfg_of(*base, "rollout.max_new_tokens=100000000"), tmp_path / "run", log=lambda m: None)
+    with pytest.raises(ConfigError, match="zero anchors"):
+        Trainer.from_config(cfg_of(*base, "anchors.enabled=true", "rewards.functions=[math]", recipe="dagrpo.yaml"),
+                            tmp_path / "run", log=lambda m: None)

@@ -206,6 +206,16 @@ def model_shape(model_path: str | None) -> dict | None:
     }
 
 
+def builtin_shape() -> dict:
+    """The built-in tiny model's shape (regroup.warmup's model config), without warming it up."""
+    from regroup.warmup import WarmupConfig
+
+    m = WarmupConfig().model
+    params = m.num_layers * (4 * m.hidden_size**2 + 3 * m.hidden_size * m.intermediate_size) + 128 * m.hidden_size
+    return {"layers": m.num_layers, "kv_heads": m.num_heads, "head_dim": m.hidden_size // m.num_heads, "vocab": 128,
+            "weight_bytes": 4 * params, "dtype_bytes": 4}
+
+
 def estimate_memory(shape: dict, *, rows_at_once: int, total_samples: int, prompt_tokens: int, new_tokens: int,
                     update_rows: int = 0, training: bool = False, reference: bool = False) -> MemoryEstimate:
     """Peak bytes of a generation batch of `rows_at_once` sequences (KV cache [L, 2, rows, kv, P+T, D], token
@@ -269,7 +279,7 @@ def check_memory(estimate: MemoryEstimate, device: str, what: str, fix: str, log
 def check_train_memory(cfg, model_path: str, world: int, device: str, log=print, prompt_tokens: int | None = None) -> None:
     from regroup.stages.groups import samples_per_question
 
-    shape = model_shape(model_path)
+    shape = model_shape(model_path) if model_path else builtin_shape()
     if shape is None:
         return
     g, r = cfg.grpo, cfg.rollout

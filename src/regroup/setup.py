@@ -140,13 +140,24 @@ def build_parts(cfg, run_dir: Path, accelerator=None, log=print) -> RunParts:
     seed_everything(cfg.seed)
     task = get_task(cfg.data.task)
     problems = training_problems(cfg, task, log)
-    model_path = resolve_model_path(cfg, log)
-    tokenizer = load_tokenizer(model_path)
     from regroup.models.prompting import build_prompter
 
+    def check(tok, shape_from: str | None):
+        encode = build_prompter(cfg.data, tok, builtin_model=not cfg.model.path).encode
+        return preflight.before_weights_load(cfg, problems, task, tok, shape_from, acc.num_processes, acc.device.type,
+                                             encode, log)
+
+    checked = False
+    if not cfg.model.gguf_file:  # the checks need only a tokenizer: run them before a warm-up or conversion
+        from regroup.models.tiny import build_tokenizer
+
+        references = check(load_tokenizer(cfg.model.path) if cfg.model.path else build_tokenizer(), cfg.model.path or None)
+        checked = True
+    model_path = resolve_model_path(cfg, log)
+    tokenizer = load_tokenizer(model_path)
     prompter = build_prompter(cfg.data, tokenizer, builtin_model=not cfg.model.path)
-    references = preflight.before_weights_load(cfg, problems, task, tokenizer, model_path, acc.num_processes,
-                                               acc.device.type, prompter.encode, log)
+    if not checked:
+        references = check(tokenizer, model_path)
     model = load_policy(model_path, cfg.model, acc.device)
     model.train()
     reference = ReferenceModel(model) if cfg.grpo.beta > 0 else None
