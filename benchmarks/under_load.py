@@ -74,9 +74,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--busy", type=int, default=3)
     ap.add_argument("--settings", default=",".join(SETTINGS))
+    ap.add_argument("--conditions", default="quiet,busy")
     args = ap.parse_args()
     print(f"uptime: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}")
-    for condition in ("quiet", "busy"):
+    for condition in args.conditions.split(","):
         spinners = []
         if condition == "busy":
             spinners = [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(args.busy)]
