@@ -156,6 +156,8 @@ def check_references(cfg, problems: list, task, encode_response, log=print) -> R
     if result.unverified:
         fix.append(f"make the solutions end in an answer {rewards_text} reads (one refused ends {result.example!r}"
                    + (r"; the math checker reads the last \boxed{...}" if "math" in cfg.rewards.functions else "") + ")")
+    if result.unverified and not cfg.data.train_file and "task" not in cfg.rewards.functions:
+        fix.append("or add the task's grader, which reads the built-in references' '#### N' (rewards=[task] or [task,math])")
     if result.too_long:
         fix.append("raise anchors.max_tokens")
     if result.ok == 0 and a.source == "reference":
