@@ -25,3 +25,7 @@ def dies(response, problem):
 
 def says_yes(response, problem):
     return "yes"
+
+
+def always_none(response, problem):
+    return None

@@ -215,3 +215,25 @@ def test_replace_mode_anchor_metrics_count_decisions_made_before_sampling():
     batch2.samples = []
     m2 = InjectAnchors(inj)(batch2, ctx)
     assert m2["anchor/rejected_reference"] == 0.0 and m2["anchor/too_long"] == 0.0
+
+
+def test_training_with_a_reward_that_scores_nothing_warns_in_the_log(tiny_model_dir, tmp_path):
+    import sys
+    from pathlib import Path
+
+    from regroup.config import load_config
+    from regroup.trainer import Trainer
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    configs = Path(__file__).resolve().parents[1] / "configs"
+    cfg = load_config(configs / "grpo.yaml", [
+        f"model.path={tiny_model_dir}", f"run_dir={tmp_path / 'run'}", "data.num_train=16", "grpo.prompts_per_step=2",
+        "grpo.num_generations=2", "rollout.max_new_tokens=4", "train.steps=3", "train.checkpoint_every=0",
+        "train.progress=false", "diagnostics.diversity_every=0", "rewards=[_user_rewards:always_none]",
+        "rewards.timeout_s=0"])
+    said = []
+    metrics = Trainer.from_config(cfg, tmp_path / "run", log=said.append).train()
+    assert metrics["groups/uniform_frac"] == 1.0 and metrics["reward/unscored_frac"] == 1.0
+    warnings = [line for line in said if line.startswith("warning (step 3)")]
+    assert any("rewards=_user_rewards:always_none returned None or NaN for 100% of responses" in w for w in warnings)
+    assert any("uniform rewards" in w and "anchors.enabled=true" in w for w in warnings)  # anchors off: suggested
