@@ -190,3 +190,20 @@ def test_builtin_model_is_checked_before_its_warm_up(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="zero anchors"):
         Trainer.from_config(cfg_of(*base, "anchors.enabled=true", "rewards.functions=[math]", recipe="dagrpo.yaml"),
                             tmp_path / "run", log=lambda m: None)
+
+
+def test_eval_with_a_huge_token_limit_is_one_line_before_loading(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    import regroup.eval.runner as runner
+    from regroup.cli import main
+
+    def refuse(*a, **k):
+        raise AssertionError("the model was loaded before the check")
+
+    monkeypatch.setattr(runner, "load_eval_setup", refuse)
+    monkeypatch.setattr(preflight, "available_memory", lambda device="cpu": 16 * 2**30)
+    data = tmp_path / "q.jsonl"
+    data.write_text(json.dumps({"question": "What is 1+1?", "answer": "2"}) + "\n")
+    code = main(["eval", "--model", tiny_model_dir, "--data", str(data), "--out", str(tmp_path / "ev"),
+                 "--max-new-tokens", "100000000"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "lower --max-new-tokens" in err[0], err

@@ -163,6 +163,11 @@ def test_watch_announces_lost_anchors_with_the_counts():
     assert "8 references failed rewards=math and 6 were longer than anchors.max_tokens" in lines[2][0]
     assert w.observe(4, {"anchor/count": 2.0}) == [] and w.anchor_losses["too_long"] == 0.0
     assert SignalWatch(patience=1).observe(1, {"anchor/count": 0.0}) == []  # anchors off: nothing to say
+    # when=no_correct: no all-wrong group means no anchor by design; refused references still warn
+    quiet = SignalWatch(patience=2, anchors=True, anchors_always=False)
+    assert run_watch(quiet, {"anchor/count": 0.0}, 3) == [[], [], []]
+    assert len(quiet.observe(4, {"anchor/count": 0.0, "anchor/rejected_reference": 1.0})) == 0
+    assert len(quiet.observe(5, {"anchor/count": 0.0})) == 1
 
 
 def test_non_finite_steps_and_float32_overflow_are_announced_at_once():

@@ -155,9 +155,12 @@ class SignalWatch:
     AT_ONCE = {"nonfinite": "skipped_nonfinite", "out_of_range": "reward/out_of_range"}
 
     def __init__(self, patience: int = 3, *, anchors: bool = False, dynamic_sampling: bool = False,
-                 references_verify: bool | None = None, reward_name: str = "the reward"):
+                 references_verify: bool | None = None, reward_name: str = "the reward", anchors_always: bool = True):
         self.patience = patience
         self.anchors, self.dynamic_sampling = anchors, dynamic_sampling
+        self.anchors_always = anchors_always
+        """anchors.when=always: every step should inject; otherwise (no_correct) a step without an all-wrong
+        group injects none by design, so only refused references make a no-anchor streak worth a warning."""
         self.references_verify = references_verify
         """Whether the data's reference solutions pass the reward (None: not checked / no references)."""
         self.reward_name = reward_name
@@ -168,7 +171,8 @@ class SignalWatch:
     @classmethod
     def for_config(cls, cfg, references_verify: bool | None = None) -> "SignalWatch":
         return cls(anchors=cfg.anchors.enabled, dynamic_sampling=cfg.dynamic_sampling.enabled,
-                   references_verify=references_verify, reward_name="rewards=" + ",".join(cfg.rewards.functions))
+                   references_verify=references_verify, reward_name="rewards=" + ",".join(cfg.rewards.functions),
+                   anchors_always=cfg.anchors.when == "always")
 
     def _uniform_remedies(self) -> str:
         tries = ["a prompt template asking for \\boxed{}", "easier data", "more samples per group"]
@@ -238,7 +242,8 @@ class SignalWatch:
                     self.anchor_losses[reason] += number(f"anchor/{reason}") or 0.0
             else:
                 self.anchor_losses = dict.fromkeys(self.anchor_losses, 0.0)
-            fire("no_anchors", number("anchor/count") == 0, 0.0, self.patience)
+            refused = sum(self.anchor_losses.values()) > 0
+            fire("no_anchors", number("anchor/count") == 0 and (self.anchors_always or refused), 0.0, self.patience)
         for name, key in self.AT_ONCE.items():
             value = number(key)
             fire(name, value is not None and value > 0, value or 0.0, 1)
