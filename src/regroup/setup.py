@@ -106,16 +106,17 @@ def build_parts(cfg, run_dir: Path, accelerator=None, log=print) -> RunParts:
     from regroup.metrics import tracker_names
 
     trackers = tracker_names(cfg.train)
-    if accelerator is None:
+    acc = accelerator
+    if acc is None:
         from datetime import timedelta
 
         from accelerate.utils import InitProcessGroupKwargs
 
         # A frozen or dead process must not block the others for torch's 30 minutes (train.collective_timeout_s).
         group = InitProcessGroupKwargs(timeout=timedelta(seconds=cfg.train.collective_timeout_s))
-    acc = accelerator or Accelerator(cpu=not torch.cuda.is_available(), log_with=trackers or None,
-                                     project_dir=str(run_dir / "tb") if trackers else None,  # TensorBoard: RUN_DIR/tb
-                                     kwargs_handlers=[group])
+        acc = Accelerator(cpu=not torch.cuda.is_available(), log_with=trackers or None,
+                          project_dir=str(run_dir / "tb") if trackers else None,  # TensorBoard: RUN_DIR/tb
+                          kwargs_handlers=[group])
     if cfg.train.keep_cpu_memory and acc.device.type == "cpu":
         from regroup.cpu_memory import keep_freed_memory
 
