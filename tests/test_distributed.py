@@ -189,10 +189,10 @@ def test_deepspeed_gets_one_micro_batch_per_step(tiny_model_dir, tmp_path, recip
     assert acc.state.deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] == micro
 
 
-@pytest.mark.slow
 def test_frozen_rank_stops_the_other_within_the_collective_timeout(tiny_model_dir, tmp_path):
     """Rank 1 freezes (SIGSTOP) after a step; rank 0 must stop with one clear line within
-    train.collective_timeout_s (bounded generously: 5 s asked, well under torch's 30 min), not hang."""
+    train.collective_timeout_s (bounded generously: 5 s asked, well under torch's 30 min), not hang.
+    12 s in all on a loaded 2-core machine (load average ~15), so not marked slow."""
     import signal
     import time
 
