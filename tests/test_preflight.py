@@ -207,3 +207,18 @@ def test_eval_with_a_huge_token_limit_is_one_line_before_loading(tiny_model_dir,
                  "--max-new-tokens", "100000000"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "lower --max-new-tokens" in err[0], err
+
+
+def test_memory_check_leaves_out_what_vllm_and_lora_size_themselves(monkeypatch):
+    monkeypatch.setattr(preflight, "model_shape", lambda path: SMOLLM2_SHAPE)
+    monkeypatch.setattr(preflight, "available_memory", lambda device="cpu": 16 * 2**30)
+    # 8192 new tokens x 128 samples of SmolLM2 through the HF sampler: its KV cache alone is over 16 GiB
+    with pytest.raises(ConfigError, match="largest part: KV cache"):
+        preflight.check_train_memory(cfg_of("rollout.max_new_tokens=8192", "grpo.micro_batch_size=1"), "m", 1, "cpu",
+                                     prompt_tokens=200)
+    preflight.check_train_memory(cfg_of("rollout.max_new_tokens=8192", "grpo.micro_batch_size=1", "rollout.backend=vllm"),
+                                 "m", 1, "cpu", prompt_tokens=200)
+    # the update's logits [micro-batch, T, V] are materialised in float32: 64 x 8192 x 49152 does not fit
+    with pytest.raises(ConfigError, match="largest part: update logits"):
+        preflight.check_train_memory(cfg_of("rollout.max_new_tokens=8192", "rollout.backend=vllm", "model.lora.enabled=true"),
+                                     "m", 1, "cpu", prompt_tokens=200)

@@ -290,9 +290,14 @@ def check_train_memory(cfg, model_path: str, world: int, device: str, log=print,
     samples = g.prompts_per_step // max(world, 1) * per_question
     rows = min(samples, max(r.batch_size, per_question))
     prompt = cfg.data.max_prompt_tokens if prompt_tokens is None else prompt_tokens
+    lora = bool(getattr(getattr(cfg.model, "lora", None), "enabled", False))
     est = estimate_memory(shape, rows_at_once=rows, total_samples=samples, prompt_tokens=prompt,
-                          new_tokens=r.max_new_tokens, update_rows=min(g.micro_batch_size, samples), training=True,
-                          reference=g.beta > 0)
+                          new_tokens=r.max_new_tokens, update_rows=min(g.micro_batch_size, samples),
+                          training=not lora,  # LoRA: gradients and AdamW state for the adapters only
+                          reference=g.beta > 0 and not lora)
+    if r.backend == "vllm":  # vLLM sizes its own KV cache (gpu_memory_utilization / VLLM_CPU_KVCACHE_SPACE)
+        for part in ("KV cache", "token buffers", "sampling logits"):
+            est.parts[part] = 0
     check_memory(est, device, f"a training step ({samples} samples of up to {r.max_new_tokens} new tokens per process)",
                  f"lower rollout.max_new_tokens, grpo.num_generations, grpo.prompts_per_step, rollout.batch_size or "
                  f"grpo.micro_batch_size (largest part: {est.largest()})", log)
