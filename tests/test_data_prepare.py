@@ -79,7 +79,7 @@ def test_prepare_from_source_roundtrips(tmp_path, name, rows, written, skipped):
     src = write_jsonl(tmp_path / "src.jsonl", rows)
     out = tmp_path / "out.jsonl"
     summary = prepare(name, str(out), source=src)
-    assert summary == {"target": name, "source": src, "written": written, "skipped": skipped}
+    assert summary == {"target": name, "source": src, "written": written, "skipped": skipped, "renamed_ids": 0}
     assert len(load_problems(out).problems) == written
 
 
@@ -174,3 +174,15 @@ def test_cli_data_prepare(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["written"] == 1
     assert main(["data", "prepare", "nosuch", "--out", str(tmp_path / "o.jsonl")]) == 2
     assert "choose one of" in capsys.readouterr().err
+
+
+def test_openr1_repeated_index_gets_unique_ids_the_loader_accepts(tmp_path):
+    """OpenR1-Math-46k repeats extra_info.index across its sources: prepare renames, the loader loads."""
+    rows = [dict(OPENR1_ROWS[0], extra_info={"index": 17}) for _ in range(3)]
+    rows.append(dict(OPENR1_ROWS[0], extra_info={"index": "17-2"}))  # a published id equal to a renamed one
+    src = write_jsonl(tmp_path / "openr1.jsonl", rows)
+    out = str(tmp_path / "out.jsonl")
+    summary = prepare("openr1_math_46k", out, source=src)
+    assert summary["written"] == 4 and summary["renamed_ids"] == 2
+    ids = [p.id for p in load_problems(out).problems]
+    assert ids == ["17", "17-3", "17-4", "17-2"] and len(set(ids)) == 4

@@ -187,3 +187,44 @@ def test_deepspeed_gets_one_micro_batch_per_step(tiny_model_dir, tmp_path, recip
         return
     build_parts(cfg, tmp_path, accelerator=acc, log=lambda m: None)
     assert acc.state.deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] == micro
+
+
+def test_frozen_rank_stops_the_other_within_the_collective_timeout(tiny_model_dir, tmp_path):
+    """Rank 1 freezes (SIGSTOP) after a step; rank 0 must stop with one clear line within
+    train.collective_timeout_s (bounded generously: 5 s asked, well under torch's 30 min), not hang.
+    12 s in all on a loaded 2-core machine (load average ~15), so not marked slow."""
+    import signal
+    import time
+
+    out = tmp_path / "out"
+    out.mkdir()
+    timeout_s = 5
+    cmd = [_accelerate(), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+           "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
+           str(Path(__file__).resolve().parent / "_freeze_worker.py"), tiny_model_dir, str(tmp_path / "run"), str(out),
+           str(timeout_s)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    log = open(tmp_path / "launch.log", "w")
+    launcher = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 240
+        while not (out / "rank0.json").exists() and launcher.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert (out / "rank0.json").exists(), (tmp_path / "launch.log").read_text()[-3000:]
+        record = json.loads((out / "rank0.json").read_text())
+    finally:
+        pid_file = out / "rank1.pid"
+        if pid_file.exists():  # the frozen rank this test started: kill it by its id
+            try:
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            launcher.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            launcher.kill()
+        log.close()
+    assert "line" in record, record
+    assert record["line"] is not None and "train.collective_timeout_s" in record["line"], record
+    assert "\n" not in record["line"]
+    assert record["waited_s"] < 120, record  # generous: the timeout is 5 s, torch's default 1800 s

@@ -308,5 +308,5 @@ def test_run_rephrase_openai_against_fake_server(tmp_path, server):
     summary2 = run_rephrase(str(path), str(out), 3, "openai", **kw)
     assert (summary2["totals"]["variants_cached"], summary2["totals"]["variants_accepted"]) == (9, 9)
     assert server.n_requests == 15
-    with pytest.raises(ValueError, match="base_url and model"):
+    with pytest.raises(ValueError, match="--base-url and --model"):
         run_rephrase(str(path), str(out), 3, "openai", progress=False)

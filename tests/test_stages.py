@@ -140,7 +140,7 @@ def test_signal_watch_warns_once_per_streak():
     assert [len(x) for x in said] == [0, 0, 1, 0, 0]
     assert "uniform rewards" in said[2][0] and "100%" in said[2][0]
     assert w.observe(6, {"groups/uniform_frac": 0.5}) == []  # the streak ends
-    assert [len(w.observe(s, {"mask/frac": 0.95})) for s in range(7, 10)] == [0, 0, 1]
+    assert [len(w.observe(s, {"mask/advantaged_frac": 0.95})) for s in range(7, 10)] == [0, 0, 1]
     assert [len(w.observe(s, {"reward/no_answer_frac": 1.0})) for s in range(10, 13)] == [0, 0, 1]
 
 

@@ -206,7 +206,10 @@ def one_thread():
 def _toy_settings(warm, arms):
     return StudySettings(seeds=2, prompts_per_step=2, num_generations=2, questions=2, epochs=1, eval_problems=4,
                          eval_samples=8, probe_problems=4, warmup_dir=str(warm), max_new_tokens=6, arms=arms,
-                         overrides=["diagnostics.diversity_every=1", "diagnostics.grad_conflict_every=1"])
+                         # 6 new tokens cut every reference: without a longer anchor cap the anchor arm would get
+                         # no anchor, which the start-up check refuses
+                         overrides=["diagnostics.diversity_every=1", "diagnostics.grad_conflict_every=1",
+                                    "anchors.max_tokens=64"])
 
 
 def _warm(tiny_model_dir, tmp_path):

@@ -499,6 +499,10 @@ def user_error(exc: BaseException) -> str | None:
         return f"error: {exc}"
     if isinstance(exc, CheckpointError):
         return f"checkpoint error: {exc}"
+    from regroup.preflight import collective_timeout_line
+
+    if collective_timeout_line(exc):
+        return collective_timeout_line(exc)
     if is_disk_full(exc):
         text = (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
         return f"error: {text}" if text.startswith("no space left") else f"error: no space left on device ({text[:200]})"

@@ -262,6 +262,9 @@ class RewardsConfig:
     correct_threshold: float = F(1.0, "A response is verified correct when its reward >= this (anchors, self-anchors, eval, the "
                                  "TRL adapter).", finite=True)
     workers: int = F(1, "Processes grading answers in parallel (math checker).", ge=1, le=1024)
+    timeout_s: float = F(30.0, "Deadline per call of a user reward function (pkg.mod:fn), run in a worker process: past it "
+                         "the call is killed and scores None, counted as unscored (reward/timeout). 0: run it in-process, "
+                         "with no deadline.", ge=0.0, le=86400.0)
 
 
 @dataclass
@@ -294,6 +297,10 @@ class TrainConfig:
     keep_checkpoints: int = F(2, "Checkpoints kept on disk (older ones are deleted).", **COUNT)
     progress: bool = F(True, "Show a progress bar.")
     threads: int = F(0, "torch CPU threads (0: leave torch's default).", ge=0, le=4096)
+    collective_timeout_s: float = F(600.0, "Seconds a process waits in a collective (all-reduce, gather, barrier) for the "
+                                    "others before it stops with an error naming a frozen or dead process (torch's default: "
+                                    "1800). Raise it when one process legitimately works alone for long.", gt=0.0,
+                                    le=7 * 86400.0)
     keep_cpu_memory: bool = F(True, "On a CPU with glibc, keep freed buffers in the process instead of returning them to the OS "
                               "(`regroup.cpu_memory`: 8x fewer page faults, a 0-12 % shorter tiny-model step).")
     eval_every: int = F(0, "Evaluate on held-out questions (data.eval_file, else the task's held-out set) every K steps (0: "
@@ -518,7 +525,7 @@ def apply_overrides(data: dict, overrides: list[str] | tuple[str, ...]) -> dict:
 
 
 RESUME_OVERRIDABLE = ("train.steps", "train.checkpoint_every", "train.keep_checkpoints", "train.progress",
-                      "train.threads", "train.keep_cpu_memory", "train.eval_every", "train.sample_every",
+                      "train.threads", "train.collective_timeout_s", "train.keep_cpu_memory", "train.eval_every", "train.sample_every",
                       "train.report_to")
 """Keys a `--resume` may change: each is read afresh by the resumed process. Any other key would be written
 to config.yaml while the restored optimizer, scheduler, data and RNG states go on with the saved value."""

@@ -190,5 +190,32 @@ def prepare(name: str, out: str, source: str | None = None, limit: int | None = 
         raise DataError(origin, None, None, f"no usable rows for {name}{target.fields}")
     if limit is not None:
         problems = problems[:limit]
+    problems, renamed = unique_ids(problems)
     save_problems(problems, out)
-    return {"target": name, "source": origin, "written": len(problems), "skipped": skipped}
+    return {"target": name, "source": origin, "written": len(problems), "skipped": skipped, "renamed_ids": renamed}
+
+
+def unique_ids(problems: list[Problem]) -> tuple[list[Problem], int]:
+    """Problems with unique ids (the loader refuses repeats): a published id seen before gets `-2`, `-3`, ...
+    in row order (OpenR1-Math-46k's `extra_info.index` repeats across its sources). Returns them and how
+    many were renamed."""
+    import dataclasses
+
+    taken = {p.id for p in problems}
+    seen: dict[str, int] = {}
+    out, renamed = [], 0
+    for p in problems:
+        n = seen.get(p.id, 0) + 1
+        seen[p.id] = n
+        if n == 1:
+            out.append(p)
+            continue
+        new_id = f"{p.id}-{n}"
+        while new_id in taken:
+            n += 1
+            new_id = f"{p.id}-{n}"
+        seen[p.id] = n
+        taken.add(new_id)
+        out.append(dataclasses.replace(p, id=new_id))
+        renamed += 1
+    return out, renamed

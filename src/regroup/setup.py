@@ -26,6 +26,8 @@ class RunParts:
     problems: list
     prompter: object = None
     """Question -> prompt ids (regroup.models.prompting.Prompter): chat template, system prompt, template."""
+    references_verify: bool | None = None
+    """Whether the data's reference solutions passed the reward at start-up (None: not checked)."""
 
 
 def seed_everything(seed: int) -> None:
@@ -104,8 +106,17 @@ def build_parts(cfg, run_dir: Path, accelerator=None, log=print) -> RunParts:
     from regroup.metrics import tracker_names
 
     trackers = tracker_names(cfg.train)
-    acc = accelerator or Accelerator(cpu=not torch.cuda.is_available(), log_with=trackers or None,
-                                     project_dir=str(run_dir / "tb") if trackers else None)  # TensorBoard: RUN_DIR/tb
+    acc = accelerator
+    if acc is None:
+        from datetime import timedelta
+
+        from accelerate.utils import InitProcessGroupKwargs
+
+        # A frozen or dead process must not block the others for torch's 30 minutes (train.collective_timeout_s).
+        group = InitProcessGroupKwargs(timeout=timedelta(seconds=cfg.train.collective_timeout_s))
+        acc = Accelerator(cpu=not torch.cuda.is_available(), log_with=trackers or None,
+                          project_dir=str(run_dir / "tb") if trackers else None,  # TensorBoard: RUN_DIR/tb
+                          kwargs_handlers=[group])
     if cfg.train.keep_cpu_memory and acc.device.type == "cpu":
         from regroup.cpu_memory import keep_freed_memory
 
@@ -124,14 +135,30 @@ def build_parts(cfg, run_dir: Path, accelerator=None, log=print) -> RunParts:
         if ds_plugin.deepspeed_config.get("train_micro_batch_size_per_gpu", "auto") == "auto":
             # accelerate infers it from a DataLoader; this trainer has none
             ds_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = g.micro_batch_size
+    from regroup import preflight
+
+    preflight.check_world(cfg, acc.num_processes)
     seed_everything(cfg.seed)
     task = get_task(cfg.data.task)
     problems = training_problems(cfg, task, log)
-    model_path = resolve_model_path(cfg, log)
-    tokenizer = load_tokenizer(model_path)
     from regroup.models.prompting import build_prompter
 
+    def check(tok, shape_from: str | None):
+        encode = build_prompter(cfg.data, tok, builtin_model=not cfg.model.path).encode
+        return preflight.before_weights_load(cfg, problems, task, tok, shape_from, acc.num_processes, acc.device.type,
+                                             encode, log)
+
+    checked = False
+    if not cfg.model.gguf_file:  # the checks need only a tokenizer: run them before a warm-up or conversion
+        from regroup.models.tiny import build_tokenizer
+
+        references = check(load_tokenizer(cfg.model.path) if cfg.model.path else build_tokenizer(), cfg.model.path or None)
+        checked = True
+    model_path = resolve_model_path(cfg, log)
+    tokenizer = load_tokenizer(model_path)
     prompter = build_prompter(cfg.data, tokenizer, builtin_model=not cfg.model.path)
+    if not checked:
+        references = check(tokenizer, model_path)
     model = load_policy(model_path, cfg.model, acc.device)
     model.train()
     reference = ReferenceModel(model) if cfg.grpo.beta > 0 else None
@@ -143,4 +170,5 @@ def build_parts(cfg, run_dir: Path, accelerator=None, log=print) -> RunParts:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(o.warmup_steps, total, o.schedule, o.min_lr_ratio))
     model, optimizer = acc.prepare(model, optimizer)
     sampler = build_sampler(cfg.rollout, acc.unwrap_model(model), tokenizer, cfg.data.max_prompt_tokens)
-    return RunParts(cfg, acc, model, tokenizer, reference, optimizer, scheduler, sampler, task, problems, prompter)
+    return RunParts(cfg, acc, model, tokenizer, reference, optimizer, scheduler, sampler, task, problems, prompter,
+                    references_verify=references.verify if references is not None else None)

@@ -69,7 +69,7 @@ class Trainer:
         self.embedder = build_embedder(cfg.diagnostics.embedder) if cfg.diagnostics.diversity_every else None
         d = cfg.diagnostics
         self.grad_conflict_every = d.grad_conflict_every if d.grad_conflict_every is not None else self._default_conflict_every()
-        self.watch = SignalWatch()
+        self.watch = SignalWatch.for_config(cfg, getattr(parts, "references_verify", None))
         self.shared_prefix = use_shared_prefix(cfg.grpo.shared_prefix, self.acc.device)
         self._prompt_ids: dict[str, list[int]] = {}
         self.skipped_long = 0
@@ -198,8 +198,11 @@ class Trainer:
         batch = self._draw(step, 0)
         metrics = run_stages(self.recipe.stages, batch, self.ctx)
         metrics["data/skipped_long"] = float(self.skipped_long)  # since the start of the run
-        for key in ("tokens/generated", "time/rollout", "time/reward"):  # what the extra rounds cost counts too
-            metrics[key] = metrics.get(key, 0.0) + sum(m.get(key, 0.0) for m in extra_rounds)
+        # What the extra rounds cost, and what their anchor stages decided, counts too.
+        for key in ("tokens/generated", "time/rollout", "time/reward", "anchor/too_long", "anchor/rejected_reference",
+                    "anchor/reward_checks", "time/anchor_verify"):
+            if key in metrics or any(key in m for m in extra_rounds):
+                metrics[key] = metrics.get(key, 0.0) + sum(m.get(key, 0.0) for m in extra_rounds)
         if "tokens/generated" in metrics and metrics.get("time/rollout"):
             metrics["tokens_per_s"] = metrics["tokens/generated"] / max(metrics["time/rollout"], 1e-9)
         return batch, metrics

@@ -465,6 +465,10 @@ def run_eval_cli(
                 raise ValueError(f"no usable problems in {path} (skipped {len(loaded.skipped)} bad rows)")
             sets.append(EvalSet(_bench_name(path, taken), problems, grader, n, list(ks), temperature, top_p,
                                 os.path.abspath(path), len(loaded.skipped)))
+        from regroup.preflight import check_eval_memory
+
+        check_eval_memory(model_path, n=max(n, 1), batch_size=batch_size, max_new_tokens=max_new_tokens,
+                          problems=sum(len(s.problems) for s in sets), device=device)
         setup = load_eval_setup(model_path, dtype=dtype, device=device, **(prompt or {}))
         settings = {"checker": checker, "task": task if checker == "task" else None, "answer_marker": answer_marker}
         return evaluate_sets(setup, sets, out_dir, model_path=model_path, max_new_tokens=max_new_tokens, greedy=greedy,
@@ -522,6 +526,10 @@ def run_bench_cli(
             sets.append(EvalSet(name, problems, grader_for(bench, checker), bench_n, _check_ks(bench_ks),
                                 proto.temperature if temperature is None else temperature,
                                 proto.top_p if top_p is None else top_p, origin, skipped))
+        from regroup.preflight import check_eval_memory
+
+        check_eval_memory(model_path, n=max(s.n for s in sets), batch_size=batch_size, max_new_tokens=max_new_tokens,
+                          problems=sum(len(s.problems) for s in sets), device=device)
         setup = load_eval_setup(model_path, dtype=dtype, device=device, **(prompt or {}))
         return evaluate_sets(setup, sets, out_dir, model_path=model_path, max_new_tokens=max_new_tokens, greedy=greedy,
                              batch_size=batch_size, seed=seed, limit=limit, progress=progress, backend=backend,

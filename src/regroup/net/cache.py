@@ -8,6 +8,7 @@ returned by `get`, so a rerun asks the remote service again. Every value and err
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -100,16 +101,35 @@ class DiskCache:
         now = time.time()
         with self._lock:
             db = self._db
-            db.execute("BEGIN IMMEDIATE")
             try:
-                db.execute(
-                    "INSERT OR REPLACE INTO answers (key, value, created) VALUES (?, ?, ?)", (key, data, now)
-                )
-                db.execute("DELETE FROM failures WHERE key = ?", (key,))
-                db.execute("COMMIT")
-            except BaseException:
+                db.execute("BEGIN IMMEDIATE")
+                try:
+                    db.execute(
+                        "INSERT OR REPLACE INTO answers (key, value, created) VALUES (?, ?, ?)", (key, data, now)
+                    )
+                    db.execute("DELETE FROM failures WHERE key = ?", (key,))
+                    db.execute("COMMIT")
+                except BaseException:
+                    self._rollback(db)
+                    raise
+            except sqlite3.Error as exc:
+                raise self._storage_error(exc) from None
+
+    @staticmethod
+    def _rollback(db: sqlite3.Connection) -> None:
+        """Roll back if a transaction is still open: on SQLITE_FULL sqlite has already rolled back, and a
+        second ROLLBACK's "cannot rollback - no transaction is active" would hide "disk is full"."""
+        if db.in_transaction:
+            try:
                 db.execute("ROLLBACK")
-                raise
+            except sqlite3.Error:
+                pass
+
+    def _storage_error(self, exc: sqlite3.Error) -> Exception:
+        """A full disk as OSError(ENOSPC) naming the cache file (one line from the CLI); else the error, named."""
+        if "full" in str(exc).lower():
+            return OSError(errno.ENOSPC, f"no space left on device: cache {self.path} ({exc})", str(self.path))
+        return sqlite3.OperationalError(f"cache {self.path}: {exc}")
 
     def __contains__(self, key: object) -> bool:
         return isinstance(key, str) and self.get(key, _MISSING) is not _MISSING
@@ -134,11 +154,14 @@ class DiskCache:
     def record_failure(self, key: str, error: str) -> None:
         """Note that computing `key` failed with `error` (counted); `get` still reports a miss."""
         with self._lock:
-            self._db.execute(
-                "INSERT INTO failures (key, error, count, last) VALUES (?, ?, 1, ?) "
-                "ON CONFLICT(key) DO UPDATE SET error = excluded.error, count = count + 1, last = excluded.last",
-                (key, clip(error, 2000), time.time()),
-            )
+            try:
+                self._db.execute(
+                    "INSERT INTO failures (key, error, count, last) VALUES (?, ?, 1, ?) "
+                    "ON CONFLICT(key) DO UPDATE SET error = excluded.error, count = count + 1, last = excluded.last",
+                    (key, clip(error, 2000), time.time()),
+                )
+            except sqlite3.Error as exc:
+                raise self._storage_error(exc) from None
 
     def failures(self) -> dict[str, tuple[str, int]]:
         """Recorded failures: key → (last error, how many times)."""

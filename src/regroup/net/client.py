@@ -183,6 +183,14 @@ class _WatchedHTTPSHandler(urllib.request.HTTPSHandler):
         return self.do_open(_watched(http.client.HTTPSConnection, req.regroup_expiry), req, context=self._context)
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """Redirects are not followed: a POST would lose its deadline watch (and its body), and the API key
+    would go along to another address. The 3xx surfaces as an HTTP error naming the new address."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: PLR0913 - urllib's signature
+        return None
+
+
 class ChatClient:
     """OpenAI-compatible `/chat/completions` client with retries, deadlines, a concurrency bound and counters.
 
@@ -212,6 +220,7 @@ class ChatClient:
             raise ValueError(f"base_url must start with http:// or https://, got {base_url!r}")
         if not model:
             raise ValueError("model must be a non-empty model name")
+        api_key_env = api_key_env or None  # "" like None: a server without authentication, no header sent
         check_key_env_name(api_key_env, "api_key_env")
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
@@ -245,7 +254,7 @@ class ChatClient:
         self._url = (
             self.base_url if self.base_url.endswith("/chat/completions") else self.base_url + "/chat/completions"
         )
-        self._opener = urllib.request.build_opener(_WatchedHTTPHandler, _WatchedHTTPSHandler)
+        self._opener = urllib.request.build_opener(_WatchedHTTPHandler, _WatchedHTTPSHandler, _NoRedirect)
         self._slots = threading.BoundedSemaphore(self.concurrency)  # bound across all callers
         self._rng = random.Random()
         self._stats_lock = threading.Lock()
@@ -421,6 +430,10 @@ class ChatClient:
         exc.close()
         detail = clip(" ".join(detail.split()), ERROR_CHARS, [key])  # redacted before it is cut
         message = f"HTTP {status}" + (f": {detail}" if detail else "")
+        if 300 <= status < 400:
+            where = clip(str(exc.headers.get("Location", "")) if exc.headers else "", ERROR_CHARS, [key])
+            message = (f"HTTP {status} redirect to {where or 'another address'}: redirects are not followed "
+                       "(the API key would go along); set base_url to the final address")
         if status == 429:
             return _AttemptError("http_429", message, retry_after)
         if status == 408:

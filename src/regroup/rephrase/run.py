@@ -69,6 +69,23 @@ def network_totals(client: ChatClient | None) -> dict[str, int]:
                                                "deadline_hits", "oversize")}
 
 
+def _check_rules_can_rewrite(problems: Sequence[Any], data_in) -> None:
+    """The rules rewriter rewrites the built-in arithmetic task's problems from the structure in their meta;
+    refuse other data before anything is rewritten (it used to fail with a traceback at the first row)."""
+    from regroup.tasks.arithmetic.render import surface_from_meta
+
+    lacking = []
+    for p in problems:
+        try:
+            surface_from_meta(p.meta, p.id)
+        except (ValueError, TypeError, AttributeError):
+            lacking.append(p.id)
+    if lacking:
+        raise ConfigError(f"the rules rewriter only rewrites the built-in arithmetic task's problems (their meta holds "
+                          f"the structure): {len(lacking)} of {len(problems)} rows of {data_in} have none (first: id "
+                          f"{lacking[0]!r}); use --rewriter openai --base-url URL --model NAME for other data")
+
+
 def run_rephrase(
     data_in: str,
     out: str,
@@ -105,10 +122,14 @@ def run_rephrase(
 
     if not isinstance(n, int) or n < 0:
         raise ValueError(f"n (variants per question) must be an integer >= 0, got {n!r}")
+
     if rewriter == "openai":
         check_key_env_name(api_key_env, "--api-key-env")  # before anything is read or printed
         if not timeout_s > 0:
             raise ConfigError(f"--timeout must be > 0 seconds, got {timeout_s}")
+        if not base_url or not model:
+            raise ConfigError("rewriter 'openai' needs --base-url and --model "
+                              "(e.g. --base-url https://api.openai.com/v1 --model gpt-4-turbo)")
     _refuse_same_file(data_in, out)
     t0 = time.monotonic()
     try:
@@ -121,15 +142,12 @@ def run_rephrase(
     for skipped in loaded.skipped:
         (log or (lambda line: print(line, file=sys.stderr)))(f"skipped malformed row: {skipped}")
     problems = list(loaded.problems)
+    if rewriter == "rules":
+        _check_rules_can_rewrite(problems, data_in)
 
     cache: DiskCache | None = None
     client: ChatClient | None = None
     if rewriter == "openai":
-        if not base_url or not model:
-            raise ValueError(
-                "rewriter 'openai' needs base_url and model "
-                "(e.g. --base-url https://api.openai.com/v1 --model gpt-4-turbo)"
-            )
         client = ChatClient(base_url, model, api_key_env=api_key_env, concurrency=concurrency, temperature=temperature,
                             timeout_s=timeout_s)
         if cache_dir is not None:

@@ -14,6 +14,7 @@ from collections import OrderedDict
 
 from regroup.batch import Sample
 from regroup.registry import STAGES
+from regroup.rewards import pop_counts
 from regroup.stages.base import StepBatch, StepContext
 
 
@@ -37,6 +38,10 @@ class AnchorInjector:
         self.buffer: OrderedDict[str, list[str]] = OrderedDict()  # question id -> recent correct responses
         self.totals = {"injected": 0, "rejected_reference": 0, "too_long": 0, "from_reference": 0, "from_self": 0}
         self.time_verifying = 0.0
+        self.round_mark: tuple[dict, float] | None = None
+        """(totals, time_verifying) where the current round's anchor decisions began (see `_begin_round`)."""
+        self.held_checks: dict[str, int] = {}
+        """The reward's counts from verifying references before sampling (kept off `reward/*`)."""
 
     # -- sources ---------------------------------------------------------------------------------------
     def reference_verdict(self, problem) -> str:
@@ -141,6 +146,27 @@ class AnchorInjector:
         self.totals.update(state.get("totals", {}))
 
 
+def _begin_round(inj: AnchorInjector) -> None:
+    """Mark the injector's totals where this round's anchor decisions start."""
+    inj.round_mark = (dict(inj.totals), inj.time_verifying)
+
+
+def _end_round(inj: AnchorInjector) -> dict[str, float]:
+    """What the anchor stages decided since `_begin_round` (ReserveAnchorSlots, or this InjectAnchors call
+    when nothing reserved): in replace mode the references are verified before sampling, so counting only
+    InjectAnchors' own call would read 0. The reward's counts from verifying references are taken off
+    here, so `reward/*` counts on-policy samples only."""
+    totals, verifying = inj.round_mark or (dict(inj.totals), inj.time_verifying)
+    inj.round_mark = None
+    checks = pop_counts(inj.reward_fn)
+    return {
+        "anchor/too_long": float(inj.totals["too_long"] - totals["too_long"]),
+        "anchor/rejected_reference": float(inj.totals["rejected_reference"] - totals["rejected_reference"]),
+        "anchor/reward_checks": float(checks.get("checked", 0)),
+        "time/anchor_verify": inj.time_verifying - verifying,
+    }
+
+
 class ReserveAnchorSlots:
     """Before sampling: leave one q0 slot per anchor that will replace an on-policy sample (7 + 1)."""
 
@@ -150,7 +176,9 @@ class ReserveAnchorSlots:
         self.injector = injector
 
     def __call__(self, batch: StepBatch, ctx: StepContext) -> dict[str, float]:
+        _begin_round(self.injector)
         batch.reserved = self.injector.reserved_slots(batch.problems)
+        self.injector.held_checks = pop_counts(self.injector.reward_fn)  # references checked: not on-policy
         return {}
 
 
@@ -171,15 +199,16 @@ class InjectAnchors:
 
     def __call__(self, batch: StepBatch, ctx: StepContext) -> dict[str, float]:
         inj = self.injector
-        t0, verifying0 = time.perf_counter(), inj.time_verifying
-        before = dict(inj.totals)
+        t0 = time.perf_counter()
+        if inj.round_mark is None:
+            _begin_round(inj)
         q0_prompts = [ctx.encode_prompt(p.question) for p in batch.problems]
         batch.samples, metrics = inj.inject(batch.samples, batch.problems, batch.group_ids, q0_prompts,
                                             reserved=batch.reserved is not None)
         inj.observe(batch.samples)
-        metrics["anchor/too_long"] = float(inj.totals["too_long"] - before["too_long"])
-        metrics["anchor/rejected_reference"] = float(inj.totals["rejected_reference"] - before["rejected_reference"])
-        metrics["time/anchor_verify"] = inj.time_verifying - verifying0
+        metrics.update(_end_round(inj))
+        metrics["anchor/reward_checks"] += inj.held_checks.get("checked", 0)
+        inj.held_checks = {}
         metrics["time/anchors"] = time.perf_counter() - t0
         return metrics
 

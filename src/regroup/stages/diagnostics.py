@@ -26,15 +26,23 @@ def reward_diagnostics(samples: list[Sample]) -> dict[str, float]:
         return {}
     rewards = _reward_tensor(on_policy)
     scored = rewards[~torch.isnan(rewards)]
+    unscored = float(torch.isnan(rewards).sum())
     metrics = {
         "reward/mean": float(scored.mean()) if scored.numel() else math.nan,
         "reward/std": float(scored.std()) if scored.numel() > 1 else 0.0,
-        "reward/unscored": float(torch.isnan(rewards).sum()),
+        "reward/unscored": unscored,
+        "reward/unscored_frac": unscored / len(on_policy),
     }
-    pool = group_reward_stats(_reward_tensor(samples), torch.tensor([s.group_id for s in samples]))
-    metrics["groups/uniform_frac"] = pool["frac_all_equal"]
-    metrics["groups/all_correct_frac"] = pool["frac_all_correct"]
-    metrics["groups/all_wrong_frac"] = pool["frac_all_wrong"]
+    group_ids = torch.tensor([s.group_id for s in samples])
+    pool = group_reward_stats(_reward_tensor(samples), group_ids)
+    # A group none of whose rewards is scored has no advantage either: it counts as uniform (no signal),
+    # so a reward that scores nothing reads uniform_frac 1.0, not 0.0 (group_reward_stats skips such groups).
+    total = int(group_ids.unique().numel())
+    counted = pool["num_groups"]
+    metrics["groups/unscored_frac"] = (total - counted) / total
+    metrics["groups/uniform_frac"] = (pool["frac_all_equal"] * counted + total - counted) / total
+    metrics["groups/all_correct_frac"] = pool["frac_all_correct"] * counted / total
+    metrics["groups/all_wrong_frac"] = pool["frac_all_wrong"] * counted / total
     if any(s.variant > 0 for s in on_policy):
         # TA-GRPO: the same statistic per (question, variant) sub-group, i.e. as plain GRPO would see it.
         sub_ids = torch.tensor([s.group_id * 1024 + s.variant for s in on_policy])
@@ -121,48 +129,129 @@ def group_diversity(samples: list[Sample], embedder) -> float:
 
 
 class SignalWatch:
-    """Says so, while it happens, when the training signal vanishes.
+    """Says so, while it happens, when the training signal vanishes, and what to do about it.
 
-    Fed each step's (reduced) metrics; returns warning lines when, for `patience` steps in a row,
-    ≥ `uniform_limit` of groups have uniform rewards (every advantage 0), a mask drops ≥ `mask_limit` of
-    samples, or no answer could be extracted from ≥ `no_answer_limit` of responses. Each condition warns
-    once per streak, naming the likely causes and what to try.
+    Fed each step's (reduced) metrics; returns warning lines. Each check fires once per streak, after
+    `patience` steps in a row (or at once, for checks whose every occurrence loses something):
+
+    | check        | metric (threshold)                      | what is lost                                   |
+    |--------------|-----------------------------------------|------------------------------------------------|
+    | uniform      | groups/uniform_frac >= 0.95             | advantages are 0                               |
+    | unscored     | reward/unscored_frac >= 0.95            | the reward scores nothing (NaN / None)         |
+    | no_answer    | reward/no_answer_frac >= 0.95           | rewards are 0 for format                       |
+    | scorer       | mask/unscored_frac >= 0.95              | DaGRPO runs with no masks                      |
+    | masked       | mask/advantaged_frac >= 0.90            | the mask removes what carries gradient         |
+    | no_anchors   | anchor/count == 0 (anchors on)          | DaGRPO runs without anchors                    |
+    | nonfinite    | skipped_nonfinite > 0 (at once)         | the update was skipped                         |
+    | out_of_range | reward/out_of_range > 0 (at once)       | rewards beyond float32 scored as unscored      |
+
+    Remedies are only suggested where they apply: `anchors` only when anchors are off and the data's
+    references verify (`references_verify`, from the start-up check), dynamic sampling only when off.
     """
 
-    CHECKS = {
-        "uniform": ("groups/uniform_frac", 0.95,
-                    "{v:.0%} of groups had uniform rewards for {n} steps: advantages are 0 and nothing is learned "
-                    "(all-wrong {w:.0%}, all-correct {c:.0%}). Check reward/extracted_frac and samples.jsonl; try a "
-                    "prompt template asking for \\boxed{{}}, easier data, more samples per group, dynamic_sampling, or anchors."),
-        "masked": ("mask/frac", 0.90,
-                   "the distinctiveness mask dropped {v:.0%} of samples for {n} steps: almost nothing is trained on. "
-                   "Check score/mean; the scorer may not separate responses on this data (lower mask.delta or use "
-                   "mask.scorer.name=judge|similarity)."),
-        "no_answer": ("reward/no_answer_frac", 0.95,
-                      "no final answer could be extracted from {v:.0%} of responses for {n} steps: the reward is 0 "
-                      "for format, not correctness. Add data.prompt_template asking for \\boxed{{}} or check the checker."),
-    }
+    LIMITS = {"uniform": ("groups/uniform_frac", 0.95), "unscored": ("reward/unscored_frac", 0.95),
+              "no_answer": ("reward/no_answer_frac", 0.95), "scorer": ("mask/unscored_frac", 0.95),
+              "masked": ("mask/advantaged_frac", 0.90)}
+    AT_ONCE = {"nonfinite": "skipped_nonfinite", "out_of_range": "reward/out_of_range"}
 
-    def __init__(self, patience: int = 3):
+    def __init__(self, patience: int = 3, *, anchors: bool = False, dynamic_sampling: bool = False,
+                 references_verify: bool | None = None, reward_name: str = "the reward", anchors_always: bool = True):
         self.patience = patience
-        self.streak = {k: 0 for k in self.CHECKS}
+        self.anchors, self.dynamic_sampling = anchors, dynamic_sampling
+        self.anchors_always = anchors_always
+        """anchors.when=always: every step should inject; otherwise (no_correct) a step without an all-wrong
+        group injects none by design, so only refused references make a no-anchor streak worth a warning."""
+        self.references_verify = references_verify
+        """Whether the data's reference solutions pass the reward (None: not checked / no references)."""
+        self.reward_name = reward_name
+        self.streak = {k: 0 for k in (*self.LIMITS, "no_anchors", *self.AT_ONCE)}
+        self.anchor_losses = {"rejected_reference": 0.0, "too_long": 0.0}
+        """References refused since the start of the current no-anchor streak, by reason."""
+
+    @classmethod
+    def for_config(cls, cfg, references_verify: bool | None = None) -> "SignalWatch":
+        return cls(anchors=cfg.anchors.enabled, dynamic_sampling=cfg.dynamic_sampling.enabled,
+                   references_verify=references_verify, reward_name="rewards=" + ",".join(cfg.rewards.functions),
+                   anchors_always=cfg.anchors.when == "always")
+
+    def _uniform_remedies(self) -> str:
+        tries = ["a prompt template asking for \\boxed{}", "easier data", "more samples per group"]
+        if not self.dynamic_sampling:
+            tries.append("dynamic_sampling.enabled=true")
+        if not self.anchors and self.references_verify is not False:
+            tries.append("anchors.enabled=true (the data's reference solutions join all-wrong groups)")
+        return ", ".join(tries[:-1]) + " or " + tries[-1]
+
+    def _message(self, name: str, v: float, m: dict) -> str:
+        n = self.patience
+        if name == "uniform":
+            return (f"{v:.0%} of groups had uniform rewards for {n} steps: advantages are 0 and nothing is learned "
+                    f"(all-wrong {m.get('groups/all_wrong_frac', math.nan):.0%}, all-correct "
+                    f"{m.get('groups/all_correct_frac', math.nan):.0%}, unscored {m.get('groups/unscored_frac', 0.0):.0%}). "
+                    f"Check reward/extracted_frac and samples.jsonl; try {self._uniform_remedies()}.")
+        if name == "unscored":
+            return (f"{self.reward_name} returned None or NaN for {v:.0%} of responses for {n} steps: nothing is "
+                    "scored, so nothing is learned. Check the reward function on a few responses from samples.jsonl "
+                    "(None means 'could not score'; return 0.0 for a wrong answer).")
+        if name == "no_answer":
+            return (f"no final answer could be extracted from {v:.0%} of responses for {n} steps: the reward is 0 "
+                    "for format, not correctness. Add data.prompt_template asking for \\boxed{} or check the checker.")
+        if name == "scorer":
+            return (f"the mask's scorer could not score {v:.0%} of samples for {n} steps (mask/unscored): DaGRPO runs "
+                    "with no masks. Check scorer/failed and the scorer (for a judge: mask.scorer.base_url, model and "
+                    "api_key_env; its errors are in the log).")
+        if name == "masked":
+            return (f"the distinctiveness mask dropped {v:.0%} of the samples that carry an advantage for {n} steps: "
+                    "loss and gradient are about 0. Check score/mean; the scorer may not separate responses on this "
+                    "data (lower mask.delta or use mask.scorer.name=judge|similarity).")
+        if name == "no_anchors":
+            lost = self.anchor_losses
+            why = (f"{lost['rejected_reference']:.0f} references failed {self.reward_name} and "
+                   f"{lost['too_long']:.0f} were longer than anchors.max_tokens so far")
+            return (f"no anchor was injected for {n} steps ({why}): DaGRPO runs as plain GRPO. Make the data's "
+                    "solutions end in an answer the reward reads (e.g. \\boxed{N} for rewards=[math]), raise "
+                    "anchors.max_tokens, or use anchors.source=self|both.")
+        if name == "nonfinite":
+            return ("the update was skipped: the loss or gradient norm is not finite (weights unchanged). Check "
+                    "reward/mean and reward/out_of_range for extreme rewards, and lower optim.lr.")
+        return (f"{v:.0f} rewards were beyond float32 (|r| > 3.4e38) and were counted as unscored: {self.reward_name} "
+                "returns values the update cannot represent. Scale the reward into a small range (e.g. 0..1).")
 
     def observe(self, step: int, metrics: dict) -> list[str]:
         lines = []
-        for name, (key, limit, message) in self.CHECKS.items():
-            value = metrics.get(key)
-            if value is None or not isinstance(value, (int, float)) or not math.isfinite(value) or value < limit:
+
+        def fire(name: str, bad: bool, value: float, patience: int) -> None:
+            if not bad:
                 self.streak[name] = 0
-                continue
+                return
             self.streak[name] += 1
-            if self.streak[name] == self.patience:
-                lines.append(f"warning (step {step}): " + message.format(
-                    v=value, n=self.patience, w=metrics.get("groups/all_wrong_frac", math.nan),
-                    c=metrics.get("groups/all_correct_frac", math.nan)))
+            if self.streak[name] == patience:
+                lines.append(f"warning (step {step}): " + self._message(name, value, metrics))
+
+        def number(key: str) -> float | None:
+            value = metrics.get(key)
+            ok = isinstance(value, (int, float)) and math.isfinite(value)
+            return float(value) if ok else None
+
+        for name, (key, limit) in self.LIMITS.items():
+            value = number(key)
+            fire(name, value is not None and value >= limit, value or 0.0, self.patience)
+        if self.anchors and number("anchor/count") is not None:
+            if number("anchor/count") == 0:
+                for reason in self.anchor_losses:
+                    self.anchor_losses[reason] += number(f"anchor/{reason}") or 0.0
+            else:
+                self.anchor_losses = dict.fromkeys(self.anchor_losses, 0.0)
+            refused = sum(self.anchor_losses.values()) > 0
+            fire("no_anchors", number("anchor/count") == 0 and (self.anchors_always or refused), 0.0, self.patience)
+        for name, key in self.AT_ONCE.items():
+            value = number(key)
+            fire(name, value is not None and value > 0, value or 0.0, 1)
         return lines
 
     def state_dict(self) -> dict:
-        return dict(self.streak)
+        return {**self.streak, "anchor_losses": dict(self.anchor_losses)}
 
     def load_state_dict(self, state: dict) -> None:
         self.streak.update({k: int(v) for k, v in state.items() if k in self.streak})
+        self.anchor_losses.update(state.get("anchor_losses") or {})

@@ -10,9 +10,38 @@ import torch
 
 from regroup.algo.distinctiveness import distinctiveness_mask, mask_stats
 from regroup.batch import Sample
+from regroup.errors import ConfigError
 from regroup.registry import STAGES
-from regroup.scorers.base import ScoreItem
+from regroup.scorers.base import ScoreItem, check_score
 from regroup.stages.base import StepBatch, StepContext
+
+
+class ScorerOutputError(ConfigError):
+    """A scorer returned something other than one score in [1, 10] (or None) per item: one line, exit 2."""
+
+
+def checked_scores(scorer, items: list[ScoreItem]) -> list[float | None]:
+    """`scorer.score_batch(items)`, refused unless it is one score in [1, 10] or None per item."""
+    name = getattr(scorer, "name", None) or type(scorer).__name__
+    scores = scorer.score_batch(items)
+    try:
+        scores = list(scores)
+    except TypeError:
+        raise ScorerOutputError(f"scorer {name!r} returned {type(scores).__name__}, not a list of scores") from None
+    if len(scores) != len(items):
+        raise ScorerOutputError(f"scorer {name!r} returned {len(scores)} scores for {len(items)} responses "
+                                "(score_batch must return one score in [1, 10] or None per item)")
+    try:
+        return [check_score(v, where=f"scorer {name!r}") for v in scores]
+    except ValueError as e:
+        raise ScorerOutputError(str(e)) from None
+
+
+def emptied_groups(advantaged: torch.Tensor, keep: torch.Tensor, group_ids: torch.Tensor) -> int:
+    """Groups with at least one nonzero-advantage sample [B] whose every such sample the mask dropped."""
+    with_signal = set(group_ids[advantaged].tolist())
+    still = set(group_ids[advantaged & keep].tolist())
+    return len(with_signal - still)
 
 
 class DistinctivenessMasker:
@@ -34,24 +63,35 @@ class DistinctivenessMasker:
                       response=s.response_text, reference=getattr(s.problem, "solution", None), problem=s.problem)
             for s in samples
         ]
-        for s, score in zip(samples, self.scorer.score_batch(items)):
+        for s, score in zip(samples, checked_scores(self.scorer, items)):
             s.score = score
 
     def mask_from_scores(self, advantages: torch.Tensor, scores: torch.Tensor, group_ids: torch.Tensor):
         """(keep mask [B] bool, metrics) from scores [B] (NaN = unscored). Advantages were computed over the
-        full group before masking."""
+        full group before masking. The TRL adapter scores on each process and calls this on the gathered batch.
+
+        `mask/frac` counts masked samples among all B (uniform groups, advantage 0, count as kept);
+        `mask/advantaged_frac` among the samples with a nonzero advantage (1.0: the mask left no gradient);
+        `mask/emptied_groups` the groups with an advantage that the mask left without one (dynamic sampling
+        chose its groups before the mask, and does not replace them: see docs/metrics.md)."""
         keep = distinctiveness_mask(advantages, scores, group_ids, self.delta)  # [B] bool
         stats = mask_stats(advantages, keep)
+        advantaged = advantages != 0  # [B] NaN compares unequal: never produced by group_advantages
+        n_adv = int(advantaged.sum())
         metrics = {
             "mask/pos_frac": stats["frac_pos_masked"],  # masked positives / positives
             "mask/neg_frac": stats["frac_neg_masked"],  # masked negatives / negatives
             "mask/frac": stats["frac_masked"],
+            "mask/advantaged_frac": float((advantaged & ~keep).sum()) / n_adv if n_adv else 0.0,
+            "mask/emptied_groups": float(emptied_groups(advantaged, keep, group_ids)),
         }
-        metrics["mask/unscored"] = float(torch.isnan(scores).sum())
-        finite = scores[~torch.isnan(scores)]
+        unscored = torch.isnan(scores)
+        metrics["mask/unscored"] = float(unscored.sum())
+        metrics["mask/unscored_frac"] = float(unscored.sum()) / max(scores.numel(), 1)
+        finite = scores[~unscored]
         if finite.numel():
             metrics["score/mean"] = float(finite.mean())
-        for key, value in self.scorer.stats.items():
+        for key, value in (getattr(self.scorer, "stats", None) or {}).items():  # a plain scorer may keep none
             metrics[f"scorer/{key}"] = float(value)
         return keep, metrics
 

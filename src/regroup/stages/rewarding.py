@@ -2,10 +2,42 @@
 
 from __future__ import annotations
 
+import math
 import time
 
 from regroup.registry import STAGES
+from regroup.errors import ConfigError
 from regroup.rewards import pop_counts, score_many
+
+FLOAT32_MAX = 3.4028234663852886e38
+"""Rewards are float32 in the update: a finite reward beyond this would become inf and skip every step."""
+
+
+class RewardOutputError(ConfigError):
+    """A reward function returned something that is not a number or None: one line, exit 2."""
+
+
+def reward_name(fn) -> str:
+    return getattr(fn, "__name__", None) or type(fn).__name__
+
+
+def checked_rewards(values, fn) -> tuple[list[float | None], int]:
+    """The rewards as floats (None and NaN kept: unscored) and how many were beyond float32 (made None);
+    a value that is not a number (a string, a list) is refused, naming the function."""
+    out, out_of_range = [], 0
+    for value in values:
+        if value is None:
+            out.append(None)
+            continue
+        if isinstance(value, (str, bytes)) or not hasattr(value, "__float__"):
+            raise RewardOutputError(f"reward {reward_name(fn)} returned {type(value).__name__} {str(value)[:40]!r}: "
+                                    "a reward must return a number or None (None = could not score)")
+        x = float(value)
+        if math.isfinite(x) and abs(x) > FLOAT32_MAX:
+            out_of_range += 1
+            x = math.nan
+        out.append(x)
+    return out, out_of_range
 from regroup.stages.base import StepBatch, StepContext
 
 
@@ -35,9 +67,10 @@ class RewardResponses:
         todo = [s for s in batch.samples if s.reward is None and not s.is_anchor]
         # One batch call: the math checker's worker pool grades it in parallel and checks repeats once.
         rewards = score_many(self.reward_fn, [s.response_text for s in todo], [s.problem for s in todo])
+        rewards, out_of_range = checked_rewards(rewards, self.reward_fn)
         for s, r in zip(todo, rewards):
             s.reward = r
-        metrics = {"time/reward": time.perf_counter() - t0}
+        metrics = {"time/reward": time.perf_counter() - t0, "reward/out_of_range": float(out_of_range)}
         metrics.update(pop_reward_counts(self.reward_fn))
         return metrics
 

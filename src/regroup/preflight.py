@@ -1,0 +1,350 @@
+"""Checks before any weights load: what would otherwise fail (or silently learn nothing) only after the
+model is in memory. Each refusal is one `ConfigError` line (exit 2); each warning one log line.
+
+- `check_world`: the batch divides over the processes.
+- `check_api_keys`: a judge's / rewriter's `api_key_env` variable is set (null or "": no key is sent).
+- `check_eval_file`: `data.eval_file` loads (else the first evaluation would fail mid-run).
+- `check_prompts`: a sample of questions fits `data.max_prompt_tokens`.
+- `check_references`: a sample of the reference solutions passes the reward and the anchor length limit,
+  and the reward returns numbers (anchors on).
+- `estimate_memory` / `check_memory`: KV cache, token buffers, logits and optimizer state from the model's
+  config.json, against the memory free now (a 10^8-token limit asked for 25.6 GB before this check).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from regroup.errors import ConfigError
+
+SAMPLE = 64
+"""Problems drawn for the data checks (a bounded cost, whatever the data set's size)."""
+
+
+def check_world(cfg, world: int) -> None:
+    pps = cfg.grpo.prompts_per_step
+    if pps % world:
+        raise ConfigError(f"grpo.prompts_per_step={pps} does not divide over the {world} processes: "
+                          f"use a multiple of {world} (each process samples whole groups)")
+
+
+def _key_users(cfg) -> list[tuple[str, str]]:
+    """(config key, environment variable) of every remote client the run will build."""
+    out = []
+    if cfg.mask.enabled and cfg.mask.scorer.name == "judge":
+        out.append(("mask.scorer.api_key_env", cfg.mask.scorer.api_key_env))
+    if cfg.ta.enabled and cfg.ta.rephraser == "openai":
+        out.append(("ta.api_key_env", cfg.ta.api_key_env))
+    return out
+
+
+def check_api_keys(cfg, environ=os.environ) -> None:
+    for key, name in _key_users(cfg):
+        if name and not environ.get(name):
+            raise ConfigError(f"{key}={name}: the environment variable {name} is not set (export it, or set "
+                              f"{key}=null for a server without authentication)")
+
+
+def check_eval_file(cfg) -> None:
+    if not (cfg.data.eval_file and cfg.train.eval_every):
+        return
+    from regroup.data import DataError
+    from regroup.eval.during_training import eval_problems
+
+    try:
+        problems = eval_problems(cfg, None, [])
+    except (OSError, ValueError) as e:
+        if isinstance(e, (DataError, ConfigError)):
+            raise ConfigError(f"data.eval_file: {e}") from None
+        raise ConfigError(f"data.eval_file={cfg.data.eval_file}: {e}") from None
+    if not problems:
+        raise ConfigError(f"data.eval_file={cfg.data.eval_file}: no usable questions to evaluate on")
+
+
+def _sample(problems: list, seed: int, n: int = SAMPLE) -> list:
+    if len(problems) <= n:
+        return list(problems)
+    return random.Random(seed).sample(problems, n)
+
+
+def check_prompts(cfg, problems: list, encode, log=print) -> int:
+    """Refuse when no sampled question fits `data.max_prompt_tokens`; warn when some do not (they are skipped).
+    Returns the longest fitting prompt of the sample in tokens (what the memory estimate uses)."""
+    limit = cfg.data.max_prompt_tokens
+    sample = _sample(problems, cfg.seed)
+    if not sample:
+        return 0
+    lengths = [limit + 1 if len(p.question) > 64 * limit else len(encode(p.question)) for p in sample]
+    too_long = sum(n > limit for n in lengths)
+    if too_long == len(sample):
+        raise ConfigError(f"all {len(sample)} sampled questions are longer than data.max_prompt_tokens={limit} "
+                          "tokens (prompt template included): raise data.max_prompt_tokens or shorten the questions")
+    if too_long:
+        log(f"warning: {too_long} of {len(sample)} sampled questions are longer than data.max_prompt_tokens={limit}; "
+            "such questions are skipped (data/skipped_long)")
+    return max(n for n in lengths if n <= limit)
+
+
+@dataclass
+class ReferenceCheck:
+    checked: int = 0
+    ok: int = 0
+    missing: int = 0
+    too_long: int = 0
+    unverified: int = 0
+    example: str = ""
+    """The end of one reference the reward refused (what a user should look at)."""
+
+    @property
+    def verify(self) -> bool | None:
+        """Whether references can be anchors (None: no reference to check)."""
+        return None if self.checked == self.missing else self.ok > 0
+
+
+def check_references(cfg, problems: list, task, encode_response, log=print) -> ReferenceCheck | None:
+    """With anchors from references, verify a sample of them under the run's reward and length limit:
+    refuse when none can be an anchor (`anchors.source=reference`), warn with counts otherwise."""
+    a = cfg.anchors
+    if not a.enabled or a.source == "self":
+        return None
+    from regroup.recipes import build_reward_fn
+    from regroup.stages.anchors import is_verified
+    from regroup.stages.rewarding import checked_rewards
+
+    sample = _sample(problems, cfg.seed)
+    result = ReferenceCheck(checked=len(sample))
+    max_tokens = a.max_tokens or cfg.rollout.max_new_tokens
+    todo = []
+    for p in sample:
+        if not getattr(p, "solution", None):
+            result.missing += 1
+        elif len(encode_response(p.solution)) > max_tokens:
+            result.too_long += 1
+        else:
+            todo.append(p)
+    reward_fn = build_reward_fn(cfg.rewards.functions, task, 1, cfg.rewards.correct_threshold, cfg.rewards.timeout_s)
+    try:
+        from regroup.rewards import score_many
+
+        rewards, _ = checked_rewards(score_many(reward_fn, [p.solution for p in todo], todo), reward_fn)
+    finally:
+        close = getattr(reward_fn, "close", None)
+        if callable(close):
+            close()
+    for p, r in zip(todo, rewards):
+        if is_verified(r, cfg.rewards.correct_threshold):
+            result.ok += 1
+        else:
+            result.unverified += 1
+            result.example = result.example or p.solution.strip()[-60:]
+    if result.verify is None:
+        if a.source == "reference":
+            raise ConfigError(f"anchors.source=reference but none of {len(sample)} sampled problems has a reference "
+                              f"solution (data.solution_field={cfg.data.solution_field!r}): set the field, or use "
+                              "anchors.source=self|both")
+        return result
+    rewards_text = "rewards=[" + ",".join(cfg.rewards.functions) + "]"
+    counts = (f"{result.ok} of {result.checked} sampled reference solutions can be anchors ({result.unverified} fail "
+              f"{rewards_text}, {result.too_long} are longer than anchors.max_tokens={max_tokens}, "
+              f"{result.missing} missing)")
+    fix = []
+    if result.unverified:
+        fix.append(f"make the solutions end in an answer {rewards_text} reads (one refused ends {result.example!r}"
+                   + (r"; the math checker reads the last \boxed{...}" if "math" in cfg.rewards.functions else "") + ")")
+    if result.unverified and not cfg.data.train_file and "task" not in cfg.rewards.functions:
+        fix.append("or add the task's grader, which reads the built-in references' '#### N' (rewards=[task] or [task,math])")
+    if result.too_long:
+        fix.append("raise anchors.max_tokens")
+    if result.ok == 0 and a.source == "reference":
+        raise ConfigError(f"DaGRPO would get zero anchors: {counts}. Fix: " + "; ".join(fix + ["or use anchors.source=self|both"]))
+    if result.ok < result.checked - result.missing:
+        log(f"warning: {counts}. " + ("Fix: " + "; ".join(fix) if fix else ""))
+    return result
+
+
+# ------------------------------------------------------------------------------------------- memory
+@dataclass
+class MemoryEstimate:
+    parts: dict
+    """What -> bytes."""
+
+    @property
+    def total(self) -> int:
+        return int(sum(self.parts.values()))
+
+    def largest(self) -> str:
+        return max(self.parts, key=self.parts.get)
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def model_shape(model_path: str | None) -> dict | None:
+    """Layers, KV heads, head size, vocabulary and weight bytes from an HF folder's config.json (None: unknown)."""
+    if not model_path:
+        return None
+    folder = Path(model_path)
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    config = config.get("text_config", config)
+    heads = int(config.get("num_attention_heads") or 1)
+    hidden = int(config.get("hidden_size") or 0)
+    weights = sum(f.stat().st_size for f in folder.glob("*.safetensors")) or sum(f.stat().st_size for f in folder.glob("*.bin"))
+    return {
+        "layers": int(config.get("num_hidden_layers") or 0),
+        "kv_heads": int(config.get("num_key_value_heads") or heads),
+        "head_dim": int(config.get("head_dim") or (hidden // heads if heads else 0)),
+        "vocab": int(config.get("vocab_size") or 0),
+        "weight_bytes": int(weights),
+        "dtype_bytes": 2 if str(config.get("dtype") or config.get("torch_dtype")) in ("bfloat16", "float16") else 4,
+    }
+
+
+def builtin_shape() -> dict:
+    """The built-in tiny model's shape (regroup.warmup's model config), without warming it up."""
+    from regroup.warmup import WarmupConfig
+
+    m = WarmupConfig().model
+    params = m.num_layers * (4 * m.hidden_size**2 + 3 * m.hidden_size * m.intermediate_size) + 128 * m.hidden_size
+    return {"layers": m.num_layers, "kv_heads": m.num_heads, "head_dim": m.hidden_size // m.num_heads, "vocab": 128,
+            "weight_bytes": 4 * params, "dtype_bytes": 4}
+
+
+def estimate_memory(shape: dict, *, rows_at_once: int, total_samples: int, prompt_tokens: int, new_tokens: int,
+                    update_rows: int = 0, training: bool = False, reference: bool = False) -> MemoryEstimate:
+    """Peak bytes of a generation batch of `rows_at_once` sequences (KV cache [L, 2, rows, kv, P+T, D], token
+    and log-prob buffers [rows, T], logits and sampling noise [rows, V]), the step's `total_samples`
+    responses held at full length (ids + log-probs), an update micro-batch of `update_rows` (float32
+    logits [rows, T, V] of the response tokens), and the weights (x4 when training: gradients and AdamW's
+    two moments; + a reference copy). A lower bound on purpose (activations are left out): it refuses only
+    what cannot fit."""
+    seq = prompt_tokens + new_tokens
+    kv = 2 * shape["layers"] * shape["kv_heads"] * shape["head_dim"] * shape["dtype_bytes"]
+    parts = {
+        "KV cache": rows_at_once * seq * kv,
+        "token buffers": rows_at_once * new_tokens * 16,  # ids int64 + log-probs fp32 + lengths/mask
+        "sampling logits": rows_at_once * shape["vocab"] * 4 * 3,
+        "responses kept": total_samples * (new_tokens * 12 + 2048),  # ids + log-probs + a Sample object
+        "update logits": update_rows * new_tokens * shape["vocab"] * 4,
+        "weights": shape["weight_bytes"] * ((4 if training else 1) + (1 if reference else 0)),
+    }
+    return MemoryEstimate(parts)
+
+
+def available_memory(device: str = "cpu") -> int | None:
+    """Bytes free now: the GPU's free memory, else MemAvailable (bounded by a cgroup limit); None if unknown."""
+    if device.startswith("cuda"):
+        try:
+            import torch
+
+            return int(torch.cuda.mem_get_info()[0])
+        except Exception:
+            return None
+    free = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                free = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        used = int(Path("/sys/fs/cgroup/memory.current").read_text().strip())
+        if limit != "max":
+            free = min(free or math.inf, int(limit) - used)
+    except (OSError, ValueError):
+        pass
+    return None if free is None else int(free)
+
+
+def check_memory(estimate: MemoryEstimate, device: str, what: str, fix: str, log=print) -> None:
+    """Refuse when the estimate exceeds the memory free now; warn above 80 % of it."""
+    free = available_memory(device)
+    if free is None:
+        return
+    total = estimate.total
+    detail = ", ".join(f"{k} {_gib(v)}" for k, v in sorted(estimate.parts.items(), key=lambda kv: -kv[1])[:3])
+    if total > free:
+        raise ConfigError(f"{what} needs about {_gib(total)} ({detail}) but {_gib(free)} is free on {device}: {fix}")
+    if total > 0.8 * free:
+        log(f"warning: {what} needs about {_gib(total)} of the {_gib(free)} free on {device} ({detail})")
+
+
+def check_train_memory(cfg, model_path: str, world: int, device: str, log=print, prompt_tokens: int | None = None) -> None:
+    from regroup.stages.groups import samples_per_question
+
+    shape = model_shape(model_path) if model_path else builtin_shape()
+    if shape is None:
+        return
+    g, r = cfg.grpo, cfg.rollout
+    per_question = samples_per_question(g.num_generations, g.samples_multiplier, cfg.ta.n_variants if cfg.ta.enabled else 0,
+                                        cfg.anchors.count if cfg.anchors.enabled else 0)
+    samples = g.prompts_per_step // max(world, 1) * per_question
+    rows = min(samples, max(r.batch_size, per_question))
+    prompt = cfg.data.max_prompt_tokens if prompt_tokens is None else prompt_tokens
+    lora = bool(getattr(getattr(cfg.model, "lora", None), "enabled", False))
+    est = estimate_memory(shape, rows_at_once=rows, total_samples=samples, prompt_tokens=prompt,
+                          new_tokens=r.max_new_tokens, update_rows=min(g.micro_batch_size, samples),
+                          training=not lora,  # LoRA: gradients and AdamW state for the adapters only
+                          reference=g.beta > 0 and not lora)
+    if r.backend == "vllm":  # vLLM sizes its own KV cache (gpu_memory_utilization / VLLM_CPU_KVCACHE_SPACE)
+        for part in ("KV cache", "token buffers", "sampling logits"):
+            est.parts[part] = 0
+    check_memory(est, device, f"a training step ({samples} samples of up to {r.max_new_tokens} new tokens per process)",
+                 f"lower rollout.max_new_tokens, grpo.num_generations, grpo.prompts_per_step, rollout.batch_size or "
+                 f"grpo.micro_batch_size (largest part: {est.largest()})", log)
+
+
+def check_eval_memory(model_path: str, *, n: int, batch_size: int, max_new_tokens: int, problems: int,
+                      device: str | None, log=print) -> None:
+    shape = model_shape(model_path)
+    if shape is None:
+        return
+    rows = max(1, batch_size // max(n, 1)) * max(n, 1)
+    est = estimate_memory(shape, rows_at_once=rows, total_samples=0, prompt_tokens=0, new_tokens=max_new_tokens)
+    dev = device or ("cuda" if _cuda() else "cpu")
+    check_memory(est, dev, f"evaluation ({rows} sequences of up to {max_new_tokens} new tokens at once)",
+                 f"lower --max-new-tokens or --batch-size (largest part: {est.largest()})", log)
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+def before_weights_load(cfg, problems: list, task, tokenizer, model_path: str, world: int, device: str,
+                        encode_prompt, log=print) -> ReferenceCheck | None:
+    """Every pre-load check of a training run, in order; returns the reference check (None: not run)."""
+    from regroup.models.prompting import encode_response
+
+    check_api_keys(cfg)
+    check_eval_file(cfg)
+    longest_prompt = check_prompts(cfg, problems, encode_prompt, log)
+    check_train_memory(cfg, model_path, world, device, log, prompt_tokens=longest_prompt)
+    return check_references(cfg, problems, task, lambda text: encode_response(tokenizer, text), log)
+
+
+def collective_timeout_line(exc: BaseException) -> str | None:
+    """The one line for a collective that timed out (a frozen, dead or far slower process), else None."""
+    import re
+
+    text = str(exc)
+    if not isinstance(exc, RuntimeError) or not re.search(r"timed out|timeout", text, re.IGNORECASE):
+        return None
+    if not re.search(r"gloo|nccl|watchdog|collective|ProcessGroup|store", text, re.IGNORECASE):
+        return None
+    detail = re.sub(r"^\[[^\]]*\]\s*", "", text.strip().splitlines()[0])[:160]
+    return ("error: a collective timed out (train.collective_timeout_s): another process stopped answering "
+            f"(frozen, killed or far slower); check its log, or raise the timeout if it works alone that long ({detail})")
