@@ -2,13 +2,14 @@
 checker, and a call that does not return within `timeout_s` is killed and scored None (unscored,
 counted as `timeout`), so a reward that never returns cannot hang training.
 
-The child imports the function by its dotted name (nothing is pickled but the arguments and the
-result) and answers one length-prefixed pickle per request on a private pipe; whatever the function
+The child imports the function by its dotted name (nothing is pickled but the arguments, sent by the
+parent) and answers one length-prefixed JSON reply per request on a private pipe; whatever the function
 prints goes to stderr. A timed-out or crashed worker is replaced before the next call.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import select
@@ -26,12 +27,19 @@ from regroup.rewards.counts import RewardCounts
 COUNTS = ("checked", "timeout", "restarts")
 
 _CHILD = r"""
-import os, pickle, struct, sys, traceback
+import json, numbers, os, pickle, struct, sys, traceback
 channel = os.fdopen(os.dup(1), "wb", buffering=0)
 os.dup2(2, 1)
 sys.stdout = sys.stderr
+def plain(value):  # numpy / torch scalars become floats; anything else is the reward's error, not ours
+    if isinstance(value, numbers.Real):
+        return float(value)
+    raise TypeError(f"returned a {type(value).__name__}, not a number")
 def send(obj):
-    data = pickle.dumps(obj)
+    try:
+        data = json.dumps(obj, default=plain).encode()
+    except (TypeError, ValueError) as exc:
+        data = json.dumps({"error": str(exc)[:300]}).encode()
     channel.write(struct.pack(">I", len(data)) + data)
 try:
     from regroup.registry import load_dotted
@@ -91,7 +99,7 @@ class _Child:
             if len(self._buffer) >= 4:
                 size = struct.unpack(">I", self._buffer[:4])[0]
                 if len(self._buffer) >= 4 + size:
-                    reply = pickle.loads(self._buffer[4 : 4 + size])
+                    reply = json.loads(self._buffer[4 : 4 + size])  # JSON back: the parent unpickles nothing
                     self._buffer = self._buffer[4 + size :]
                     return reply
             left = deadline - time.monotonic()
