@@ -246,6 +246,9 @@ class MaskConfig:
     """Mask samples whose score does not stand apart from the other side of the group."""
     delta: float = 3.0
     """Margin on the 1-10 score scale."""
+    unit: Literal["sample", "pair"] = "sample"
+    """sample: drop a whole sample not delta clear of the other side; pair: drop only the pairwise advantage
+    terms (A_i - A_j)/G of pairs not delta apart (algo.distinctiveness.pair_masked_advantages)."""
     scorer: ScorerConfig = field(default_factory=ScorerConfig)
     """Which scorer gives the fine-grained scores."""
 
