@@ -133,6 +133,7 @@ def _bench_files(specs: list[str] | None) -> dict[str, str]:
 def cmd_eval(args) -> int:
     from regroup.config import ConfigError, check_readable
     from regroup.data import DataError
+    from regroup.eval.benchmarks import DECODING, Decoding
     from regroup.eval.runner import format_table, run_bench_cli, run_eval_cli
 
     if not Path(args.model).is_dir():
@@ -155,16 +156,21 @@ def cmd_eval(args) -> int:
         if args.bench:
             from regroup.eval.benchmarks import parse_bench_list
 
+            # t1: the DaGRPO benchmarks' n and k, sampled at T = 1 (DECODING["t1"])
+            t1 = DECODING["t1"] if args.protocol == "t1" else None
             rows = run_bench_cli(
-                args.model, parse_bench_list(args.bench), args.out, paper=args.protocol, n=args.n,
-                ks=args.k, temperature=args.temperature,
-                top_p=args.top_p, bench_files=_bench_files(args.bench_file), **common,
+                args.model, parse_bench_list(args.bench), args.out,
+                paper="dagrpo" if args.protocol in (None, "t1") else args.protocol, n=args.n, ks=args.k,
+                temperature=args.temperature if args.temperature is not None or t1 is None else t1.temperature,
+                top_p=args.top_p if args.top_p is not None or t1 is None else t1.top_p,
+                bench_files=_bench_files(args.bench_file), **common,
             )
         else:
+            decoding = DECODING[args.protocol] if args.protocol else Decoding(0.6, 0.95, "--data default")
             rows = run_eval_cli(
                 args.model, args.data, args.out, n=args.n or 32, ks=args.k or [1, 4, 8, 32],
-                temperature=0.6 if args.temperature is None else args.temperature,
-                top_p=0.95 if args.top_p is None else args.top_p,
+                temperature=decoding.temperature if args.temperature is None else args.temperature,
+                top_p=decoding.top_p if args.top_p is None else args.top_p,
                 question_field=args.question_field, answer_field=args.answer_field, checker=args.checker, **common,
             )
     except (ValueError, ImportError) as e:  # ConfigError, DataError: the one-line handler in main()
@@ -366,7 +372,9 @@ def build_parser() -> argparse.ArgumentParser:
     # named benchmarks, devices and prompting (issue 11)
     p.add_argument("--bench", help="comma-separated: math500,aime24,aime25,amc23,minerva,olympiadbench,"
                                    "gpqa_diamond,arc_c,mmlu_pro")
-    p.add_argument("--protocol", choices=["dagrpo", "ta_grpo"], default="dagrpo", help="whose sampling settings --bench uses")
+    p.add_argument("--protocol", choices=["t1", "dagrpo", "ta_grpo"], default=None,
+                   help="decoding preset: t1 (T = 1), dagrpo (T = 0.6), ta_grpo (T = 0.6, top-p 0.95; --bench: n = 128); "
+                        "--bench default dagrpo, --data default T = 0.6, top-p 0.95")
     p.add_argument("--bench-file", action="append", metavar="NAME=PATH", help="a local file standing in for the hub")
     p.add_argument("--limit", type=_number(int, "count"), default=None, help="first N problems of each benchmark")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cpu)")

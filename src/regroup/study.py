@@ -34,6 +34,7 @@ import math
 import random
 import shutil
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -105,13 +106,13 @@ TASK_NAMES = {  # (step mix, rename only) -> data.task
 class StudySettings:
     """What one study runs."""
 
-    seeds: int = 3
+    seeds: int = 5
     """Seeds per arm."""
     prompts_per_step: int = 8
     """GRPO's questions per step."""
     num_generations: int = 8
     """G."""
-    questions: int = 80
+    questions: int = 64
     """Distinct training questions of GRPO (and of every equal-questions arm)."""
     epochs: int = 2
     """Passes over the training questions (the TA-GRPO paper's 2 epochs)."""
@@ -121,6 +122,10 @@ class StudySettings:
     """Held-out problems per regime, the same for every arm and the start."""
     eval_samples: int = 32
     """Samples per held-out problem at T = 1 (pass@1, pass@8, pass@32)."""
+    paper_protocols: tuple[str, ...] = ("dagrpo", "ta_grpo")
+    """Also evaluate at these papers' decoding settings (`regroup.eval.benchmarks.DECODING`)."""
+    paper_eval_samples: int = 8
+    """Samples per held-out problem at each paper's decoding settings (pass@1, pass@8)."""
     probe_problems: int = 64
     """Training questions sampled G times to measure the start's all-wrong share."""
     sparse_min_all_wrong: float = 0.5
@@ -135,10 +140,11 @@ class StudySettings:
     """Longest response in training and evaluation."""
     regimes: tuple[str, ...] = ("mid", "sparse")
     arms: tuple[str, ...] | None = None
-    """A subset of ARMS (None: all)."""
-    overrides: list[str] = field(default_factory=lambda: ["diagnostics.diversity_every=5",
-                                                          "diagnostics.grad_conflict_every=5"])
-    """Extra dotted overrides for every run (default: the mechanism diagnostics 4 times in 20 steps)."""
+    """A subset of ARMS (None: the default arms, DEFAULT_ARMS)."""
+    diagnostics_per_run: int = 4
+    """Mechanism diagnostics (diversity, gradient conflict) this many times per run, evenly over its steps."""
+    overrides: list[str] = field(default_factory=list)
+    """Extra dotted overrides for every run."""
 
     @property
     def steps(self) -> int:
@@ -149,10 +155,14 @@ class StudySettings:
     def ks(self) -> list[int]:
         return [k for k in (1, 8, 32) if k <= self.eval_samples]
 
+    @property
+    def paper_ks(self) -> list[int]:
+        return [k for k in (1, 8) if k <= self.paper_eval_samples]
+
 
 QUICK = StudySettings(seeds=2, prompts_per_step=4, num_generations=4, questions=8, epochs=1, eval_problems=8,
-                      eval_samples=8, probe_problems=8, early_warmup_steps=60, warmup_dir="runs/warmup-quick",
-                      warmup_steps=120, overrides=["diagnostics.diversity_every=1", "diagnostics.grad_conflict_every=1"])
+                      eval_samples=8, paper_eval_samples=4, probe_problems=8, early_warmup_steps=60,
+                      warmup_dir="runs/warmup-quick", warmup_steps=120, diagnostics_per_run=100)
 
 
 # -------------------------------------------------------------------------------------------- arms
@@ -162,11 +172,13 @@ class Arm:
     config: str
     """Recipe file in configs/."""
     protocol: str
-    """"reference", "equal questions", "equal samples" or "2.5x questions"."""
+    """A key of PROTOCOLS."""
     extra: tuple[str, ...] = ()
     """Overrides that make the arm (on top of the recipe)."""
     rename_only: bool = False
     description: str = ""
+    default: bool = True
+    """Run by `regroup study` without --arms (False: defined, its claims listed, run only when named)."""
 
 
 PROTOCOLS = {  # protocol -> (held equal to GRPO, what differs)
@@ -177,58 +189,102 @@ PROTOCOLS = {  # protocol -> (held equal to GRPO, what differs)
     "equal samples": ("samples per step, optimizer steps, distinct questions in the pool",
                       "questions per step: G·P / (samples per question), fewer for TA-GRPO (the demo's protocol)"),
     "2.5x questions": ("epochs, questions and samples per step", "2.5x the distinct questions, so 2.5x the steps"),
+    "authors' protocol": ("rows (prompts) and samples per optimizer step, distinct questions, epochs",
+                          "each question brings N+1 rows, so P/(N+1) questions per step and (N+1)x the optimizer "
+                          "steps (the TA-GRPO authors' scripts: 256 rows per rollout, 2 epochs)"),
+    "equal optimizer steps": ("questions and samples per step, distinct questions",
+                              "(N+1)x GRPO's optimizer steps, so (N+1)x the epochs: as many updates as "
+                              "ta_grpo_author"),
 }
+
+DRGRPO = ("grpo.adv_scale=none", "grpo.loss_agg=seq_sum_constant")  # DaGRPO's advantages and aggregation
+TA_BETA = ("grpo.beta=0.001",)  # configs/ta_grpo.yaml's KL weight
 
 ARMS = [
     Arm("grpo", "grpo.yaml", "reference", description="GRPO"),
+    Arm("grpo_drgrpo", "grpo.yaml", "equal samples", DRGRPO,
+        description="GRPO with DaGRPO's Dr. GRPO advantages and constant normaliser: every DaGRPO arm's control"),
+    Arm("grpo_kl", "grpo.yaml", "equal samples", TA_BETA, description="GRPO with TA-GRPO's KL weight (beta 0.001)"),
     Arm("grpo_data", "grpo.yaml", "2.5x questions", description="GRPO on 2.5x the distinct questions, same epochs"),
     Arm("grpo_dynamic", "grpo.yaml", "equal questions", ("dynamic_sampling.enabled=true",),
         description="GRPO + DAPO dynamic sampling (uniform groups dropped, batch refilled)"),
     Arm("grpo_matched", "grpo_matched.yaml", "equal questions", description="GRPO with (N+1)·G samples of q0"),
     Arm("ta_grpo", "ta_grpo.yaml", "equal questions", description="TA-GRPO, rule rephrasings (the paper's protocol)"),
-    Arm("ta_grpo_eqsamples", "ta_grpo.yaml", "equal samples", description="TA-GRPO, as many samples per step as GRPO"),
-    Arm("ta_grpo_rename", "ta_grpo.yaml", "equal questions", rename_only=True,
+    Arm("ta_grpo_author", "ta_grpo.yaml", "authors' protocol",
+        description="TA-GRPO as the authors' scripts run it: fixed rows per step, (N+1)x the optimizer steps"),
+    Arm("grpo_author_steps", "grpo.yaml", "equal optimizer steps",
+        description="GRPO with ta_grpo_author's optimizer steps (is TA's gain more updates?)"),
+    Arm("ta_grpo_eqsamples", "ta_grpo.yaml", "equal samples", default=False,
+        description="TA-GRPO, as many samples per step as GRPO"),
+    Arm("ta_grpo_rename", "ta_grpo.yaml", "equal questions", rename_only=True, default=False,
         description="TA-GRPO with renaming only (difficulty-preserving rephrasings)"),
-    Arm("dagrpo_mask", "dagrpo_mask_only.yaml", "equal samples", description="DaGRPO masks only"),
+    Arm("dagrpo_mask", "dagrpo_mask_only.yaml", "equal samples", description="DaGRPO masks only (per sample)"),
+    Arm("dagrpo_mask_pair", "dagrpo_mask_only.yaml", "equal samples", ("mask.unit=pair",),
+        description="DaGRPO masks only, per pair (only the pairwise advantage terms within delta dropped)"),
     Arm("dagrpo_anchor", "dagrpo.yaml", "equal samples", ("mask.enabled=false",), description="DaGRPO anchors only"),
     Arm("dagrpo", "dagrpo.yaml", "equal samples", description="DaGRPO masks + anchors"),
-    Arm("dagrpo_ta", "dagrpo_ta.yaml", "equal samples", description="DaGRPO + TA-GRPO"),
+    Arm("dagrpo_ta", "dagrpo_ta.yaml", "equal samples", default=False, description="DaGRPO + TA-GRPO"),
 ]
 ARMS_BY_NAME = {a.name: a for a in ARMS}
+DEFAULT_ARMS = tuple(a.name for a in ARMS if a.default)
 
 
 SAMPLED_UNIFORM = "groups/sampled_uniform_frac"
 """Derived: the uniform share of every group sampled — for dynamic sampling 1 − dynamic/informative_frac
 (its groups/uniform_frac is measured after its filter dropped the uniform groups), else groups/uniform_frac."""
 
+MATCH_MARGIN = 0.02
+"""Non-inferiority margin of the "matches 2.5x data" claim: 2 points of pass@1, fixed before any run."""
+
+# The family of claims, fixed in code before the run (every verdict of a study is Holm-corrected over
+# all of them that ran; ALPHA in regroup.report.claims). Claims on arms not run give "not run".
 CLAIMS = [
     Claim("TA-GRPO", "Pooling rephrasings leaves fewer uniform-reward groups than GRPO", "ta_grpo", "grpo",
           SAMPLED_UNIFORM, direction=-1),
     Claim("TA-GRPO", "Higher pass@32 than GRPO (equal questions)", "ta_grpo", "grpo", "pass@32"),
     Claim("TA-GRPO", "Higher pass@1 than GRPO (equal questions)", "ta_grpo", "grpo", "pass@1"),
+    Claim("TA-GRPO", "Higher pass@1 than GRPO with the same KL weight (equal questions)", "ta_grpo", "grpo_kl",
+          "pass@1"),
     Claim("TA-GRPO", "Higher pass@32 than matched sampling ((N+1)·G of q0): the gain is the rephrasing",
           "ta_grpo", "grpo_matched", "pass@32"),
-    Claim("TA-GRPO", "Matches GRPO trained on 2.5x the questions (pass@1)", "ta_grpo", "grpo_data", "pass@1",
-          kind="matches", reference="grpo"),
+    Claim("TA-GRPO", f"Matches GRPO trained on 2.5x the questions (pass@1, non-inferiority margin "
+          f"{100 * MATCH_MARGIN:.0f} points)", "ta_grpo", "grpo_data", "pass@1", kind="matches", reference="grpo",
+          margin=MATCH_MARGIN),
+    Claim("TA-GRPO", "Under the authors' protocol, higher pass@1 than GRPO", "ta_grpo_author", "grpo", "pass@1"),
+    Claim("TA-GRPO", "Under the authors' protocol, higher pass@1 than GRPO given as many optimizer steps "
+          "(the gain is not more updates)", "ta_grpo_author", "grpo_author_steps", "pass@1"),
+    Claim("TA-GRPO", "Under the authors' protocol, higher pass@32 than GRPO given as many optimizer steps",
+          "ta_grpo_author", "grpo_author_steps", "pass@32"),
     Claim("DaGRPO", "Masks + anchors beat GRPO (pass@1)", "dagrpo", "grpo", "pass@1"),
+    Claim("DaGRPO", "Masks + anchors beat Dr. GRPO (pass@1)", "dagrpo", "grpo_drgrpo", "pass@1"),
     Claim("DaGRPO", "Masks alone beat GRPO (pass@1)", "dagrpo_mask", "grpo", "pass@1"),
-    Claim("DaGRPO", "Anchors alone beat GRPO (pass@1): they rescue all-wrong groups", "dagrpo_anchor", "grpo", "pass@1"),
-    Claim("DaGRPO", "Masked training has less gradient conflict (higher pos/neg gradient cosine; the logged "
-          "diagnostic is measured on the unmasked batch)", "dagrpo_mask", "grpo", "grad_conflict/cosine"),
+    Claim("DaGRPO", "Masks alone beat Dr. GRPO (pass@1)", "dagrpo_mask", "grpo_drgrpo", "pass@1"),
+    Claim("DaGRPO", "Anchors alone beat GRPO (pass@1): they rescue all-wrong groups", "dagrpo_anchor", "grpo",
+          "pass@1"),
+    Claim("DaGRPO", "Anchors alone beat Dr. GRPO (pass@1)", "dagrpo_anchor", "grpo_drgrpo", "pass@1"),
+    Claim("DaGRPO", "Masked training has less gradient conflict than GRPO (higher pos/neg gradient cosine; the "
+          "logged diagnostic is measured on the unmasked batch)", "dagrpo_mask", "grpo", "grad_conflict/cosine"),
+    Claim("DaGRPO", "Masked training has less gradient conflict than Dr. GRPO", "dagrpo_mask", "grpo_drgrpo",
+          "grad_conflict/cosine"),
+    Claim("DaGRPO", "Pair masks beat Dr. GRPO (pass@1)", "dagrpo_mask_pair", "grpo_drgrpo", "pass@1"),
+    Claim("study control", "Pair masks beat sample masks (pass@1; contradicted = sample masks better)",
+          "dagrpo_mask_pair", "dagrpo_mask", "pass@1"),
+    Claim("study control", "Dr. GRPO's advantages and normaliser beat GRPO's (pass@1)", "grpo_drgrpo", "grpo",
+          "pass@1"),
     Claim("study control", "TA-GRPO's pools are less often uniform than matched sampling's pools of the same size "
           "(rephrasing, not pool size, removes uniform groups)", "ta_grpo", "grpo_matched", SAMPLED_UNIFORM,
           direction=-1),
-    Claim("study control", "TA-GRPO at equal samples beats GRPO (pass@1)", "ta_grpo_eqsamples", "grpo", "pass@1"),
-    Claim("study control", "Difficulty-preserving rephrasings beat rule rephrasings (pass@1)", "ta_grpo_rename",
-          "ta_grpo", "pass@1"),
     Claim("study control", "Dynamic sampling beats GRPO (pass@1)", "grpo_dynamic", "grpo", "pass@1"),
     Claim("study control", "Dynamic sampling samples fewer uniform-reward groups than GRPO (before its filter)",
           "grpo_dynamic", "grpo", SAMPLED_UNIFORM, direction=-1),
+    Claim("study control", "TA-GRPO at equal samples beats GRPO (pass@1)", "ta_grpo_eqsamples", "grpo", "pass@1"),
+    Claim("study control", "Difficulty-preserving rephrasings beat rule rephrasings (pass@1)", "ta_grpo_rename",
+          "ta_grpo", "pass@1"),
     Claim("study control", "DaGRPO + TA beats DaGRPO (pass@1)", "dagrpo_ta", "dagrpo", "pass@1"),
 ]
 
-MECHANISMS = ["reward/mean", SAMPLED_UNIFORM, "groups/uniform_frac", "groups/all_wrong_frac", "mask/frac", "grad_conflict/cosine",
-              "anchor/logp_mean", "diversity"]
+MECHANISMS = ["reward/mean", SAMPLED_UNIFORM, "groups/uniform_frac", "groups/all_wrong_frac", "mask/frac",
+              "mask/pair_frac", "grad_conflict/cosine", "anchor/logp_mean", "diversity"]
 
 
 @dataclass
@@ -244,18 +300,50 @@ class Budget:
     optimizer_steps: int
 
 
+def samples_per_question(arm: Arm, s: StudySettings) -> int:
+    pooled = arm.config in ("ta_grpo.yaml", "dagrpo_ta.yaml", "grpo_matched.yaml")
+    return s.num_generations * (N_VARIANTS + 1) if pooled else s.num_generations
+
+
 def plan(arm: Arm, s: StudySettings) -> Budget:
     """The arm's budget under its protocol (mini_batches = 1: one optimizer step per rollout)."""
     g, p, q = s.num_generations, s.prompts_per_step, s.questions
-    per_question = g * (N_VARIANTS + 1) if arm.config in ("ta_grpo.yaml", "dagrpo_ta.yaml", "grpo_matched.yaml") else g
+    per_question = samples_per_question(arm, s)
     steps = s.steps
-    if arm.protocol == "equal samples" and per_question > g:
-        p = max(1, p * g // per_question)
+    if arm.protocol in ("equal samples", "authors' protocol") and per_question > g:
+        p = max(1, p * g // per_question)  # as many rows (prompts x G samples) per step as GRPO
+    if arm.protocol == "authors' protocol":
+        steps = math.ceil(q * s.epochs / p)  # every question for the same epochs, P/(N+1) at a time
+    if arm.protocol == "equal optimizer steps":
+        steps = plan(ARMS_BY_NAME["ta_grpo_author"], s).steps
     if arm.protocol == "2.5x questions":
         q = round(q * s.data_multiplier)
         steps = math.ceil(q * s.epochs / p)
     return Budget(prompts_per_step=p, steps=steps, distinct_questions=q, questions_drawn=p * steps,
                   samples_per_step=p * per_question, samples=p * per_question * steps, optimizer_steps=steps)
+
+
+# The cost model behind the default size (arithmetic, not a measurement; study.json records the time).
+# Calibrated on the one full run before issue 25 (README: 2,290 s for 11 arms x 3 seeds x 2 regimes on
+# this 2-core machine): 165,120 training samples and 68 evaluations of 48 x 32 = 104,448 samples, an
+# evaluation sample assumed to cost half a training sample (no backward, no reference), ~180 s of
+# start-up, probes and the sparse regime's warm-up (assumed): (2,290 - 180) / (165,120 + 104,448 / 2)
+# = 9.7 ms per training sample.
+SECONDS_PER_TRAIN_SAMPLE = (2290 - 180) / (165_120 + 104_448 / 2)
+EVAL_SAMPLE_COST = 0.5
+FIXED_SECONDS = 180.0
+DYNAMIC_EXTRA = 1.5
+"""Dynamic sampling's generation relative to its plan (up to max_rounds extra rounds: an assumption)."""
+
+
+def estimate_seconds(s: StudySettings, arms: Sequence[Arm]) -> float:
+    """Planned wall time of `regroup study` with `s` and `arms` under the cost model above."""
+    train = sum(plan(a, s).samples * (DYNAMIC_EXTRA if "dynamic_sampling.enabled=true" in a.extra else 1.0)
+                for a in arms)
+    per_eval = s.eval_problems * (s.eval_samples + 1 + len(s.paper_protocols) * s.paper_eval_samples)
+    evals = (len(arms) * s.seeds + 1) * per_eval  # + the start, once per regime
+    per_regime = s.seeds * train + EVAL_SAMPLE_COST * evals
+    return FIXED_SECONDS + len(s.regimes) * per_regime * SECONDS_PER_TRAIN_SAMPLE
 
 
 @dataclass
@@ -282,6 +370,8 @@ def arm_overrides(arm: Arm, s: StudySettings, regime: Regime, seed: int, run_dir
            f"data.task={TASK_NAMES[(regime.step_mix, arm.rename_only)]}", f"model.path={regime.warm_dir}"]
     if arm.config == "grpo_matched.yaml":
         out.append(f"grpo.samples_multiplier={N_VARIANTS + 1}")
+    every = max(1, b.steps // s.diagnostics_per_run)  # the same share of every arm's training, whatever its length
+    out += [f"diagnostics.diversity_every={every}", f"diagnostics.grad_conflict_every={every}"]
     return out + list(arm.extra) + list(s.overrides)
 
 
