@@ -9,22 +9,29 @@ On the built-in task and the warmed-up tiny model, in two regimes:
   `probe_problems` training questions) reaches `sparse_min_all_wrong` is used; the share is reported,
   and a regime that never reaches it is reported as such.
 
-Every arm (ARMS) trains from the regime's start with each seed, is evaluated on the same held-out
-problems (pass@1/8/32 from `eval_samples` samples), and the claims (CLAIMS) are judged by
-`regroup.report.claims`. Budgets per protocol: GRPO sees `questions` distinct questions for `epochs`
-epochs (`steps = questions · epochs / prompts_per_step`); "equal questions" arms (TA-GRPO as in its
-paper, grpo_matched) draw the same questions at the same steps and generate (N+1)·G per question;
-"equal samples" arms generate as many samples per step as GRPO. Every arm stops at its planned step
-count (`train.epochs` stays 0: an equal-samples arm draws fewer questions per step, and must not run on
-to finish its epochs).
+Every arm (DEFAULT_ARMS of ARMS) trains from the regime's start with each seed, is evaluated on the same
+held-out problems (pass@1/8/32 from `eval_samples` samples at T = 1, and pass@1/8 from
+`paper_eval_samples` samples at each paper's decoding settings), and the claims (CLAIMS, fixed here with
+their margins before any run; `plan.json` records them first) are judged by `regroup.report.claims`
+(t-tests, Holm over the family). Budgets per protocol (PROTOCOLS): GRPO sees `questions` distinct
+questions for `epochs` epochs (`steps = questions · epochs / prompts_per_step`); "equal questions" arms
+(TA-GRPO as in its paper, grpo_matched) draw the same questions at the same steps and generate (N+1)·G
+per question; "equal samples" arms generate as many samples per step as GRPO; "authors' protocol"
+(ta_grpo_author) keeps GRPO's rows per step, so P/(N+1) questions per step and (N+1)x the optimizer
+steps over the same epochs, as the TA-GRPO authors' scripts do; grpo_author_steps gives GRPO as many
+optimizer steps. Every arm stops at its planned step count (`train.epochs` stays 0).
 
-Sizing (default settings): GRPO trains 20 optimizer steps of 64 samples (1,280 samples); all arms
-together plan 21.5 GRPO runs' worth (27,520 samples) per (regime, seed), 165 k over 2 regimes × 3 seeds.
-At the README's measured 1.48 s per training step of 128 samples (11.6 ms per sample) that is ~32 min
-of training, plus 68 evaluations of 48 problems × 33 samples (~108 k samples; ~10 min if an evaluation
-sample costs half a training sample, which is an assumption), plus start-up, saving and the warm-up when
-it is not cached (~3 min): ~45-50 min for a 60-minute budget. These are estimates from that one
-measured rate, not a measured study time; `study.json` records the measured seconds.
+Isolating controls: grpo_drgrpo is GRPO with DaGRPO's Dr. GRPO advantages and constant normaliser
+(every DaGRPO claim is judged against it and against plain GRPO); grpo_kl is GRPO with TA-GRPO's beta.
+
+Sizing (default settings, `estimate_seconds`: a cost model calibrated on the previous full run, not a
+measurement): 13 default arms x 5 seeds x 2 regimes, GRPO 16 steps of 8 questions x G = 8 (64 questions,
+2 epochs; 1,024 samples). Per (regime, seed) the arms plan 27 GRPO runs' worth of samples (27,648;
+dynamic sampling counted 1.5x), 276 k in all at 9.7 ms each = 45 min; 132 evaluations of 48 problems x
+(32 + 1 at T = 1 + 2 x 8 at the papers' settings) = 310 k evaluation samples at half a training sample =
+25 min; plus 3 min fixed: ~73 min, inside the 90-minute budget with ~20 % to spare. `--quick` (2 seeds,
+tiny budgets): ~4 min by the same model, whose fixed part dominates there. `study.json` records the
+measured seconds.
 """
 
 from __future__ import annotations
@@ -457,6 +464,29 @@ def _eval_settings(s: StudySettings):
     return DemoSettings(eval_problems=s.eval_problems, eval_samples=s.eval_samples)
 
 
+def evaluate_at(model_dir: str, problems: list, out_dir: Path, protocol: str, s: StudySettings) -> dict:
+    """pass@k at a paper's decoding preset (`regroup.eval.benchmarks.DECODING`), `paper_eval_samples` each;
+    writes out_dir/summary.json and per_problem.jsonl as `demo.evaluate_model` does."""
+    from transformers import AutoModelForCausalLM
+
+    from regroup.eval.benchmarks import DECODING
+    from regroup.eval.runner import evaluate
+    from regroup.models.load import load_tokenizer
+
+    decoding = DECODING[protocol]
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    result = evaluate(model, load_tokenizer(model_dir), problems, ArithmeticTask.grade, n=s.paper_eval_samples,
+                      ks=s.paper_ks, temperature=decoding.temperature, top_p=decoding.top_p,
+                      max_new_tokens=s.max_new_tokens, greedy=False, batch_size=256, seed=0, progress=False)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "summary.json").write_text(json.dumps({**result.summary, "protocol": protocol,
+                                                      "temperature": decoding.temperature, "top_p": decoding.top_p}))
+    with open(out_dir / "per_problem.jsonl", "w") as f:
+        for r in result.to_dict()["problems"]:
+            f.write(json.dumps(r) + "\n")
+    return result.summary
+
+
 def run_arm(arm: Arm, regime: Regime, seed: int, problems: list, s: StudySettings, regime_dir: Path, log) -> Path:
     from regroup.checkpoint import list_checkpoints
     from regroup.config import load_config
@@ -472,6 +502,8 @@ def run_arm(arm: Arm, regime: Regime, seed: int, problems: list, s: StudySetting
     train_seconds = time.perf_counter() - t0
     final = list_checkpoints(run_dir)[-1]
     summary = evaluate_model(str(final), problems, run_dir / "eval", _eval_settings(s), seed=0, ks=s.ks)
+    for name in s.paper_protocols:  # each paper's decoding settings, beside T = 1
+        evaluate_at(str(final), problems, run_dir / f"eval_{name}", name, s)
     (run_dir / "eval_before").mkdir(exist_ok=True)
     for name in ("summary.json", "per_problem.jsonl"):
         shutil.copy(regime_dir / "start" / "eval" / name, run_dir / "eval_before" / name)
@@ -491,6 +523,15 @@ def with_sampled_uniform(record: dict) -> dict:
     return record
 
 
+def _read_counts(path: Path) -> dict[str, tuple[int, int]]:
+    counts = {}
+    with open(path) as f:
+        for line in f:
+            row = json.loads(line)
+            counts[str(row["id"])] = (int(row["correct"]), int(row["n"]))
+    return counts
+
+
 def read_arm_result(run_dirs: list[Path]) -> ArmResult:
     """Per-seed per-problem counts and mechanism means of an arm's run folders."""
     from regroup.report.claims import per_seed_mean
@@ -500,12 +541,10 @@ def read_arm_result(run_dirs: list[Path]) -> ArmResult:
     for d in run_dirs:
         run = load_run(str(d))
         seed = int(run.seed)
-        counts = {}
-        with open(d / "eval" / "per_problem.jsonl") as f:
-            for line in f:
-                row = json.loads(line)
-                counts[str(row["id"])] = (int(row["correct"]), int(row["n"]))
-        result.per_problem[seed] = counts
+        result.per_problem[seed] = _read_counts(d / "eval" / "per_problem.jsonl")
+        for other in sorted(d.glob("eval_*/per_problem.jsonl")):
+            if other.parent.name != "eval_before":
+                result.protocols.setdefault(other.parent.name[len("eval_"):], {})[seed] = _read_counts(other)
         records = [with_sampled_uniform(m) for m in run.metrics]
         result.mechanisms[seed] = {k: v for k in MECHANISMS if (v := per_seed_mean(records, k)) is not None}
     return result
@@ -540,6 +579,18 @@ def measured_budget(run_dirs: list[Path]) -> dict:
             "wall_s": sum(walls) / len(walls)}
 
 
+def study_plan(s: StudySettings, arms: Sequence[Arm]) -> dict:
+    """What a study commits to before its first run: arms, claims (with margins), the level, the cost estimate."""
+    from regroup.report.claims import ALPHA
+
+    ran = {a.name for a in arms}
+    return {"alpha": ALPHA, "correction": "Holm over every verdict (claims x regimes) with a p-value",
+            "arms": [asdict(a) for a in arms], "settings": {**asdict(s), "steps": s.steps, "ks": s.ks},
+            "claims": [{**asdict(c), "runs": c.arm in ran and c.against in ran and (c.reference is None or c.reference in ran)}
+                       for c in CLAIMS],
+            "estimated_seconds": round(estimate_seconds(s, arms))}
+
+
 def run_study(quick: bool = False, out_root: str = "runs", log=print, settings: StudySettings | None = None) -> Path:
     """Run every arm in every regime with every seed, judge the claims, write study.html and study.md."""
     from regroup.report import build_report
@@ -547,10 +598,15 @@ def run_study(quick: bool = False, out_root: str = "runs", log=print, settings: 
     from regroup.report.study_page import write_study_page
 
     s = settings or (QUICK if quick else StudySettings())
-    arms = [ARMS_BY_NAME[n] for n in s.arms] if s.arms else ARMS
+    unknown = [n for n in (s.arms or ()) if n not in ARMS_BY_NAME]
+    if unknown:
+        raise ValueError(f"unknown study arm(s) {unknown}; available: {', '.join(ARMS_BY_NAME)}")
+    arms = [ARMS_BY_NAME[n] for n in (s.arms or DEFAULT_ARMS)]
     from regroup.rundir import new_run_dir
 
     study_dir = new_run_dir(out_root, "study")  # exclusive: two studies started in the same second get two folders
+    # the claims, margins, level and arms, written before any run: nothing is tuned after seeing results
+    (study_dir / "plan.json").write_text(json.dumps(study_plan(s, arms), indent=2, default=str))
     started = time.perf_counter()
     regimes, results, budgets, reports = [], {}, {}, {}
     for name in s.regimes:
