@@ -41,17 +41,16 @@ def test_compare_pass_at_1_pairs_over_seeds_and_problems():
     c = C.compare_pass_at_k(a, b, 1)
     assert c.delta == pytest.approx(0.25) and c.seeds == 2 and c.problems == 2
     assert c.se == pytest.approx(math.sqrt(0.03125))  # seed means .375/.125, problem means .125/.375
-    # Satterthwaite: two equal terms 0.015625 with 1 df each: (2t)^2 / (2 t^2 / 1) = 2 df
-    assert c.df == pytest.approx(2.0)
-    # t = √2 at 2 df: P(|T| > t) = 1 − t / √(t² + 2) = 1 − 1/√2 (closed form for 2 df)
-    assert C.two_sided_p(c.delta, c.se, c.df) == pytest.approx(1 - 1 / math.sqrt(2))
+    assert c.df == 1.0  # S − 1: the seeds are the independent replications
+    # t = √2 at 1 df: P(|T| > t) = 1 − (2/π) atan(t) (the Cauchy)
+    assert C.two_sided_p(c.delta, c.se, c.df) == pytest.approx(1 - 2 / math.pi * math.atan(math.sqrt(2)))
 
 
 def test_compare_pass_at_8_uses_the_unbiased_estimator_and_skips_k_above_n():
     a = _arm({0: [(0, 8), (3, 8)]})
     b = _arm({0: [(0, 8), (0, 8)]})
     c = C.compare_pass_at_k(a, b, 8)  # pass@8 with n = 8: 1 if any correct
-    assert c.delta == pytest.approx(0.5) and c.se == pytest.approx(0.5) and c.df == pytest.approx(1.0)
+    assert c.delta == pytest.approx(0.5) and c.se == pytest.approx(0.5) and c.df == 1.0  # one seed: P − 1
     assert C.compare_pass_at_k(a, b, 32).delta is None
     verdict = C.judge(Claim("x", "t", "a", "b", "pass@32"), "mid", {"a": a, "b": b})
     assert verdict.verdict == C.NOT_MEASURED
@@ -131,16 +130,16 @@ def test_the_issue_constructed_case_is_no_longer_supported():
 
 
 def test_false_verdict_rate_on_simulated_null_data_is_at_most_five_percent():
-    """No true effect anywhere (every arm draws from the same distribution, with seed-to-seed spread of
-    the size the issue simulated): per claim, a "supported"/"contradicted" verdict after Holm must be <= 5 %.
-    The same data without correction and with a 2-SE normal rule shows why the old logic failed."""
+    """No true effect anywhere (every arm draws from the same distribution, with a seed-to-seed spread of
+    0.25 in logit, ~5 points of pass@1): per claim, a "supported"/"contradicted" verdict after Holm must
+    be <= 5 %, and each raw test near its nominal level."""
     import numpy as np
 
     rng = np.random.default_rng(7)
     arm_names = sorted({a for c in CLAIMS for a in (c.arm, c.against, c.reference) if a})
     reps, problems = 100, 24
     false_adjusted = {i: 0 for i in range(len(CLAIMS))}
-    false_raw = tested = 0
+    false_raw = tested = families_with_a_false_verdict = 0
     for _ in range(reps):
         difficulty = rng.normal(0.0, 1.5, size=problems)
         results = {}
@@ -152,6 +151,7 @@ def test_false_verdict_rate_on_simulated_null_data_is_at_most_five_percent():
                                   for s in range(5)}
             results[regime] = arms
         verdicts = C.judge_all(CLAIMS, results)
+        families_with_a_false_verdict += any(v.verdict in (C.SUPPORTED, C.CONTRADICTED) for v in verdicts)
         for j, v in enumerate(verdicts):
             if v.p is None:
                 continue
@@ -161,6 +161,9 @@ def test_false_verdict_rate_on_simulated_null_data_is_at_most_five_percent():
                 false_adjusted[j // 2] += 1
     assert tested == reps * 2 * len(CLAIMS)
     assert max(false_adjusted.values()) / (2 * reps) <= 0.05
+    # Holm holds the family-wise rate at 5 % (0.10: room for the Monte Carlo error of 100 studies; the
+    # Satterthwaite df this replaced gave 0.12-0.13 here)
+    assert families_with_a_false_verdict / reps <= 0.10
     # uncorrected, each test alone is near its nominal level (calibrated t, not anti-conservative)
     assert false_raw / tested <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / tested)
 

@@ -138,18 +138,6 @@ def t_ppf(q: float, df: float) -> float:
     return 0.5 * (lo + hi)
 
 
-def satterthwaite_df(variances: Sequence[float], counts: Sequence[int]) -> float | None:
-    """Welch-Satterthwaite degrees of freedom of `Σ var_i / n_i`, each var_i estimated with n_i − 1 df.
-
-    Terms with n_i < 2 (no variance estimate) are left out; None when no term remains or every var is 0.
-    """
-    terms = [(v / n, n - 1) for v, n in zip(variances, counts) if n >= 2]
-    total = sum(t for t, _ in terms)
-    if not terms or total <= 0:
-        return None
-    return total * total / sum(t * t / df for t, df in terms if t > 0)
-
-
 def holm(pvalues: Sequence[float | None]) -> list[float | None]:
     """Holm's step-down adjusted p-values (family-wise error control under any dependence); None stays None.
 

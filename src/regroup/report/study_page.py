@@ -191,12 +191,13 @@ def write_study_page(study_dir: Path, s: Any, arms: Sequence[Any], regimes: Sequ
              + f". Measured study time: {wall_time(seconds)}.")
     note = (f"pass@k in % ± 1 SE over problems and seeds. Δ in percentage points with its {100 * (1 - ALPHA):.0f} % "
             "confidence interval (t with the df shown; unadjusted), paired over problems and seeds: SE = √(var over "
-            "seeds of the per-seed mean / S + var over problems of the per-problem mean / P), Welch-Satterthwaite "
-            "df; training metrics paired over seeds, S − 1 df. p: the claim's own test (two-sided for 'better' "
-            "claims; for 'matches', the larger of the non-inferiority p at the stated margin and the one-sided p "
-            f"that the extra data helps). p (Holm): adjusted over every verdict above; a verdict is 'supported' "
-            f"or 'contradicted' only when p (Holm) < {ALPHA}; 'inconclusive' means this study could not tell, "
-            "not that the arms are equal. Claims, margins and arms were fixed in code before the run (plan.json).")
+            "seeds of the per-seed mean / S + var over problems of the per-problem mean / P) with S − 1 df (the "
+            "seeds are the independent replications); training metrics paired over seeds, S − 1 df. p: the claim's "
+            "own test (two-sided for 'better' claims; for 'matches', twice the smaller of: the larger of the "
+            "non-inferiority p at the stated margin and the one-sided p that the extra data helps, and the p that "
+            f"it falls short by more than the margin). p (Holm): adjusted over every verdict above; a verdict is "
+            f"'supported' or 'contradicted' only when p (Holm) < {ALPHA}; 'inconclusive' means this study could not "
+            "tell, not that the arms are equal. Claims, margins and arms were fixed in code before the run (plan.json).")
     html = [f"<!doctype html><html lang=en><head><meta charset=utf-8><title>regroup study</title><style>{CSS}"
             "tr.better td{background:#f1faf2} tr.worse td{background:#fdf1f1}</style></head><body><main>",
             "<h1>regroup study: the papers' claims at the tiny model's scale</h1>", f"<p class=meta>{escape(intro)}</p>",
