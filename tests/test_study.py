@@ -434,3 +434,58 @@ def test_sampled_uniform_share_undoes_the_dynamic_filter():
         == pytest.approx(0.625)
     assert with_sampled_uniform({"groups/uniform_frac": 0.25})[SAMPLED_UNIFORM] == 0.25  # no filter: as logged
     assert SAMPLED_UNIFORM not in with_sampled_uniform({"reward/mean": 0.5})
+
+
+# ------------------------------------------------------------------------------ the real-model arms
+
+
+@pytest.fixture
+def boxed_file(tmp_path):
+    from regroup.data_prepare import prepare
+
+    path = tmp_path / "boxed.jsonl"
+    prepare("arithmetic_boxed", str(path), limit=16)
+    return str(path)
+
+
+def test_real_model_arms_load_and_validate(tiny_model_dir, boxed_file, tmp_path):
+    from regroup.study_real import REAL_ARMS, RealSettings, real_arm_config
+
+    s = RealSettings(model_dir=tiny_model_dir, train_file=boxed_file)
+    cfgs = {a.name: real_arm_config(a, s, 1, 40, tmp_path / a.name) for a in REAL_ARMS}
+    assert set(cfgs) == {"grpo", "dagrpo_anchor", "dagrpo_anchor_mask", "ta_grpo", "sft_grpo"}
+    for name, cfg in cfgs.items():  # the same questions, reward, seed, steps, length and LoRA everywhere
+        assert (cfg.data.train_file, cfg.rewards.functions, cfg.seed, cfg.train.steps) == (boxed_file, ["math"], 1, 30)
+        assert cfg.rollout.max_new_tokens == 40 and cfg.model.lora.enabled and cfg.recipe == f"real_{name}"
+    g, a, m, t = cfgs["grpo"], cfgs["dagrpo_anchor"], cfgs["dagrpo_anchor_mask"], cfgs["ta_grpo"]
+    assert not (g.anchors.enabled or g.mask.enabled or g.ta.enabled) and g.grpo.adv_scale == "group"
+    assert a.anchors.enabled and not a.mask.enabled and (a.grpo.adv_scale, a.grpo.loss_agg) == ("none", "seq_sum_constant")
+    assert m.anchors.enabled and m.mask.enabled and m.mask.scorer.name == "similarity"
+    assert t.ta.enabled and t.ta.rephraser == "dataset" and t.grpo.prompts_per_step * 4 == g.grpo.prompts_per_step
+    assert cfgs["sft_grpo"].grpo == g.grpo and next(x for x in REAL_ARMS if x.name == "sft_grpo").sft_first
+
+
+def test_sft_on_references_learns_the_references_and_saves_a_plain_model(tiny_model_dir, boxed_file, tmp_path,
+                                                                         one_thread):
+    from transformers import AutoModelForCausalLM
+
+    from regroup.data import load_problems
+    from regroup.study_real import REAL_ARMS_BY_NAME, RealSettings, real_arm_config, sft_on_references
+
+    s = RealSettings(model_dir=tiny_model_dir, train_file=boxed_file)
+    cfg = real_arm_config(REAL_ARMS_BY_NAME["sft_grpo"], s, 0, 40, tmp_path / "run",)
+    out = sft_on_references(cfg, load_problems(boxed_file).problems, 12, 3e-3, tmp_path / "sft", 0, log=lambda m: None)
+    losses = json.loads((tmp_path / "sft" / "sft_metrics.json").read_text())["losses"]
+    assert len(losses) == 12 and sum(losses[-3:]) < sum(losses[:3])  # it fits the references
+    model = AutoModelForCausalLM.from_pretrained(out)  # merged: loads without peft, ready for GRPO + a new LoRA
+    assert not any("lora" in n for n, _ in model.named_parameters())
+
+
+def test_study_dry_run_prints_the_plan_and_runs_nothing(tmp_path, capsys):
+    from regroup import cli
+
+    assert cli.main(["study", "--dry-run", "--out", str(tmp_path)]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["alpha"] == C.ALPHA and len(plan["claims"]) == len(CLAIMS) and plan["estimated_seconds"] <= 90 * 60
+    assert not any(tmp_path.iterdir())
+    assert cli.main(["study", "--arms", "grpo,nosuch", "--dry-run"]) == 2

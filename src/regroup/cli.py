@@ -240,9 +240,37 @@ def cmd_demo(args) -> int:
 
 
 def cmd_study(args) -> int:
-    from regroup.study import run_study
+    from dataclasses import replace
 
-    html = run_study(quick=args.quick, out_root=args.out, log=_log)
+    from regroup.config import ConfigError
+    from regroup.study import ARMS_BY_NAME, DEFAULT_ARMS, QUICK, StudySettings, estimate_seconds, run_study, study_plan
+
+    arms = tuple(a.strip() for a in args.arms.split(",") if a.strip()) if args.arms else None
+    if args.real:
+        from regroup.study_real import REAL_ARMS_BY_NAME, RealSettings, real_arm_config, run_real_study
+
+        unknown = [a for a in arms or () if a not in REAL_ARMS_BY_NAME]
+        if unknown:
+            raise ConfigError(f"--arms: unknown real-model arm(s) {unknown}; available: {', '.join(REAL_ARMS_BY_NAME)}")
+        s = RealSettings(arms=arms)
+        if args.dry_run:  # every arm's config validates, before any model loads
+            for name in arms or REAL_ARMS_BY_NAME:
+                for length in s.lengths:
+                    real_arm_config(REAL_ARMS_BY_NAME[name], s, 0, length, Path(args.out) / "dry-run", s.model_dir)
+            print(json.dumps({"settings": s.__dict__, "arms": list(arms or REAL_ARMS_BY_NAME)}, indent=2, default=str))
+            return 0
+        print(f"real-model study: {run_real_study(s, out_root=args.out, log=_log)}")
+        return 0
+    unknown = [a for a in arms or () if a not in ARMS_BY_NAME]
+    if unknown:
+        raise ConfigError(f"--arms: unknown study arm(s) {unknown}; available: {', '.join(ARMS_BY_NAME)}")
+    s = replace(QUICK if args.quick else StudySettings(), arms=arms)
+    if args.dry_run:
+        chosen = [ARMS_BY_NAME[n] for n in arms or DEFAULT_ARMS]
+        print(json.dumps(study_plan(s, chosen), indent=2, default=str))
+        _log(f"estimated wall time on 2 CPU cores: {estimate_seconds(s, chosen) / 60:.0f} min (a cost model, not a measurement)")
+        return 0
+    html = run_study(quick=args.quick, out_root=args.out, log=_log, settings=s if arms else None)
     print(f"study: {html}\n       {html.with_suffix('.md')}")
     return 0
 
@@ -391,7 +419,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("data", parents=[common], help="data sets: regroup data prepare NAME --out FILE")
     data_sub = p.add_subparsers(dest="data_command", required=True)
     q = data_sub.add_parser("prepare", parents=[common], help="map a public data set to regroup JSONL (math, openr1_math_46k, "
-                                            "deepscaler, ta_grpo, champ)")
+                                            "deepscaler, ta_grpo, champ, arithmetic_boxed, arithmetic_heldout)")
     q.add_argument("name")
     q.add_argument("--out", required=True)
     q.add_argument("--source", default=None, help="a local file, datasets folder or hf:NAME[:CONFIG][@SPLIT] instead of the hub")
@@ -425,9 +453,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--recipes", default=None, type=_recipe_list, help="comma-separated subset of recipes")
     p.set_defaults(fn=cmd_demo)
 
-    p = sub.add_parser("study", parents=[common], help="the papers' claims in miniature: every arm, two regimes, 3 seeds, verdicts")
+    p = sub.add_parser("study", parents=[common], help="the papers' claims in miniature: every arm, two regimes, 5 seeds, verdicts")
     p.add_argument("--quick", action="store_true", help="a few-minute plumbing version (not evidence)")
     p.add_argument("--out", default="runs")
+    p.add_argument("--arms", default=None, help="comma-separated subset of the arms (default: the default arms)")
+    p.add_argument("--real", action="store_true", help="the real-model study (SmolLM2-135M, LoRA): hours; see "
+                                                      "regroup.study_real")
+    p.add_argument("--dry-run", action="store_true", help="print the plan (arms, claims, estimate) and validate; run nothing")
     p.set_defaults(fn=cmd_study)
 
     p = sub.add_parser("report", parents=[common], help="build report.html / report.md from finished runs")
