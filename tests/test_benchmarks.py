@@ -127,3 +127,24 @@ def test_eval_cli_offline_bench_is_one_line(tmp_path, tiny_model_dir, monkeypatc
     monkeypatch.setenv("REGROUP_DATA_DIR", str(tmp_path))
     rc = main(["eval", "--model", tiny_model_dir, "--bench", "math500,nosuch", "--out", str(tmp_path / "o")])
     assert rc == 2 and "nosuch" in capsys.readouterr().err
+
+
+def test_decoding_presets_and_the_eval_protocol_flag(monkeypatch, tmp_path, tiny_model_dir):
+    from regroup import cli
+    from regroup.eval.benchmarks import DECODING
+
+    assert (DECODING["t1"].temperature, DECODING["dagrpo"].temperature, DECODING["ta_grpo"].top_p) == (1.0, 0.6, 0.95)
+    assert protocol(BENCHMARKS["aime24"], "ta_grpo").n == 128  # the authors' test.py: n = 128
+    seen = []
+    monkeypatch.setattr("regroup.eval.runner.run_eval_cli", lambda *a, **kw: seen.append(("data", kw)) or [])
+    monkeypatch.setattr("regroup.eval.runner.run_bench_cli", lambda *a, **kw: seen.append(("bench", kw)) or [])
+    monkeypatch.setattr("regroup.eval.runner.format_table", lambda rows: "")
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"question": "1+1", "answer": "2"}\n')
+    for flag in ([], ["--protocol", "t1"], ["--protocol", "dagrpo"], ["--protocol", "ta_grpo"]):
+        assert cli.main(["eval", "--model", tiny_model_dir, "--data", str(data), "--out", str(tmp_path / "o"), *flag]) == 0
+    assert [(kw["temperature"], kw["top_p"]) for _, kw in seen] == [(0.6, 0.95), (1.0, 1.0), (0.6, 1.0), (0.6, 0.95)]
+    seen.clear()
+    for flag in (["--protocol", "t1"], ["--protocol", "ta_grpo"]):
+        assert cli.main(["eval", "--model", tiny_model_dir, "--bench", "aime24", "--out", str(tmp_path / "o"), *flag]) == 0
+    assert [(kw["paper"], kw["temperature"], kw["top_p"]) for _, kw in seen] == [("dagrpo", 1.0, 1.0), ("ta_grpo", None, None)]

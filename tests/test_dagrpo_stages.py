@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from regroup.batch import Sample, collate
@@ -138,3 +139,30 @@ def test_gradient_conflict_is_minus_one_for_the_same_response_on_both_sides(tiny
                             temperature=1.0)["grad_conflict/cosine"]
     assert -1.0 < cos < 1.0
     assert gradient_conflict(model, batch, torch.tensor([0.7, 0.0]), param_pattern=".", max_samples=4, temperature=1.0) == {}
+
+
+def test_pair_unit_masker_rewrites_advantages_term_by_term_and_keeps_weights():
+    from regroup.stages.base import StepBatch
+
+    (p,) = TASK.generate(1, seed=3)
+    samples = on_policy(p, 0, [1.0, 1.0, 0.0, 0.0])
+    batch = StepBatch(step=1, samples=samples)
+    batch.advantages = torch.tensor([0.5, 0.5, -0.5, -0.5])
+    masker = DistinctivenessMasker(FixedScorer([9.0, 5.0, 4.0, 1.0]), delta=3.0, unit="pair")
+    metrics = masker(batch, None)
+    assert batch.advantages.tolist() == pytest.approx([0.5, 0.25, -0.25, -0.5])  # issue 25's case
+    assert batch.weights is None and metrics["mask/pair_frac"] == 0.25 and metrics["mask/adv_removed"] == 0.25
+    with pytest.raises(ValueError, match="unit"):
+        DistinctivenessMasker(FixedScorer([]), delta=3.0, unit="pairs")
+
+
+def test_mask_unit_is_a_config_field_and_reaches_the_stage(tiny_model_dir, tmp_path):
+    from regroup.recipes import build_recipe
+
+    cfg = load_config(CONFIGS / "dagrpo_mask_only.yaml", [f"model.path={tiny_model_dir}", "mask.unit=pair"])
+    recipe = build_recipe(cfg, TASK, lambda text: [ord(c) for c in text], tmp_path)
+    assert [s.unit for s in recipe.stages if isinstance(s, DistinctivenessMasker)] == ["pair"]
+    cfg = load_config(CONFIGS / "dagrpo_mask_only.yaml", [f"model.path={tiny_model_dir}", "mask.unit=pair"])
+    assert cfg.mask.unit == "pair"
+    with pytest.raises(Exception, match="unit"):
+        load_config(CONFIGS / "dagrpo_mask_only.yaml", [f"model.path={tiny_model_dir}", "mask.unit=both"])

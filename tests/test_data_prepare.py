@@ -119,7 +119,8 @@ def test_champ_from_the_installed_package(tmp_path):
 def test_unknown_target():
     with pytest.raises(DataError, match="choose one of"):
         prepare("nosuch", "x.jsonl")
-    assert set(TARGETS) == {"math", "openr1_math_46k", "deepscaler", "ta_grpo", "champ", "arithmetic_heldout"}
+    assert set(TARGETS) == {"math", "openr1_math_46k", "deepscaler", "ta_grpo", "champ", "arithmetic_heldout",
+                            "arithmetic_boxed"}
 
 
 def test_arithmetic_heldout_is_disjoint_from_default_training(tmp_path):
@@ -186,3 +187,26 @@ def test_openr1_repeated_index_gets_unique_ids_the_loader_accepts(tmp_path):
     assert summary["written"] == 4 and summary["renamed_ids"] == 2
     ids = [p.id for p in load_problems(out).problems]
     assert ids == ["17", "17-3", "17-4", "17-2"] and len(set(ids)) == 4
+def test_arithmetic_boxed_references_verify_under_the_math_reward(tmp_path):
+    """The built-in references end in "#### N", which the math reward rejects (so a real-model DaGRPO run
+    got zero anchors); the arithmetic_boxed target's references all verify, and its variants keep the answer."""
+    from regroup import cli
+    from regroup.config import DataConfig
+    from regroup.rewards.math_verify import MathAnswerChecker
+    from regroup.tasks import get_task
+    from regroup.tasks.arithmetic.solver import solve_question
+
+    out = tmp_path / "boxed.jsonl"
+    assert cli.main(["data", "prepare", "arithmetic_boxed", "--out", str(out), "--limit", "48"]) == 0
+    problems = load_problems(out).problems
+    task = get_task("arithmetic")
+    originals = task.generate(48, seed=DataConfig().seed)  # the questions a default run trains on, in order
+    assert [p.question for p in problems] == [p.question for p in originals]
+    with MathAnswerChecker() as checker:
+        assert checker.check_many([p.solution for p in problems], problems) == [1.0] * 48
+        assert set(checker.check_many([p.solution for p in originals], originals)) == {0.0}  # the "#### N" form
+    for p, o in zip(problems, originals):
+        assert p.solution.startswith(o.solution.split("####")[0].strip()) and p.solution.endswith(f"\\boxed{{{p.answer}}}.")
+        assert len(p.variants) == 3 and all(str(solve_question(v)) == p.answer for v in p.variants)
+    assert prepare("arithmetic_boxed", str(tmp_path / "again.jsonl"), limit=48)["written"] == 48
+    assert (tmp_path / "again.jsonl").read_text() == out.read_text()  # reproducible

@@ -18,9 +18,10 @@ ARMS = [p for p in CONFIGS if not p.stem.endswith("_base") and p.stem not in
 
 def test_both_papers_have_every_arm():
     names = {p.stem for p in ARMS}
-    assert {"dagrpo_grpo", "dagrpo_mask_only", "dagrpo_anchors_only", "dagrpo_both"} <= names
+    assert {"dagrpo_grpo", "dagrpo_grpo_std", "dagrpo_mask_only", "dagrpo_mask_pair", "dagrpo_anchors_only",
+            "dagrpo_both"} <= names
     for model in ("qwen3_1p7b", "qwen3_4b", "llama3p2_1b", "llama3p2_3b"):
-        assert {f"ta_{model}_grpo", f"ta_{model}_matched", f"ta_{model}_ta_grpo"} <= names
+        assert {f"ta_{model}_grpo", f"ta_{model}_matched", f"ta_{model}_ta_grpo", f"ta_{model}_grpo_steps"} <= names
 
 
 def _as_written(path: Path, model_dir: str, data_file: str):
@@ -62,34 +63,59 @@ def test_paper_arm_names_data_model_hardware_time_and_benchmarks(path):
     assert "not measured" in text  # the time is an estimate, and says so
 
 
-def test_dagrpo_arms_follow_the_paper(tiny_model_dir, data_file):
+def test_dagrpo_arms_follow_the_paper_and_luffy(tiny_model_dir, data_file):
     arms = {p.stem: _as_written(p, tiny_model_dir, data_file) for p in ARMS if p.stem.startswith("dagrpo_")}
-    for cfg in arms.values():  # Dr. GRPO, 500 steps, judge with reference, delta 3, 7 + 1 shaped anchors
-        assert (cfg.grpo.adv_scale, cfg.grpo.loss_agg, cfg.grpo.beta, cfg.train.steps) == ("none", "seq_sum_constant", 0.0, 500)
+    for name, cfg in arms.items():  # Dr. GRPO, 500 steps, judge with reference, delta 3, 7 + 1 shaped anchors
+        expected = ("group", "token_mean") if name == "dagrpo_grpo_std" else ("none", "seq_sum_constant")
+        assert (cfg.grpo.adv_scale, cfg.grpo.loss_agg, cfg.grpo.beta, cfg.train.steps) == (*expected, 0.0, 500)
         assert (cfg.mask.scorer.name, cfg.mask.delta, cfg.anchors.count, cfg.anchors.mode) == ("judge", 3.0, 1, "replace")
         assert (cfg.anchors.ratio, cfg.anchors.gamma, cfg.anchors.source) == ("shaped", 0.1, "reference")
-        assert "Qwen2.5-Math-7B" in (PAPER / "dagrpo_base.yaml").read_text()
-    on = {name: (cfg.mask.enabled, cfg.anchors.enabled) for name, cfg in arms.items()}
-    assert on == {"dagrpo_grpo": (False, False), "dagrpo_mask_only": (True, False),
-                  "dagrpo_anchors_only": (False, True), "dagrpo_both": (True, True)}
+        # LUFFY's scripts: 128 questions in 2 mini-batches, no on-policy clip, AdamW (0.9, 0.999), wd 0.01,
+        # constant lr, 1024 / 8192 tokens
+        assert (cfg.grpo.prompts_per_step, cfg.grpo.mini_batches) == (128, 2)
+        assert 1 - cfg.grpo.eps_low < 1.01e-6 and 1 + cfg.grpo.eps_high >= 1e9  # a clip that never binds
+        assert (cfg.optim.beta2, cfg.optim.weight_decay, cfg.optim.schedule, cfg.optim.warmup_steps) == \
+            (0.999, 0.01, "constant", 0)
+        assert (cfg.data.max_prompt_tokens, cfg.rollout.max_new_tokens) == (1024, 8192)
+    text = (PAPER / "dagrpo_base.yaml").read_text()
+    assert "Qwen2.5-Math-7B" in text and "entropy_coeff 0.001" in text  # the one setting not expressible here
+    on = {name: (cfg.mask.enabled, cfg.mask.unit, cfg.anchors.enabled) for name, cfg in arms.items()}
+    assert on == {"dagrpo_grpo": (False, "sample", False), "dagrpo_grpo_std": (False, "sample", False),
+                  "dagrpo_mask_only": (True, "sample", False), "dagrpo_mask_pair": (True, "pair", False),
+                  "dagrpo_anchors_only": (False, "sample", True), "dagrpo_both": (True, "sample", True)}
 
 
-def test_ta_grpo_arms_follow_the_paper(tiny_model_dir, data_file):
+def test_ta_grpo_arms_follow_the_authors_scripts(tiny_model_dir, data_file):
     from regroup.setup import train_steps
 
+    seen = set()
     for p in ARMS:
         if not p.stem.startswith("ta_"):
             continue
         cfg = _as_written(p, tiny_model_dir, data_file)
+        arm = next(a for a in ("ta_grpo", "grpo_steps", "matched", "grpo") if p.stem.endswith("_" + a))
+        seen.add(arm)
+        # run_grpo-*.sh and verl's defaults: KL 0.001 (k3), token mean, 512 / 3072 tokens, 2 mini-batches,
+        # AdamW (0.9, 0.999) with weight decay 0.01, advantage epsilon 1e-6, the instruction before the question
         assert (cfg.grpo.beta, cfg.grpo.kl_ratio_correction, cfg.grpo.loss_agg) == (0.001, False, "token_mean")
-        assert (cfg.train.epochs, cfg.grpo.mini_batches, cfg.grpo.prompts_per_step) == (2, 2, 256)
-        assert train_steps(cfg, 7498) == 59  # 2 epochs of MATH's 7,498 questions in rollouts of 256
-        assert cfg.optim.schedule == "cosine" and cfg.optim.warmup_steps == 12  # 10 % of the 118 optimizer steps 2 epochs make
-        arm = p.stem.rsplit("_", 1)[-1] if not p.stem.endswith("ta_grpo") else "ta_grpo"
-        assert cfg.ta.enabled == (arm == "ta_grpo")
-        assert (cfg.ta.n_variants, cfg.ta.rephraser, cfg.ta.ratio_anchor) == (3, "dataset", "original")
+        assert (cfg.data.max_prompt_tokens, cfg.rollout.max_new_tokens, cfg.grpo.mini_batches) == (512, 3072, 2)
+        assert (cfg.optim.beta2, cfg.optim.weight_decay, cfg.grpo.adv_eps) == (0.999, 0.01, 1e-6)
+        assert cfg.data.prompt_template.startswith("You FIRST think") and cfg.data.prompt_template.endswith("{question}")
+        assert (cfg.ta.n_variants, cfg.ta.rephraser) == (3, "dataset")
+        assert cfg.ta.enabled == (arm == "ta_grpo") and cfg.optim.schedule == "cosine"
+        # 256 prompt rows per rollout: 256 questions for GRPO, 256 / (N+1) = 64 for the pooled arms
+        rows = cfg.grpo.prompts_per_step * (cfg.ta.n_variants + 1 if arm in ("ta_grpo", "matched") else 1)
+        assert rows == 256
+        rollouts = train_steps(cfg, 7498)
+        optimizer_steps = rollouts * cfg.grpo.mini_batches
+        assert cfg.optim.warmup_steps == round(0.1 * optimizer_steps)  # 10 % warm-up
+        expected = {"grpo": (2, 59), "matched": (2, 235), "ta_grpo": (2, 235), "grpo_steps": (8, 235)}[arm]
+        assert (cfg.train.epochs, rollouts) == expected
+        if arm == "ta_grpo":
+            assert cfg.ta.ratio_anchor == "own"  # the authors' verl fork: each row's own prompt
         # matched sampling: (N+1)·G samples of q0, as many as TA-GRPO generates per question
         assert cfg.grpo.samples_multiplier == (cfg.ta.n_variants + 1 if arm == "matched" else 1)
+    assert seen == {"grpo", "matched", "ta_grpo", "grpo_steps"}
 
 
 LOCAL = ["model.dtype=float32", "model.gradient_checkpointing=false", "data.train_file=null", "data.task=arithmetic",
@@ -118,7 +144,8 @@ def test_paper_arm_trains_one_step_on_the_tiny_model(path, tiny_model_dir, tmp_p
     Trainer.from_config(cfg, tmp_path, log=lambda m: None).train()
     (record,) = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert record["step"] == 1 and "reward/mean" in record
-    assert ("mask/frac" in record) == cfg.mask.enabled  # the arm's own mechanisms ran, and only those
+    masked = "mask/pair_frac" if cfg.mask.unit == "pair" else "mask/frac"
+    assert (masked in record) == cfg.mask.enabled  # the arm's own mechanisms ran, and only those
     assert ("anchor/count" in record) == cfg.anchors.enabled
     assert ("variant/acc/1" in record) == cfg.ta.enabled
     assert (tmp_path / "checkpoints" / "step-000001").is_dir()

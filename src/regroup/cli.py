@@ -152,6 +152,9 @@ def cmd_eval(args) -> int:
     from regroup.config import ConfigError, check_readable
     from regroup.eval.runner import run_config_path
     from regroup.rundir import claim_eval_dir
+    from regroup.data import DataError
+    from regroup.eval.benchmarks import DECODING, Decoding
+    from regroup.eval.runner import format_table, run_bench_cli, run_eval_cli
 
     if not Path(args.model).is_dir():
         raise ConfigError(f"--model: no such model folder: {args.model}")
@@ -189,16 +192,21 @@ def _run_eval(args) -> int:
         if args.bench:
             from regroup.eval.benchmarks import parse_bench_list
 
+            # t1: the DaGRPO benchmarks' n and k, sampled at T = 1 (DECODING["t1"])
+            t1 = DECODING["t1"] if args.protocol == "t1" else None
             rows = run_bench_cli(
-                args.model, parse_bench_list(args.bench), args.out, paper=args.protocol, n=args.n,
-                ks=args.k, temperature=args.temperature,
-                top_p=args.top_p, bench_files=_bench_files(args.bench_file), **common,
+                args.model, parse_bench_list(args.bench), args.out,
+                paper="dagrpo" if args.protocol in (None, "t1") else args.protocol, n=args.n, ks=args.k,
+                temperature=args.temperature if args.temperature is not None or t1 is None else t1.temperature,
+                top_p=args.top_p if args.top_p is not None or t1 is None else t1.top_p,
+                bench_files=_bench_files(args.bench_file), **common,
             )
         else:
+            decoding = DECODING[args.protocol] if args.protocol else Decoding(0.6, 0.95, "--data default")
             rows = run_eval_cli(
                 args.model, args.data, args.out, n=args.n or 32, ks=args.k or [1, 4, 8, 32],
-                temperature=0.6 if args.temperature is None else args.temperature,
-                top_p=0.95 if args.top_p is None else args.top_p,
+                temperature=decoding.temperature if args.temperature is None else args.temperature,
+                top_p=decoding.top_p if args.top_p is None else args.top_p,
                 question_field=args.question_field, answer_field=args.answer_field, checker=args.checker, **common,
             )
     except (ValueError, ImportError) as e:  # ConfigError, DataError: the one-line handler in main()
@@ -269,9 +277,37 @@ def cmd_demo(args) -> int:
 
 
 def cmd_study(args) -> int:
-    from regroup.study import run_study
+    from dataclasses import replace
 
-    html = run_study(quick=args.quick, out_root=args.out, log=_log)
+    from regroup.config import ConfigError
+    from regroup.study import ARMS_BY_NAME, DEFAULT_ARMS, QUICK, StudySettings, estimate_seconds, run_study, study_plan
+
+    arms = tuple(a.strip() for a in args.arms.split(",") if a.strip()) if args.arms else None
+    if args.real:
+        from regroup.study_real import REAL_ARMS_BY_NAME, RealSettings, real_arm_config, run_real_study
+
+        unknown = [a for a in arms or () if a not in REAL_ARMS_BY_NAME]
+        if unknown:
+            raise ConfigError(f"--arms: unknown real-model arm(s) {unknown}; available: {', '.join(REAL_ARMS_BY_NAME)}")
+        s = RealSettings(arms=arms)
+        if args.dry_run:  # every arm's config validates, before any model loads
+            for name in arms or REAL_ARMS_BY_NAME:
+                for length in s.lengths:
+                    real_arm_config(REAL_ARMS_BY_NAME[name], s, 0, length, Path(args.out) / "dry-run", s.model_dir)
+            print(json.dumps({"settings": s.__dict__, "arms": list(arms or REAL_ARMS_BY_NAME)}, indent=2, default=str))
+            return 0
+        print(f"real-model study: {run_real_study(s, out_root=args.out, log=_log)}")
+        return 0
+    unknown = [a for a in arms or () if a not in ARMS_BY_NAME]
+    if unknown:
+        raise ConfigError(f"--arms: unknown study arm(s) {unknown}; available: {', '.join(ARMS_BY_NAME)}")
+    s = replace(QUICK if args.quick else StudySettings(), arms=arms)
+    if args.dry_run:
+        chosen = [ARMS_BY_NAME[n] for n in arms or DEFAULT_ARMS]
+        print(json.dumps(study_plan(s, chosen), indent=2, default=str))
+        _log(f"estimated wall time on 2 CPU cores: {estimate_seconds(s, chosen) / 60:.0f} min (a cost model, not a measurement)")
+        return 0
+    html = run_study(quick=args.quick, out_root=args.out, log=_log, settings=s if arms else None)
     print(f"study: {html}\n       {html.with_suffix('.md')}")
     return 0
 
@@ -413,7 +449,9 @@ def build_parser() -> argparse.ArgumentParser:
     # named benchmarks, devices and prompting (issue 11)
     p.add_argument("--bench", help="comma-separated: math500,aime24,aime25,amc23,minerva,olympiadbench,"
                                    "gpqa_diamond,arc_c,mmlu_pro")
-    p.add_argument("--protocol", choices=["dagrpo", "ta_grpo"], default="dagrpo", help="whose sampling settings --bench uses")
+    p.add_argument("--protocol", choices=["t1", "dagrpo", "ta_grpo"], default=None,
+                   help="decoding preset: t1 (T = 1), dagrpo (T = 0.6), ta_grpo (T = 0.6, top-p 0.95; --bench: n = 128); "
+                        "--bench default dagrpo, --data default T = 0.6, top-p 0.95")
     p.add_argument("--bench-file", action="append", metavar="NAME=PATH", help="a local file standing in for the hub")
     p.add_argument("--limit", type=_number(int, "count"), default=None, help="first N problems of each benchmark")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cpu)")
@@ -430,7 +468,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("data", parents=[common], help="data sets: regroup data prepare NAME --out FILE")
     data_sub = p.add_subparsers(dest="data_command", required=True)
     q = data_sub.add_parser("prepare", parents=[common], help="map a public data set to regroup JSONL (math, openr1_math_46k, "
-                                            "deepscaler, ta_grpo, champ)")
+                                            "deepscaler, ta_grpo, champ, arithmetic_boxed, arithmetic_heldout)")
     q.add_argument("name")
     q.add_argument("--out", required=True)
     q.add_argument("--source", default=None, help="a local file, datasets folder or hf:NAME[:CONFIG][@SPLIT] instead of the hub")
@@ -466,9 +504,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--recipes", default=None, type=_recipe_list, help="comma-separated subset of recipes")
     p.set_defaults(fn=cmd_demo)
 
-    p = sub.add_parser("study", parents=[common], help="the papers' claims in miniature: every arm, two regimes, 3 seeds, verdicts")
+    p = sub.add_parser("study", parents=[common], help="the papers' claims in miniature: every arm, two regimes, 5 seeds, verdicts")
     p.add_argument("--quick", action="store_true", help="a few-minute plumbing version (not evidence)")
     p.add_argument("--out", default="runs")
+    p.add_argument("--arms", default=None, help="comma-separated subset of the arms (default: the default arms)")
+    p.add_argument("--real", action="store_true", help="the real-model study (SmolLM2-135M, LoRA): hours; see "
+                                                      "regroup.study_real")
+    p.add_argument("--dry-run", action="store_true", help="print the plan (arms, claims, estimate) and validate; run nothing")
     p.set_defaults(fn=cmd_study)
 
     p = sub.add_parser("report", parents=[common], help="build report.html / report.md from finished runs")

@@ -217,6 +217,9 @@ class MaskConfig:
     """DaGRPO sequence-level gradient rectification (SPEC §2a)."""
     enabled: bool = F(False, "Mask samples whose score does not stand apart from the other side of the group.")
     delta: float = F(3.0, "Margin on the 1-10 score scale.", ge=0.0)
+    unit: Literal["sample", "pair"] = F("sample", "sample: drop a whole sample not delta clear of the other side; pair: drop "
+                                        "only the pairwise advantage terms (A_i - A_j)/G of pairs not delta apart "
+                                        "(algo.distinctiveness.pair_masked_advantages).")
     scorer: ScorerConfig = F(ScorerConfig, "Which scorer gives the fine-grained scores.")
 
 

@@ -141,6 +141,11 @@ TARGETS = {
     "ta_grpo": PrepareTarget("ta_grpo", None, " (rows index, sub_index, question or problem, answer)", None,
                              "TA-GRPO's released rephrasings: rows sharing `index` fold into one problem with variants"),
     "champ": PrepareTarget("champ", None, "", champ_row, "CHAMP: 270 competition problems, from the champ-dataset package"),
+    "arithmetic_boxed": PrepareTarget("arithmetic_boxed", None, "", None,
+                                      "the built-in task's default training problems with \\boxed{} reference "
+                                      "solutions (DaGRPO anchors under rewards=[math]) and 3 rule rephrasings "
+                                      "as `variants` (TA-GRPO with ta.rephraser=dataset): `--limit` of them, "
+                                      "data.num_train by default"),
     "arithmetic_heldout": PrepareTarget("arithmetic_heldout", None, "", None,
                                         "the built-in task's held-out problems (data.eval_seed), none of them a "
                                         "default training question: `--limit` of them, 256 by default"),
@@ -158,6 +163,32 @@ def arithmetic_heldout(limit: int | None) -> list[Problem]:
     return heldout_problems(task, limit or data.num_eval, data.eval_seed, train)
 
 
+def boxed_solution(solution: str) -> str:
+    """The built-in task's reference "7+5=12. 12-3=9. #### 9" as "7+5=12. 12-3=9. The answer is \\boxed{9}.":
+    the same steps, ending the way the math reward reads an answer (the last \\boxed{})."""
+    from regroup.tasks.arithmetic.grading import ANSWER_MARKER
+
+    steps, marker, answer = solution.rpartition(ANSWER_MARKER)
+    if not marker or not answer.strip():
+        raise ValueError(f"not a built-in reference solution (no {ANSWER_MARKER} answer): {solution!r}")
+    return f"{steps.strip()} The answer is \\boxed{{{answer.strip()}}}."
+
+
+def arithmetic_boxed(limit: int | None, n_variants: int = 3) -> list[Problem]:
+    """The training problems a default run of the built-in task draws (data.num_train at data.seed), with
+    boxed reference solutions and `n_variants` rule rephrasings each (seeded by data.seed: reproducible)."""
+    import random
+    from dataclasses import replace
+
+    from regroup.config import DataConfig
+    from regroup.tasks import get_task
+
+    data, task = DataConfig(), get_task("arithmetic")
+    rng = random.Random(data.seed)
+    return [replace(p, solution=boxed_solution(p.solution), variants=tuple(task.rephrase(p, n_variants, rng)))
+            for p in task.generate(limit or data.num_train, seed=data.seed)]
+
+
 def _fold_ta_rows(rows: list[dict], origin: str) -> list[Problem]:
     question = next((n for n in ("question", "problem", "prompt") if any(n in r for r in rows)), "question")
     answer = next((n for n in ("answer", "ground_truth", "final_answer") if any(n in r for r in rows)), "answer")
@@ -171,8 +202,8 @@ def prepare(name: str, out: str, source: str | None = None, limit: int | None = 
     if name not in TARGETS:
         raise DataError(name, None, None, f"unknown data set; choose one of {', '.join(TARGETS)}")
     target = TARGETS[name]
-    if name == "arithmetic_heldout":
-        problems = arithmetic_heldout(limit)
+    if name in ("arithmetic_heldout", "arithmetic_boxed"):
+        problems = arithmetic_heldout(limit) if name == "arithmetic_heldout" else arithmetic_boxed(limit)
         save_problems(problems, out)
         return {"target": name, "source": "built-in arithmetic task", "written": len(problems), "skipped": 0}
     if name == "champ" and source is None:

@@ -151,7 +151,8 @@ def build_recipe(cfg, task, encode_response, run_dir) -> Recipe:
         stages.append(DynamicSampling(cfg.grpo.prompts_per_step, cfg.dynamic_sampling.max_rounds))
     stages.append(GroupAdvantages(cfg.grpo.adv_scale, cfg.grpo.adv_eps))
     if cfg.mask.enabled:  # SPEC §2a: masks after advantages, over G_mix
-        stages.append(DistinctivenessMasker(build_scorer(cfg, task, run_dir), cfg.mask.delta, cfg.mask.scorer.question))
+        stages.append(DistinctivenessMasker(build_scorer(cfg, task, run_dir), cfg.mask.delta, cfg.mask.scorer.question,
+                                            cfg.mask.unit))
     if o.filter:
         stages.append(OverlongFilter())
     stages = insert_user_stages(stages, [parse_stage_entry(e) for e in cfg.stages.extra])  # checked by the config

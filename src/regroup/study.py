@@ -9,22 +9,29 @@ On the built-in task and the warmed-up tiny model, in two regimes:
   `probe_problems` training questions) reaches `sparse_min_all_wrong` is used; the share is reported,
   and a regime that never reaches it is reported as such.
 
-Every arm (ARMS) trains from the regime's start with each seed, is evaluated on the same held-out
-problems (pass@1/8/32 from `eval_samples` samples), and the claims (CLAIMS) are judged by
-`regroup.report.claims`. Budgets per protocol: GRPO sees `questions` distinct questions for `epochs`
-epochs (`steps = questions · epochs / prompts_per_step`); "equal questions" arms (TA-GRPO as in its
-paper, grpo_matched) draw the same questions at the same steps and generate (N+1)·G per question;
-"equal samples" arms generate as many samples per step as GRPO. Every arm stops at its planned step
-count (`train.epochs` stays 0: an equal-samples arm draws fewer questions per step, and must not run on
-to finish its epochs).
+Every arm (DEFAULT_ARMS of ARMS) trains from the regime's start with each seed, is evaluated on the same
+held-out problems (pass@1/8/32 from `eval_samples` samples at T = 1, and pass@1/8 from
+`paper_eval_samples` samples at each paper's decoding settings), and the claims (CLAIMS, fixed here with
+their margins before any run; `plan.json` records them first) are judged by `regroup.report.claims`
+(t-tests, Holm over the family). Budgets per protocol (PROTOCOLS): GRPO sees `questions` distinct
+questions for `epochs` epochs (`steps = questions · epochs / prompts_per_step`); "equal questions" arms
+(TA-GRPO as in its paper, grpo_matched) draw the same questions at the same steps and generate (N+1)·G
+per question; "equal samples" arms generate as many samples per step as GRPO; "authors' protocol"
+(ta_grpo_author) keeps GRPO's rows per step, so P/(N+1) questions per step and (N+1)x the optimizer
+steps over the same epochs, as the TA-GRPO authors' scripts do; grpo_author_steps gives GRPO as many
+optimizer steps. Every arm stops at its planned step count (`train.epochs` stays 0).
 
-Sizing (default settings): GRPO trains 20 optimizer steps of 64 samples (1,280 samples); all arms
-together plan 21.5 GRPO runs' worth (27,520 samples) per (regime, seed), 165 k over 2 regimes × 3 seeds.
-At the README's measured 1.48 s per training step of 128 samples (11.6 ms per sample) that is ~32 min
-of training, plus 68 evaluations of 48 problems × 33 samples (~108 k samples; ~10 min if an evaluation
-sample costs half a training sample, which is an assumption), plus start-up, saving and the warm-up when
-it is not cached (~3 min): ~45-50 min for a 60-minute budget. These are estimates from that one
-measured rate, not a measured study time; `study.json` records the measured seconds.
+Isolating controls: grpo_drgrpo is GRPO with DaGRPO's Dr. GRPO advantages and constant normaliser
+(every DaGRPO claim is judged against it and against plain GRPO); grpo_kl is GRPO with TA-GRPO's beta.
+
+Sizing (default settings, `estimate_seconds`: a cost model calibrated on the previous full run, not a
+measurement): 13 default arms x 5 seeds x 2 regimes, GRPO 16 steps of 8 questions x G = 8 (64 questions,
+2 epochs; 1,024 samples). Per (regime, seed) the arms plan 27 GRPO runs' worth of samples (27,648;
+dynamic sampling counted 1.5x), 276 k in all at 9.7 ms each = 45 min; 132 evaluations of 48 problems x
+(32 + 1 at T = 1 + 2 x 8 at the papers' settings) = 310 k evaluation samples at half a training sample =
+25 min; plus 3 min fixed: ~73 min, inside the 90-minute budget with ~20 % to spare. `--quick` (2 seeds,
+tiny budgets): ~4 min by the same model, whose fixed part dominates there. `study.json` records the
+measured seconds.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ import math
 import random
 import shutil
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -106,13 +114,13 @@ TASK_NAMES = {  # (step mix, rename only) -> data.task
 class StudySettings:
     """What one study runs."""
 
-    seeds: int = 3
+    seeds: int = 5
     """Seeds per arm."""
     prompts_per_step: int = 8
     """GRPO's questions per step."""
     num_generations: int = 8
     """G."""
-    questions: int = 80
+    questions: int = 64
     """Distinct training questions of GRPO (and of every equal-questions arm)."""
     epochs: int = 2
     """Passes over the training questions (the TA-GRPO paper's 2 epochs)."""
@@ -122,6 +130,10 @@ class StudySettings:
     """Held-out problems per regime, the same for every arm and the start."""
     eval_samples: int = 32
     """Samples per held-out problem at T = 1 (pass@1, pass@8, pass@32)."""
+    paper_protocols: tuple[str, ...] = ("dagrpo", "ta_grpo")
+    """Also evaluate at these papers' decoding settings (`regroup.eval.benchmarks.DECODING`)."""
+    paper_eval_samples: int = 8
+    """Samples per held-out problem at each paper's decoding settings (pass@1, pass@8)."""
     probe_problems: int = 64
     """Training questions sampled G times to measure the start's all-wrong share."""
     sparse_min_all_wrong: float = 0.5
@@ -136,10 +148,11 @@ class StudySettings:
     """Longest response in training and evaluation."""
     regimes: tuple[str, ...] = ("mid", "sparse")
     arms: tuple[str, ...] | None = None
-    """A subset of ARMS (None: all)."""
-    overrides: list[str] = field(default_factory=lambda: ["diagnostics.diversity_every=5",
-                                                          "diagnostics.grad_conflict_every=5"])
-    """Extra dotted overrides for every run (default: the mechanism diagnostics 4 times in 20 steps)."""
+    """A subset of ARMS (None: the default arms, DEFAULT_ARMS)."""
+    diagnostics_per_run: int = 4
+    """Mechanism diagnostics (diversity, gradient conflict) this many times per run, evenly over its steps."""
+    overrides: list[str] = field(default_factory=list)
+    """Extra dotted overrides for every run."""
 
     @property
     def steps(self) -> int:
@@ -150,10 +163,14 @@ class StudySettings:
     def ks(self) -> list[int]:
         return [k for k in (1, 8, 32) if k <= self.eval_samples]
 
+    @property
+    def paper_ks(self) -> list[int]:
+        return [k for k in (1, 8) if k <= self.paper_eval_samples]
+
 
 QUICK = StudySettings(seeds=2, prompts_per_step=4, num_generations=4, questions=8, epochs=1, eval_problems=8,
-                      eval_samples=8, probe_problems=8, early_warmup_steps=60, warmup_dir="runs/warmup-quick",
-                      warmup_steps=120, overrides=["diagnostics.diversity_every=1", "diagnostics.grad_conflict_every=1"])
+                      eval_samples=8, paper_eval_samples=4, probe_problems=8, early_warmup_steps=60,
+                      warmup_dir="runs/warmup-quick", warmup_steps=120, diagnostics_per_run=100)
 
 
 # -------------------------------------------------------------------------------------------- arms
@@ -163,11 +180,13 @@ class Arm:
     config: str
     """Recipe file in configs/."""
     protocol: str
-    """"reference", "equal questions", "equal samples" or "2.5x questions"."""
+    """A key of PROTOCOLS."""
     extra: tuple[str, ...] = ()
     """Overrides that make the arm (on top of the recipe)."""
     rename_only: bool = False
     description: str = ""
+    default: bool = True
+    """Run by `regroup study` without --arms (False: defined, its claims listed, run only when named)."""
 
 
 PROTOCOLS = {  # protocol -> (held equal to GRPO, what differs)
@@ -178,58 +197,102 @@ PROTOCOLS = {  # protocol -> (held equal to GRPO, what differs)
     "equal samples": ("samples per step, optimizer steps, distinct questions in the pool",
                       "questions per step: G·P / (samples per question), fewer for TA-GRPO (the demo's protocol)"),
     "2.5x questions": ("epochs, questions and samples per step", "2.5x the distinct questions, so 2.5x the steps"),
+    "authors' protocol": ("rows (prompts) and samples per optimizer step, distinct questions, epochs",
+                          "each question brings N+1 rows, so P/(N+1) questions per step and (N+1)x the optimizer "
+                          "steps (the TA-GRPO authors' scripts: 256 rows per rollout, 2 epochs)"),
+    "equal optimizer steps": ("questions and samples per step, distinct questions",
+                              "(N+1)x GRPO's optimizer steps, so (N+1)x the epochs: as many updates as "
+                              "ta_grpo_author"),
 }
+
+DRGRPO = ("grpo.adv_scale=none", "grpo.loss_agg=seq_sum_constant")  # DaGRPO's advantages and aggregation
+TA_BETA = ("grpo.beta=0.001",)  # configs/ta_grpo.yaml's KL weight
 
 ARMS = [
     Arm("grpo", "grpo.yaml", "reference", description="GRPO"),
+    Arm("grpo_drgrpo", "grpo.yaml", "equal samples", DRGRPO,
+        description="GRPO with DaGRPO's Dr. GRPO advantages and constant normaliser: every DaGRPO arm's control"),
+    Arm("grpo_kl", "grpo.yaml", "equal samples", TA_BETA, description="GRPO with TA-GRPO's KL weight (beta 0.001)"),
     Arm("grpo_data", "grpo.yaml", "2.5x questions", description="GRPO on 2.5x the distinct questions, same epochs"),
     Arm("grpo_dynamic", "grpo.yaml", "equal questions", ("dynamic_sampling.enabled=true",),
         description="GRPO + DAPO dynamic sampling (uniform groups dropped, batch refilled)"),
     Arm("grpo_matched", "grpo_matched.yaml", "equal questions", description="GRPO with (N+1)·G samples of q0"),
     Arm("ta_grpo", "ta_grpo.yaml", "equal questions", description="TA-GRPO, rule rephrasings (the paper's protocol)"),
-    Arm("ta_grpo_eqsamples", "ta_grpo.yaml", "equal samples", description="TA-GRPO, as many samples per step as GRPO"),
-    Arm("ta_grpo_rename", "ta_grpo.yaml", "equal questions", rename_only=True,
+    Arm("ta_grpo_author", "ta_grpo.yaml", "authors' protocol",
+        description="TA-GRPO as the authors' scripts run it: fixed rows per step, (N+1)x the optimizer steps"),
+    Arm("grpo_author_steps", "grpo.yaml", "equal optimizer steps",
+        description="GRPO with ta_grpo_author's optimizer steps (is TA's gain more updates?)"),
+    Arm("ta_grpo_eqsamples", "ta_grpo.yaml", "equal samples", default=False,
+        description="TA-GRPO, as many samples per step as GRPO"),
+    Arm("ta_grpo_rename", "ta_grpo.yaml", "equal questions", rename_only=True, default=False,
         description="TA-GRPO with renaming only (difficulty-preserving rephrasings)"),
-    Arm("dagrpo_mask", "dagrpo_mask_only.yaml", "equal samples", description="DaGRPO masks only"),
+    Arm("dagrpo_mask", "dagrpo_mask_only.yaml", "equal samples", description="DaGRPO masks only (per sample)"),
+    Arm("dagrpo_mask_pair", "dagrpo_mask_only.yaml", "equal samples", ("mask.unit=pair",),
+        description="DaGRPO masks only, per pair (only the pairwise advantage terms within delta dropped)"),
     Arm("dagrpo_anchor", "dagrpo.yaml", "equal samples", ("mask.enabled=false",), description="DaGRPO anchors only"),
     Arm("dagrpo", "dagrpo.yaml", "equal samples", description="DaGRPO masks + anchors"),
-    Arm("dagrpo_ta", "dagrpo_ta.yaml", "equal samples", description="DaGRPO + TA-GRPO"),
+    Arm("dagrpo_ta", "dagrpo_ta.yaml", "equal samples", default=False, description="DaGRPO + TA-GRPO"),
 ]
 ARMS_BY_NAME = {a.name: a for a in ARMS}
+DEFAULT_ARMS = tuple(a.name for a in ARMS if a.default)
 
 
 SAMPLED_UNIFORM = "groups/sampled_uniform_frac"
 """Derived: the uniform share of every group sampled — for dynamic sampling 1 − dynamic/informative_frac
 (its groups/uniform_frac is measured after its filter dropped the uniform groups), else groups/uniform_frac."""
 
+MATCH_MARGIN = 0.02
+"""Non-inferiority margin of the "matches 2.5x data" claim: 2 points of pass@1, fixed before any run."""
+
+# The family of claims, fixed in code before the run (every verdict of a study is Holm-corrected over
+# all of them that ran; ALPHA in regroup.report.claims). Claims on arms not run give "not run".
 CLAIMS = [
     Claim("TA-GRPO", "Pooling rephrasings leaves fewer uniform-reward groups than GRPO", "ta_grpo", "grpo",
           SAMPLED_UNIFORM, direction=-1),
     Claim("TA-GRPO", "Higher pass@32 than GRPO (equal questions)", "ta_grpo", "grpo", "pass@32"),
     Claim("TA-GRPO", "Higher pass@1 than GRPO (equal questions)", "ta_grpo", "grpo", "pass@1"),
+    Claim("TA-GRPO", "Higher pass@1 than GRPO with the same KL weight (equal questions)", "ta_grpo", "grpo_kl",
+          "pass@1"),
     Claim("TA-GRPO", "Higher pass@32 than matched sampling ((N+1)·G of q0): the gain is the rephrasing",
           "ta_grpo", "grpo_matched", "pass@32"),
-    Claim("TA-GRPO", "Matches GRPO trained on 2.5x the questions (pass@1)", "ta_grpo", "grpo_data", "pass@1",
-          kind="matches", reference="grpo"),
+    Claim("TA-GRPO", f"Matches GRPO trained on 2.5x the questions (pass@1, non-inferiority margin "
+          f"{100 * MATCH_MARGIN:.0f} points)", "ta_grpo", "grpo_data", "pass@1", kind="matches", reference="grpo",
+          margin=MATCH_MARGIN),
+    Claim("TA-GRPO", "Under the authors' protocol, higher pass@1 than GRPO", "ta_grpo_author", "grpo", "pass@1"),
+    Claim("TA-GRPO", "Under the authors' protocol, higher pass@1 than GRPO given as many optimizer steps "
+          "(the gain is not more updates)", "ta_grpo_author", "grpo_author_steps", "pass@1"),
+    Claim("TA-GRPO", "Under the authors' protocol, higher pass@32 than GRPO given as many optimizer steps",
+          "ta_grpo_author", "grpo_author_steps", "pass@32"),
     Claim("DaGRPO", "Masks + anchors beat GRPO (pass@1)", "dagrpo", "grpo", "pass@1"),
+    Claim("DaGRPO", "Masks + anchors beat Dr. GRPO (pass@1)", "dagrpo", "grpo_drgrpo", "pass@1"),
     Claim("DaGRPO", "Masks alone beat GRPO (pass@1)", "dagrpo_mask", "grpo", "pass@1"),
-    Claim("DaGRPO", "Anchors alone beat GRPO (pass@1): they rescue all-wrong groups", "dagrpo_anchor", "grpo", "pass@1"),
-    Claim("DaGRPO", "Masked training has less gradient conflict (higher pos/neg gradient cosine; the logged "
-          "diagnostic is measured on the unmasked batch)", "dagrpo_mask", "grpo", "grad_conflict/cosine"),
+    Claim("DaGRPO", "Masks alone beat Dr. GRPO (pass@1)", "dagrpo_mask", "grpo_drgrpo", "pass@1"),
+    Claim("DaGRPO", "Anchors alone beat GRPO (pass@1): they rescue all-wrong groups", "dagrpo_anchor", "grpo",
+          "pass@1"),
+    Claim("DaGRPO", "Anchors alone beat Dr. GRPO (pass@1)", "dagrpo_anchor", "grpo_drgrpo", "pass@1"),
+    Claim("DaGRPO", "Masked training has less gradient conflict than GRPO (higher pos/neg gradient cosine; the "
+          "logged diagnostic is measured on the unmasked batch)", "dagrpo_mask", "grpo", "grad_conflict/cosine"),
+    Claim("DaGRPO", "Masked training has less gradient conflict than Dr. GRPO", "dagrpo_mask", "grpo_drgrpo",
+          "grad_conflict/cosine"),
+    Claim("DaGRPO", "Pair masks beat Dr. GRPO (pass@1)", "dagrpo_mask_pair", "grpo_drgrpo", "pass@1"),
+    Claim("study control", "Pair masks beat sample masks (pass@1; contradicted = sample masks better)",
+          "dagrpo_mask_pair", "dagrpo_mask", "pass@1"),
+    Claim("study control", "Dr. GRPO's advantages and normaliser beat GRPO's (pass@1)", "grpo_drgrpo", "grpo",
+          "pass@1"),
     Claim("study control", "TA-GRPO's pools are less often uniform than matched sampling's pools of the same size "
           "(rephrasing, not pool size, removes uniform groups)", "ta_grpo", "grpo_matched", SAMPLED_UNIFORM,
           direction=-1),
-    Claim("study control", "TA-GRPO at equal samples beats GRPO (pass@1)", "ta_grpo_eqsamples", "grpo", "pass@1"),
-    Claim("study control", "Difficulty-preserving rephrasings beat rule rephrasings (pass@1)", "ta_grpo_rename",
-          "ta_grpo", "pass@1"),
     Claim("study control", "Dynamic sampling beats GRPO (pass@1)", "grpo_dynamic", "grpo", "pass@1"),
     Claim("study control", "Dynamic sampling samples fewer uniform-reward groups than GRPO (before its filter)",
           "grpo_dynamic", "grpo", SAMPLED_UNIFORM, direction=-1),
+    Claim("study control", "TA-GRPO at equal samples beats GRPO (pass@1)", "ta_grpo_eqsamples", "grpo", "pass@1"),
+    Claim("study control", "Difficulty-preserving rephrasings beat rule rephrasings (pass@1)", "ta_grpo_rename",
+          "ta_grpo", "pass@1"),
     Claim("study control", "DaGRPO + TA beats DaGRPO (pass@1)", "dagrpo_ta", "dagrpo", "pass@1"),
 ]
 
-MECHANISMS = ["reward/mean", SAMPLED_UNIFORM, "groups/uniform_frac", "groups/all_wrong_frac", "mask/frac", "grad_conflict/cosine",
-              "anchor/logp_mean", "diversity"]
+MECHANISMS = ["reward/mean", SAMPLED_UNIFORM, "groups/uniform_frac", "groups/all_wrong_frac", "mask/frac",
+              "mask/pair_frac", "grad_conflict/cosine", "anchor/logp_mean", "diversity"]
 
 
 @dataclass
@@ -245,18 +308,50 @@ class Budget:
     optimizer_steps: int
 
 
+def samples_per_question(arm: Arm, s: StudySettings) -> int:
+    pooled = arm.config in ("ta_grpo.yaml", "dagrpo_ta.yaml", "grpo_matched.yaml")
+    return s.num_generations * (N_VARIANTS + 1) if pooled else s.num_generations
+
+
 def plan(arm: Arm, s: StudySettings) -> Budget:
     """The arm's budget under its protocol (mini_batches = 1: one optimizer step per rollout)."""
     g, p, q = s.num_generations, s.prompts_per_step, s.questions
-    per_question = g * (N_VARIANTS + 1) if arm.config in ("ta_grpo.yaml", "dagrpo_ta.yaml", "grpo_matched.yaml") else g
+    per_question = samples_per_question(arm, s)
     steps = s.steps
-    if arm.protocol == "equal samples" and per_question > g:
-        p = max(1, p * g // per_question)
+    if arm.protocol in ("equal samples", "authors' protocol") and per_question > g:
+        p = max(1, p * g // per_question)  # as many rows (prompts x G samples) per step as GRPO
+    if arm.protocol == "authors' protocol":
+        steps = math.ceil(q * s.epochs / p)  # every question for the same epochs, P/(N+1) at a time
+    if arm.protocol == "equal optimizer steps":
+        steps = plan(ARMS_BY_NAME["ta_grpo_author"], s).steps
     if arm.protocol == "2.5x questions":
         q = round(q * s.data_multiplier)
         steps = math.ceil(q * s.epochs / p)
     return Budget(prompts_per_step=p, steps=steps, distinct_questions=q, questions_drawn=p * steps,
                   samples_per_step=p * per_question, samples=p * per_question * steps, optimizer_steps=steps)
+
+
+# The cost model behind the default size (arithmetic, not a measurement; study.json records the time).
+# Calibrated on the one full run before issue 25 (README: 2,290 s for 11 arms x 3 seeds x 2 regimes on
+# this 2-core machine): 165,120 training samples and 68 evaluations of 48 x 32 = 104,448 samples, an
+# evaluation sample assumed to cost half a training sample (no backward, no reference), ~180 s of
+# start-up, probes and the sparse regime's warm-up (assumed): (2,290 - 180) / (165,120 + 104,448 / 2)
+# = 9.7 ms per training sample.
+SECONDS_PER_TRAIN_SAMPLE = (2290 - 180) / (165_120 + 104_448 / 2)
+EVAL_SAMPLE_COST = 0.5
+FIXED_SECONDS = 180.0
+DYNAMIC_EXTRA = 1.5
+"""Dynamic sampling's generation relative to its plan (up to max_rounds extra rounds: an assumption)."""
+
+
+def estimate_seconds(s: StudySettings, arms: Sequence[Arm]) -> float:
+    """Planned wall time of `regroup study` with `s` and `arms` under the cost model above."""
+    train = sum(plan(a, s).samples * (DYNAMIC_EXTRA if "dynamic_sampling.enabled=true" in a.extra else 1.0)
+                for a in arms)
+    per_eval = s.eval_problems * (s.eval_samples + 1 + len(s.paper_protocols) * s.paper_eval_samples)
+    evals = (len(arms) * s.seeds + 1) * per_eval  # + the start, once per regime
+    per_regime = s.seeds * train + EVAL_SAMPLE_COST * evals
+    return FIXED_SECONDS + len(s.regimes) * per_regime * SECONDS_PER_TRAIN_SAMPLE
 
 
 @dataclass
@@ -283,6 +378,8 @@ def arm_overrides(arm: Arm, s: StudySettings, regime: Regime, seed: int, run_dir
            f"data.task={TASK_NAMES[(regime.step_mix, arm.rename_only)]}", f"model.path={regime.warm_dir}"]
     if arm.config == "grpo_matched.yaml":
         out.append(f"grpo.samples_multiplier={N_VARIANTS + 1}")
+    every = max(1, b.steps // s.diagnostics_per_run)  # the same share of every arm's training, whatever its length
+    out += [f"diagnostics.diversity_every={every}", f"diagnostics.grad_conflict_every={every}"]
     return out + list(arm.extra) + list(s.overrides)
 
 
@@ -368,6 +465,29 @@ def _eval_settings(s: StudySettings):
     return DemoSettings(eval_problems=s.eval_problems, eval_samples=s.eval_samples)
 
 
+def evaluate_at(model_dir: str, problems: list, out_dir: Path, protocol: str, s: StudySettings) -> dict:
+    """pass@k at a paper's decoding preset (`regroup.eval.benchmarks.DECODING`), `paper_eval_samples` each;
+    writes out_dir/summary.json and per_problem.jsonl as `demo.evaluate_model` does."""
+    from transformers import AutoModelForCausalLM
+
+    from regroup.eval.benchmarks import DECODING
+    from regroup.eval.runner import evaluate
+    from regroup.models.load import load_tokenizer
+
+    decoding = DECODING[protocol]
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    result = evaluate(model, load_tokenizer(model_dir), problems, ArithmeticTask.grade, n=s.paper_eval_samples,
+                      ks=s.paper_ks, temperature=decoding.temperature, top_p=decoding.top_p,
+                      max_new_tokens=s.max_new_tokens, greedy=False, batch_size=256, seed=0, progress=False)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "summary.json").write_text(json.dumps({**result.summary, "protocol": protocol,
+                                                      "temperature": decoding.temperature, "top_p": decoding.top_p}))
+    with open(out_dir / "per_problem.jsonl", "w") as f:
+        for r in result.to_dict()["problems"]:
+            f.write(json.dumps(r) + "\n")
+    return result.summary
+
+
 def run_arm(arm: Arm, regime: Regime, seed: int, problems: list, s: StudySettings, regime_dir: Path, log) -> Path:
     from regroup.checkpoint import list_checkpoints
     from regroup.config import load_config
@@ -383,6 +503,8 @@ def run_arm(arm: Arm, regime: Regime, seed: int, problems: list, s: StudySetting
     train_seconds = time.perf_counter() - t0
     final = list_checkpoints(run_dir)[-1]
     summary = evaluate_model(str(final), problems, run_dir / "eval", _eval_settings(s), seed=0, ks=s.ks)
+    for name in s.paper_protocols:  # each paper's decoding settings, beside T = 1
+        evaluate_at(str(final), problems, run_dir / f"eval_{name}", name, s)
     (run_dir / "eval_before").mkdir(exist_ok=True)
     for name in ("summary.json", "per_problem.jsonl"):
         write_atomic(run_dir / "eval_before" / name, (regime_dir / "start" / "eval" / name).read_bytes())
@@ -402,6 +524,15 @@ def with_sampled_uniform(record: dict) -> dict:
     return record
 
 
+def _read_counts(path: Path) -> dict[str, tuple[int, int]]:
+    counts = {}
+    with open(path) as f:
+        for line in f:
+            row = json.loads(line)
+            counts[str(row["id"])] = (int(row["correct"]), int(row["n"]))
+    return counts
+
+
 def read_arm_result(run_dirs: list[Path]) -> ArmResult:
     """Per-seed per-problem counts and mechanism means of an arm's run folders."""
     from regroup.report.claims import per_seed_mean
@@ -411,12 +542,10 @@ def read_arm_result(run_dirs: list[Path]) -> ArmResult:
     for d in run_dirs:
         run = load_run(str(d))
         seed = int(run.seed)
-        counts = {}
-        with open(d / "eval" / "per_problem.jsonl") as f:
-            for line in f:
-                row = json.loads(line)
-                counts[str(row["id"])] = (int(row["correct"]), int(row["n"]))
-        result.per_problem[seed] = counts
+        result.per_problem[seed] = _read_counts(d / "eval" / "per_problem.jsonl")
+        for other in sorted(d.glob("eval_*/per_problem.jsonl")):
+            if other.parent.name != "eval_before":
+                result.protocols.setdefault(other.parent.name[len("eval_"):], {})[seed] = _read_counts(other)
         records = [with_sampled_uniform(m) for m in run.metrics]
         result.mechanisms[seed] = {k: v for k in MECHANISMS if (v := per_seed_mean(records, k)) is not None}
     return result
@@ -451,6 +580,18 @@ def measured_budget(run_dirs: list[Path]) -> dict:
             "wall_s": sum(walls) / len(walls)}
 
 
+def study_plan(s: StudySettings, arms: Sequence[Arm]) -> dict:
+    """What a study commits to before its first run: arms, claims (with margins), the level, the cost estimate."""
+    from regroup.report.claims import ALPHA
+
+    ran = {a.name for a in arms}
+    return {"alpha": ALPHA, "correction": "Holm over every verdict (claims x regimes) with a p-value",
+            "arms": [asdict(a) for a in arms], "settings": {**asdict(s), "steps": s.steps, "ks": s.ks},
+            "claims": [{**asdict(c), "runs": c.arm in ran and c.against in ran and (c.reference is None or c.reference in ran)}
+                       for c in CLAIMS],
+            "estimated_seconds": round(estimate_seconds(s, arms))}
+
+
 def run_study(quick: bool = False, out_root: str = "runs", log=print, settings: StudySettings | None = None) -> Path:
     """Run every arm in every regime with every seed, judge the claims, write study.html and study.md."""
     from regroup.report import build_report
@@ -458,10 +599,15 @@ def run_study(quick: bool = False, out_root: str = "runs", log=print, settings: 
     from regroup.report.study_page import write_study_page
 
     s = settings or (QUICK if quick else StudySettings())
-    arms = [ARMS_BY_NAME[n] for n in s.arms] if s.arms else ARMS
+    unknown = [n for n in (s.arms or ()) if n not in ARMS_BY_NAME]
+    if unknown:
+        raise ValueError(f"unknown study arm(s) {unknown}; available: {', '.join(ARMS_BY_NAME)}")
+    arms = [ARMS_BY_NAME[n] for n in (s.arms or DEFAULT_ARMS)]
     from regroup.rundir import new_run_dir
 
     study_dir = new_run_dir(out_root, "study")  # exclusive: two studies started in the same second get two folders
+    # the claims, margins, level and arms, written before any run: nothing is tuned after seeing results
+    (study_dir / "plan.json").write_text(json.dumps(study_plan(s, arms), indent=2, default=str))
     started = time.perf_counter()
     regimes, results, budgets, reports = [], {}, {}, {}
     for name in s.regimes:

@@ -159,11 +159,27 @@ def olympiad_row(row: Mapping[str, Any], i: int) -> Problem | None:
 
 # ---------------------------------------------------------------------------------------- registry
 
-# DaGRPO: T = 0.6, top-p 1.0, avg@32 on AIME24/25 and AMC, pass@1 elsewhere. TA-GRPO: T = 0.6,
-# top-p 0.95, pass@k for k = 1, 2, 4, ... up to n (n = 32 in the first version, 128 later).
+@dataclass(frozen=True)
+class Decoding:
+    """A named decoding preset: the sampling settings without the benchmark-specific n and k."""
+
+    temperature: float
+    top_p: float
+    source: str
+
+
+DECODING: dict[str, Decoding] = {
+    "t1": Decoding(1.0, 1.0, "plain sampling at T = 1 (the tiny-model study's primary evaluation)"),
+    "dagrpo": Decoding(0.6, 1.0, "DaGRPO / LUFFY: T = 0.6 (LUFFY's val_temperature), top-p 1.0"),
+    "ta_grpo": Decoding(0.6, 0.95, "TA-GRPO authors' test.py: T = 0.6, top-p 0.95, n = 128, 3072 tokens"),
+}
+"""`regroup eval --protocol NAME` and `regroup study`'s extra evaluations."""
+
+# DaGRPO: T = 0.6, top-p 1.0, avg@32 on AIME24/25 and AMC, pass@1 elsewhere. TA-GRPO (the authors'
+# test.py): T = 0.6, top-p 0.95, n = 128, pass@k for k = 1, 2, 4, ..., 128, up to 3072 new tokens.
 _AVG32 = Protocol(0.6, 1.0, 32, (1, 32))
 _PASS1 = Protocol(0.6, 1.0, 1, (1,))
-_TA = Protocol(0.6, 0.95, 32, (1, 2, 4, 8, 16, 32))
+_TA = Protocol(0.6, 0.95, 128, (1, 2, 4, 8, 16, 32, 64, 128))
 
 BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in [
     Benchmark("math500", HubSpec("HuggingFaceH4/MATH-500", None, "test"), " (fields problem, answer)", "math",

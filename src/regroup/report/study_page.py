@@ -10,22 +10,30 @@ from pathlib import Path
 from typing import Any
 
 from regroup.io import write_atomic
-from regroup.report.claims import ArmResult, Comparison, Verdict, compare_pass_at_k, mean_pass_at_k
+from regroup.report.claims import (ALPHA, T1, ArmResult, Comparison, Verdict, compare_pass_at_k, confidence_interval,
+                                   mean_pass_at_k)
 from regroup.report.render import CSS
 from regroup.report.text import wall_time
 
-_VERDICT_CLASS = {"supported": "better", "not supported": "worse"}
+_VERDICT_CLASS = {"supported": "better", "contradicted": "worse"}
 
 
-def fmt_comparison(c: Comparison | None, percent: bool = True) -> str:
-    """"+3.1 ± 2.4" (± 2 SE), in points when `percent`; "—" when there is no difference."""
+def fmt_ci(c: Comparison | None, percent: bool = True) -> str:
+    """"+3.1 [+0.4, +5.8]": Δ and its (1 − α) confidence interval, in points when `percent`; "—" without Δ."""
     if c is None or c.delta is None:
         return "—"
-    scale = 100.0 if percent else 1.0
-    text = f"{scale * c.delta:+.{1 if percent else 3}f}"
-    if c.se is not None:
-        text += f" ± {2 * scale * c.se:.{1 if percent else 3}f}"
+    scale, digits = (100.0, 1) if percent else (1.0, 3)
+    text = f"{scale * c.delta:+.{digits}f}"
+    ci = confidence_interval(c)
+    if ci is not None:
+        text += f" [{scale * ci[0]:+.{digits}f}, {scale * ci[1]:+.{digits}f}]"
     return text
+
+
+def fmt_p(p: float | None) -> str:
+    if p is None:
+        return "—"
+    return "< 0.0001" if p < 1e-4 else f"{p:.4f}"
 
 
 def fmt_value(c: Comparison | None) -> str:
@@ -36,21 +44,26 @@ def fmt_value(c: Comparison | None) -> str:
 
 
 def verdict_rows(verdicts: Sequence[Verdict]) -> list[list[str]]:
-    """Cells of the verdict table: paper, claim, regime, measure, comparison, Δ ± 2 SE, n, verdict."""
+    """Cells of the verdict table: paper, claim, regime, measure, comparison, Δ [CI], df, n, p, p (Holm), verdict."""
     rows = []
     for v in verdicts:
         c, claim = v.comparison, v.claim
         percent = claim.measure.startswith("pass@")
-        delta = fmt_comparison(c, percent) + (" pts" if percent and c is not None and c.delta is not None else "")
-        if v.reference_comparison is not None:
-            delta += f" (vs {claim.reference}: {claim.against} {fmt_comparison(v.reference_comparison, percent)})"
+        delta = fmt_ci(c, percent) + (" pts" if percent and c is not None and c.delta is not None else "")
+        if claim.kind == "matches":
+            delta += f" (margin −{100 * claim.margin:.0f} pts" if percent else f" (margin −{claim.margin}"  # type: ignore[operator]
+            if v.reference_comparison is not None:
+                delta += f"; {claim.against} − {claim.reference}: {fmt_ci(v.reference_comparison, percent)}"
+            delta += ")"
         size = "—" if c is None else f"{c.seeds} seeds" + (f" × {c.problems} problems" if c.problems else "")
-        rows.append([claim.paper, claim.text, v.regime, claim.measure, f"{claim.arm} − {claim.against}", delta, size,
-                     v.verdict])
+        df = "—" if c is None or c.df is None else f"{c.df:.1f}"
+        rows.append([claim.paper, claim.text, v.regime, claim.measure, f"{claim.arm} − {claim.against}", delta, df,
+                     size, fmt_p(v.p), fmt_p(v.p_adjusted), v.verdict])
     return rows
 
 
-VERDICT_HEADER = ["paper", "claim", "regime", "measure", "difference", "Δ ± 2 SE", "paired over", "verdict"]
+VERDICT_HEADER = ["paper", "claim", "regime", "measure", "difference", f"Δ [{100 * (1 - ALPHA):.0f} % CI]", "df",
+                  "paired over", "p", "p (Holm)", "verdict"]
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -73,8 +86,9 @@ def _html_table(header: Sequence[str], rows: Sequence[Sequence[str]], left: int 
 
 
 def results_rows(arms: Sequence[Any], results: Mapping[str, ArmResult], ks: Sequence[int],
-                 baseline: str = "grpo") -> list[list[str]]:
-    """Per arm: protocol, pass@k ± SE (over problems and seeds), Δ pass@k vs GRPO ± 2 SE (paired)."""
+                 paper_protocols: Sequence[str] = (), baseline: str = "grpo") -> list[list[str]]:
+    """Per arm: protocol, seeds, pass@k ± SE at T = 1, Δ pass@k vs GRPO [CI] (paired), then pass@1 and
+    Δ pass@1 vs GRPO at each paper's decoding settings."""
     rows = []
     for arm in arms:
         if arm.name not in results:
@@ -82,17 +96,25 @@ def results_rows(arms: Sequence[Any], results: Mapping[str, ArmResult], ks: Sequ
         r = results[arm.name]
         cells = [arm.name, arm.protocol, str(len(r.per_problem))]
         cells += [fmt_value(mean_pass_at_k(r, k)) for k in ks]
+        measured = [(T1, k) for k in ks] + [(p, 1) for p in paper_protocols]
         if baseline in results and arm.name != baseline:
-            cells += [fmt_comparison(compare_pass_at_k(r, results[baseline], k)) for k in ks]
+            deltas = [fmt_ci(compare_pass_at_k(r, results[baseline], k, proto)) for proto, k in measured]
         else:
-            cells += ["baseline" if arm.name == baseline else "—"] * len(ks)
+            deltas = ["baseline" if arm.name == baseline else "—"] * len(measured)
+        cells += deltas[:len(ks)]
+        for i, proto in enumerate(paper_protocols):
+            cells += [fmt_value(mean_pass_at_k(r, 1, proto)), deltas[len(ks) + i]]
         rows.append(cells)
     return rows
 
 
-def results_header(ks: Sequence[int]) -> list[str]:
-    return (["arm", "protocol", "seeds"] + [f"pass@{k} ± SE" for k in ks]
-            + [f"Δ pass@{k} vs grpo ± 2 SE" for k in ks])
+def results_header(ks: Sequence[int], paper_protocols: Sequence[str] = ()) -> list[str]:
+    ci = f"[{100 * (1 - ALPHA):.0f} % CI]"
+    head = (["arm", "protocol", "seeds"] + [f"pass@{k} ± SE (T = 1)" for k in ks]
+            + [f"Δ pass@{k} vs grpo {ci}" for k in ks])
+    for proto in paper_protocols:
+        head += [f"pass@1 ± SE ({proto} decoding)", f"Δ pass@1 vs grpo {ci} ({proto})"]
+    return head
 
 
 def budget_rows(arms: Sequence[Any], planned: Mapping[str, Any], measured: Mapping[str, dict]) -> list[list[str]]:
@@ -165,10 +187,18 @@ def write_study_page(study_dir: Path, s: Any, arms: Sequence[Any], regimes: Sequ
     classes = [_VERDICT_CLASS.get(v.verdict) for v in verdicts]
     intro = (f"{s.seeds} seeds per arm; GRPO: {s.questions} distinct questions × {s.epochs} epochs = {s.steps} steps "
              f"of {s.prompts_per_step} questions × G = {s.num_generations}; held-out: {s.eval_problems} problems × "
-             f"{s.eval_samples} samples at T = 1. Measured study time: {wall_time(seconds)}.")
-    note = ("pass@k in % ± 1 SE over problems and seeds; Δ in percentage points ± 2 SE, paired over problems and "
-            "seeds (SE = √(var over seeds of the per-seed mean / S + var over problems of the per-problem mean / P)). "
-            "A verdict is 'supported' or 'not supported' only beyond 2 SE in either direction.")
+             f"{s.eval_samples} samples at T = 1" + (f", and × {s.paper_eval_samples} samples at each of "
+             f"{', '.join(s.paper_protocols)} decoding (regroup.eval.benchmarks.DECODING)" if s.paper_protocols else "")
+             + f". Measured study time: {wall_time(seconds)}.")
+    note = (f"pass@k in % ± 1 SE over problems and seeds. Δ in percentage points with its {100 * (1 - ALPHA):.0f} % "
+            "confidence interval (t with the df shown; unadjusted), paired over problems and seeds: SE = √(var over "
+            "seeds of the per-seed mean / S + var over problems of the per-problem mean / P) with S − 1 df (the "
+            "seeds are the independent replications); training metrics paired over seeds, S − 1 df. p: the claim's "
+            "own test (two-sided for 'better' claims; for 'matches', twice the smaller of: the larger of the "
+            "non-inferiority p at the stated margin and the one-sided p that the extra data helps, and the p that "
+            f"it falls short by more than the margin). p (Holm): adjusted over every verdict above; a verdict is "
+            f"'supported' or 'contradicted' only when p (Holm) < {ALPHA}; 'inconclusive' means this study could not "
+            "tell, not that the arms are equal. Claims, margins and arms were fixed in code before the run (plan.json).")
     html = [f"<!doctype html><html lang=en><head><meta charset=utf-8><title>regroup study</title><style>{CSS}"
             "tr.better td{background:#f1faf2} tr.worse td{background:#fdf1f1}</style></head><body><main>",
             "<h1>regroup study: the papers' claims at the tiny model's scale</h1>", f"<p class=meta>{escape(intro)}</p>",
@@ -183,11 +213,11 @@ def write_study_page(study_dir: Path, s: Any, arms: Sequence[Any], regimes: Sequ
     for regime in regimes:
         name = regime.name
         res = results.get(name, {})
-        rrows = results_rows(arms, res, ks)
+        rrows = results_rows(arms, res, ks, s.paper_protocols)
         brows = budget_rows(arms, planned, budgets.get(name, {}))
         mrows = mechanism_rows(arms, res, MECHANISMS)
         html += [f"<h2>{escape(name)} regime</h2>", f"<p class=meta>{escape(regime.description)}</p>",
-                 "<h3>Held-out results</h3>", _html_table(results_header(ks), rrows, left=2),
+                 "<h3>Held-out results</h3>", _html_table(results_header(ks, s.paper_protocols), rrows, left=2),
                  "<h3>Budgets per protocol</h3>", _html_table(BUDGET_HEADER, brows, left=2),
                  "<h3>Mechanisms (mean over training steps, then over seeds)</h3>",
                  _html_table(["arm", *MECHANISMS], mrows), '<div class="grid">']
@@ -197,7 +227,7 @@ def write_study_page(study_dir: Path, s: Any, arms: Sequence[Any], regimes: Sequ
             html.append(f'<figure{wide}><img src="{_embedded(p)}" alt="{escape(p.stem)}"><figcaption><b>{escape(name)}: '
                         f"{escape(p.stem)}</b> (per-step mean over seeds)</figcaption></figure>")
         html.append("</div>")
-        md += [f"## {name} regime", "", regime.description, "", markdown_table(results_header(ks), rrows), "",
+        md += [f"## {name} regime", "", regime.description, "", markdown_table(results_header(ks, s.paper_protocols), rrows), "",
                "Budgets per protocol:", "", markdown_table(BUDGET_HEADER, brows), "",
                "Mechanisms (mean over training, then seeds):", "", markdown_table(["arm", *MECHANISMS], mrows), "",
                f"Plots: {name}/report.html (and embedded in study.html).", ""]

@@ -1,6 +1,8 @@
 """DaGRPO sequence-level gradient rectification as a step stage (SPEC §2a): score every sample of the
 group (anchors included: the mask is computed over G_mix), then keep only samples that stand apart from
-the other side of their group. The verifiable reward stays the reward; scores only mask."""
+the other side of their group (`unit="sample"`), or drop only the pairwise advantage terms of pairs that
+do not stand apart (`unit="pair"`, `algo.distinctiveness.pair_masked_advantages`). The verifiable reward
+stays the reward; scores only mask."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import math
 
 import torch
 
-from regroup.algo.distinctiveness import distinctiveness_mask, mask_stats
+from regroup.algo.distinctiveness import distinctiveness_mask, mask_stats, pair_masked_advantages
 from regroup.batch import Sample
 from regroup.errors import ConfigError
 from regroup.registry import STAGES
@@ -45,16 +47,20 @@ def emptied_groups(advantaged: torch.Tensor, keep: torch.Tensor, group_ids: torc
 
 
 class DistinctivenessMasker:
-    """`question="own"` shows the scorer the question a rephrased response answered; "original" shows q0."""
+    """`question="own"` shows the scorer the question a rephrased response answered; "original" shows q0.
+    `unit="sample"` masks whole samples (a keep weight); "pair" rewrites the advantages term by term."""
 
     name = "mask"
 
-    def __init__(self, scorer, delta: float, question: str = "own"):
+    def __init__(self, scorer, delta: float, question: str = "own", unit: str = "sample"):
         if question not in ("own", "original"):
             raise ValueError(f"question must be 'own' or 'original', got {question!r}")
+        if unit not in ("sample", "pair"):
+            raise ValueError(f"unit must be 'sample' or 'pair', got {unit!r}")
         self.scorer = scorer
         self.delta = delta
         self.question = question
+        self.unit = unit
 
     def score(self, samples: list[Sample]) -> None:
         """Fill `sample.score` (None when the scorer could not score it: never masked, counted)."""
@@ -101,8 +107,25 @@ class DistinctivenessMasker:
         scores = torch.tensor([math.nan if s.score is None else float(s.score) for s in samples])  # [B]
         return self.mask_from_scores(advantages, scores, group_ids)
 
+    def pair_mask(self, samples: list[Sample], advantages: torch.Tensor, group_ids: torch.Tensor):
+        """Score `samples`, then (pair-masked advantages [B], metrics)."""
+        self.score(samples)
+        scores = torch.tensor([math.nan if s.score is None else float(s.score) for s in samples])  # [B]
+        masked, stats = pair_masked_advantages(advantages, scores, group_ids, self.delta)  # [B]
+        metrics = {"mask/pair_frac": stats["frac_pairs_masked"], "mask/adv_removed": stats["adv_l1_removed"],
+                   "mask/unscored": float(torch.isnan(scores).sum())}
+        finite = scores[~torch.isnan(scores)]
+        if finite.numel():
+            metrics["score/mean"] = float(finite.mean())
+        for key, value in self.scorer.stats.items():
+            metrics[f"scorer/{key}"] = float(value)
+        return masked, metrics
+
     def __call__(self, batch: StepBatch, ctx: StepContext) -> dict[str, float]:
         group_ids = torch.tensor([s.group_id for s in batch.samples], dtype=torch.long)  # [B]
+        if self.unit == "pair":
+            batch.advantages, metrics = self.pair_mask(batch.samples, batch.advantages, group_ids)
+            return metrics
         keep, metrics = self.mask(batch.samples, batch.advantages, group_ids)
         batch.multiply_weights(keep)
         return metrics

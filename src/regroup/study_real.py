@@ -1,0 +1,196 @@
+"""`regroup study --real`: the papers' mechanisms on a real model (SmolLM2-135M-Instruct, LoRA), defined
+here and sized, not yet run (issue 25, item 6).
+
+Arms (REAL_ARMS), each from the shipped examples on the built-in training problems with boxed
+references (`regroup data prepare arithmetic_boxed`), reward `math`, the same seeds and steps:
+
+- `grpo`: examples/smollm2_grpo.yaml on the prepared questions;
+- `dagrpo_anchor`: examples/smollm2_dagrpo.yaml without masks (Dr. GRPO + 3 + 1 reference anchors);
+- `dagrpo_anchor_mask`: examples/smollm2_dagrpo.yaml (+ reference-similarity masks);
+- `ta_grpo`: GRPO with the data's 3 rule rephrasings pooled (ta.rephraser=dataset), one question x
+  (N+1) variants x G = 16 samples per step, as many as GRPO (equal samples);
+- `sft_grpo`: the imitation control: LoRA SFT on the same reference solutions for as many steps as
+  the RL arms train (batch = the questions per step), merged, then GRPO from it. It tells RL with
+  anchors apart from learning the answer format from the references.
+
+Each arm is evaluated on `eval_problems` held-out built-in problems (`arithmetic_heldout`, none a
+training question) x `eval_samples` at T = 1 with the math checker, as the run prompts; pass@1 is
+compared per problem with GRPO's (paired over problems and seeds, `regroup.report.claims`). The
+truncated share at `max_new_tokens` is recorded with every evaluation; `lengths` runs the study at
+each length given (40 as shipped, and one where fewer than 10 % are cut, to be measured first).
+
+Budget (stated, not measured for this design): the README's one SmolLM2 run took 20 min of training
+for 30 steps of 16 samples at 40 tokens and 3-5.5 min per evaluation of 64 x 4 samples, on 2 shared
+CPU cores. 5 arms x 3 seeds = 15 runs of ~24 min plus the start's evaluation: ~6 h per length at 40
+tokens on this machine; a longer length costs about proportionally more generation. On one GPU with
+vLLM rollouts it should be minutes per run; measure 2 steps first (`train.steps=2`).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples"  # a source checkout's examples/
+
+
+@dataclass
+class RealSettings:
+    """What the real-model study runs."""
+
+    model_dir: str = "models/smollm2"
+    """SmolLM2-135M-Instruct as an HF folder (`regroup model fetch smollm2 --out models/smollm2`)."""
+    train_file: str = "data/arithmetic_boxed.jsonl"
+    """`regroup data prepare arithmetic_boxed --out data/arithmetic_boxed.jsonl --limit 2000`."""
+    heldout_file: str = "data/heldout.jsonl"
+    """`regroup data prepare arithmetic_heldout --out data/heldout.jsonl --limit 64`."""
+    seeds: int = 3
+    steps: int = 30
+    """Optimizer steps of every RL arm, and SFT steps of the imitation control."""
+    lengths: tuple[int, ...] = (40,)
+    """rollout.max_new_tokens values to run the study at (40: the examples as shipped)."""
+    eval_problems: int = 64
+    eval_samples: int = 4
+    sft_lr: float = 3e-4
+    """LoRA SFT learning rate of the imitation control (the RL arms' lr)."""
+    arms: tuple[str, ...] | None = None
+    overrides: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class RealArm:
+    name: str
+    example: str
+    """Recipe in examples/."""
+    extra: tuple[str, ...] = ()
+    sft_first: bool = False
+    description: str = ""
+
+
+REAL_ARMS = [
+    RealArm("grpo", "smollm2_grpo.yaml", description="GRPO (examples/smollm2_grpo.yaml)"),
+    RealArm("dagrpo_anchor", "smollm2_dagrpo.yaml", ("mask.enabled=false",),
+            description="Dr. GRPO + one verified reference anchor per question (3 + 1, shaped)"),
+    RealArm("dagrpo_anchor_mask", "smollm2_dagrpo.yaml", description="+ reference-similarity masks (delta 3)"),
+    RealArm("ta_grpo", "smollm2_grpo.yaml", ("ta.enabled=true", "ta.rephraser=dataset", "ta.n_variants=3",
+                                             "grpo.prompts_per_step=1"),
+            description="TA-GRPO with the data's 3 rule rephrasings, equal samples (1 question x 4 x G)"),
+    RealArm("sft_grpo", "smollm2_grpo.yaml", sft_first=True,
+            description="SFT on the reference solutions for `steps` steps, then GRPO: the imitation control"),
+]
+REAL_ARMS_BY_NAME = {a.name: a for a in REAL_ARMS}
+
+
+def real_arm_overrides(arm: RealArm, s: RealSettings, seed: int, length: int, run_dir: Path,
+                       model_dir: str | None = None) -> list[str]:
+    """Dotted overrides that make `arm` at `seed` and `length` (model_dir: the SFT output for sft_grpo)."""
+    return [f"recipe=real_{arm.name}", f"seed={seed}", f"run_dir={run_dir}", f"model.path={model_dir or s.model_dir}",
+            f"data.train_file={s.train_file}", "data.question_field=question", "data.answer_field=answer",
+            "data.solution_field=solution", f"train.steps={s.steps}", f"train.checkpoint_every={s.steps}",
+            "train.progress=false", f"rollout.max_new_tokens={length}", *arm.extra, *s.overrides]
+
+
+def real_arm_config(arm: RealArm, s: RealSettings, seed: int, length: int, run_dir: Path,
+                    model_dir: str | None = None):
+    """The validated RunConfig of one real-model run."""
+    from regroup.config import ConfigError, load_config
+
+    example = EXAMPLES_DIR / arm.example
+    if not example.is_file():
+        raise ConfigError(f"regroup study --real reads {example}: run it from a source checkout")
+    return load_config(example, real_arm_overrides(arm, s, seed, length, run_dir, model_dir))
+
+
+def sft_on_references(cfg, problems: list, steps: int, lr: float, out_dir: Path, seed: int, log=print) -> str:
+    """LoRA (as `cfg.model`) SFT of `cfg.model.path` on the problems' reference solutions, prompted as the
+    RL run prompts (`cfg.data`), `cfg.grpo.prompts_per_step` per batch, loss on response tokens only;
+    the adapter is merged and the model saved to `out_dir` (returned), ready to start GRPO from."""
+    import torch
+
+    from regroup.models.load import load_policy, load_tokenizer
+    from regroup.models.prompting import build_prompter, encode_response
+    from regroup.warmup import _batches
+
+    torch.manual_seed(seed)
+    tokenizer = load_tokenizer(cfg.model.path)
+    prompter = build_prompter(cfg.data, tokenizer, builtin_model=False)
+    examples = [(prompter.encode(p.question), encode_response(tokenizer, p.solution)) for p in problems if p.solution]
+    if not examples:
+        raise ValueError("sft_on_references: no problem has a reference solution")
+    model = load_policy(cfg.model.path, cfg.model)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    batches = _batches(examples, min(cfg.grpo.prompts_per_step, len(examples)), pad, random.Random(seed))
+    model.train()
+    losses = []
+    for _ in range(steps):
+        ids, labels, attention = next(batches)  # [B, L] each
+        loss = model(input_ids=ids, attention_mask=attention, labels=labels).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.max_grad_norm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    model.eval()
+    if cfg.model.lora.enabled:
+        model = model.merge_and_unload()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    (out_dir / "sft_metrics.json").write_text(json.dumps({"steps": steps, "losses": losses}))
+    log(f"SFT on references: {steps} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+    return str(out_dir)
+
+
+def evaluate_real(model_dir: str, s: RealSettings, length: int, out_dir: Path, prompt_config: str) -> dict:
+    """pass@1 / pass@k and the truncated share on the held-out file at T = 1, prompted as `prompt_config`."""
+    from regroup.eval.runner import run_eval_cli
+
+    rows = run_eval_cli(model_dir, [s.heldout_file], str(out_dir), n=s.eval_samples, ks=[1, s.eval_samples],
+                        temperature=1.0, top_p=1.0, max_new_tokens=length, checker="math", greedy=False,
+                        limit=s.eval_problems, progress=False, prompt={"config_file": prompt_config})
+    return rows[0]
+
+
+def run_real_study(s: RealSettings, out_root: str = "runs", log=print) -> Path:
+    """Every arm x seed x length: train (SFT first for the imitation control), evaluate, and write
+    real_study.json with each run's summary. Long: see the module doc's budget."""
+    from regroup.checkpoint import list_checkpoints
+    from regroup.config import ConfigError
+    from regroup.data import load_problems
+    from regroup.rundir import claim_run_dir, new_run_dir
+    from regroup.trainer import Trainer
+
+    for path, how in ((s.model_dir, "regroup model fetch smollm2 --out " + s.model_dir),
+                      (s.train_file, "regroup data prepare arithmetic_boxed --out " + s.train_file + " --limit 2000"),
+                      (s.heldout_file, "regroup data prepare arithmetic_heldout --out " + s.heldout_file)):
+        if not Path(path).exists():
+            raise ConfigError(f"regroup study --real needs {path}: {how}")
+    arms = [REAL_ARMS_BY_NAME[n] for n in (s.arms or [a.name for a in REAL_ARMS])]
+    study_dir = new_run_dir(out_root, "real-study")
+    (study_dir / "plan.json").write_text(json.dumps({"settings": asdict(s), "arms": [asdict(a) for a in arms]},
+                                                    indent=2))
+    records = []
+    for length in s.lengths:
+        start = evaluate_real(s.model_dir, s, length, study_dir / f"len{length}" / "start",
+                              str(EXAMPLES_DIR / "smollm2_grpo.yaml"))
+        records.append({"arm": "start", "length": length, "seed": None, "eval": start})
+        for seed in range(s.seeds):
+            for arm in arms:
+                run_dir = study_dir / f"len{length}" / f"{arm.name}-s{seed}"
+                model_dir = None
+                if arm.sft_first:
+                    cfg = real_arm_config(arm, s, seed, length, run_dir)
+                    model_dir = sft_on_references(cfg, load_problems(s.train_file).problems, s.steps, s.sft_lr,
+                                                  run_dir.with_name(run_dir.name + "-sft"), seed, log)
+                cfg = real_arm_config(arm, s, seed, length, run_dir, model_dir)
+                with claim_run_dir(run_dir, "fresh", log=log):
+                    Trainer.from_config(cfg, run_dir, log=log).train()
+                final = str(list_checkpoints(run_dir)[-1])
+                summary = evaluate_real(final, s, length, run_dir / "eval", str(run_dir / "config.yaml"))
+                records.append({"arm": arm.name, "length": length, "seed": seed, "eval": summary})
+                log(f"real study len {length} {arm.name} seed {seed}: {summary}")
+                (study_dir / "real_study.json").write_text(json.dumps(records, indent=2, default=str))
+    return study_dir
