@@ -152,9 +152,6 @@ def cmd_eval(args) -> int:
     from regroup.config import ConfigError, check_readable
     from regroup.eval.runner import run_config_path
     from regroup.rundir import claim_eval_dir
-    from regroup.data import DataError
-    from regroup.eval.benchmarks import DECODING, Decoding
-    from regroup.eval.runner import format_table, run_bench_cli, run_eval_cli
 
     if not Path(args.model).is_dir():
         raise ConfigError(f"--model: no such model folder: {args.model}")
@@ -178,8 +175,8 @@ def cmd_eval(args) -> int:
 def _run_eval(args) -> int:
     from regroup.config import ConfigError
     from regroup.data import DataError
+    from regroup.eval.benchmarks import DECODING, Decoding
     from regroup.eval.runner import format_table, run_bench_cli, run_eval_cli
-
 
     prompt = {k: v for k, v in {"system_prompt": args.system_prompt, "prompt_template": args.prompt_template,
                                 "chat_template": args.chat_template, "config_file": args.prompt_config}.items()
