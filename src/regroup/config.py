@@ -106,8 +106,9 @@ class DataConfig:
 class RolloutConfig:
     """How responses are sampled."""
 
-    backend: Literal["hf", "hf_generate", "vllm"] = "hf"
-    """hf: lean KV-cached loop over the HF model; hf_generate: `model.generate`; vllm: colocated vLLM engine."""
+    backend: Literal["hf", "hf_generate", "vllm", "vllm_server"] = "hf"
+    """hf: lean KV-cached loop over the HF model; hf_generate: `model.generate`; vllm: colocated vLLM engine;
+    vllm_server: a vLLM OpenAI server started separately (`regroup vllm-serve`), over HTTP."""
     temperature: float = 1.0
     """Sampling temperature (log-probs for the loss use the same temperature, as TRL does)."""
     top_p: float = 1.0
@@ -126,6 +127,17 @@ class RolloutConfig:
     """Let the colocated vLLM engine release GPU memory between rollouts."""
     vllm_tensor_parallel_size: int = 1
     """vLLM tensor-parallel size."""
+    vllm_server_url: str = "http://127.0.0.1:8000"
+    """Root URL of the vLLM server (backend=vllm_server), without /v1."""
+    vllm_server_api_key_env: Optional[str] = None
+    """NAME of the variable holding the server's --api-key; None or "": the server has no key."""
+    vllm_server_timeout_s: float = 600.0
+    """Deadline of one server request (a prompt's n samples, or a weight sync), in seconds."""
+    vllm_server_sync: Literal["reload", "nccl"] = "reload"
+    """Weight sync: reload (learner writes safetensors to vllm_server_sync_dir, server reloads; any device)
+    or nccl (vLLM's NCCL weight-transfer API; GPUs only)."""
+    vllm_server_sync_dir: Optional[str] = None
+    """Folder both learner and server can read (reload sync). None: a temporary folder on this machine."""
 
 
 @dataclass
@@ -236,6 +248,11 @@ class ScorerConfig:
     """Disk cache of scores. None: RUN_DIR/cache."""
     question: Literal["own", "original"] = "own"
     """Question shown to the judge for a rephrased response: the one it answered (own) or q0 (original)."""
+    structured: Literal["json_schema", "choice", "none"] = "json_schema"
+    """How the judge is held to the form the scorer parses: json_schema (OpenAI response_format; OpenAI and
+    vLLM), choice (vLLM structured_outputs "1".."10"), none (free text ending SCORE: n, the paper's setup)."""
+    max_tokens: int = 0
+    """Judge reply length limit; 0: by mode (json_schema 48, choice 4, none 1024)."""
 
 
 @dataclass
@@ -492,6 +509,7 @@ NUMERIC_RULES: dict[str, NumericRule] = {
     "rollout.vllm_gpu_memory_utilization": NumericRule(0.0, 1.0, low_open=True),
     "rollout.vllm_max_model_len": at_least(0, 2**31 - 1),
     "rollout.vllm_tensor_parallel_size": at_least(1, 1024),
+    "rollout.vllm_server_timeout_s": above(0.0),
     "grpo.num_generations": COUNT,
     "grpo.prompts_per_step": COUNT,
     "grpo.num_iterations": at_least(1, 1000),
@@ -513,6 +531,7 @@ NUMERIC_RULES: dict[str, NumericRule] = {
     "mask.delta": at_least(0.0),
     "mask.scorer.concurrency": at_least(1, 4096),
     "mask.scorer.timeout_s": above(0.0),
+    "mask.scorer.max_tokens": at_least(0, 2**31 - 1),
     "mask.scorer.max_retries": at_least(0, 100),
     "anchors.count": COUNT,
     "anchors.gamma": above(0.0),
