@@ -434,6 +434,7 @@ class RunConfig:
 
         check_key_env_name(self.ta.api_key_env, "ta.api_key_env")
         check_key_env_name(self.mask.scorer.api_key_env, "mask.scorer.api_key_env")
+        check_key_env_name(self.rollout.vllm_server_api_key_env, "rollout.vllm_server_api_key_env")
         for name in self.train.report_to:
             if name not in TRACKERS:
                 raise ConfigError(f"train.report_to: unknown tracker {name!r}{_did_you_mean(name, TRACKERS)}; "
