@@ -101,11 +101,12 @@ class VLLMServerSampler:
     Settings come from the rollout config: `vllm_server_url` (root, without /v1),
     `vllm_server_api_key_env`, `vllm_server_timeout_s`, `vllm_server_sync` and `vllm_server_sync_dir`.
     On construction it asks the server which model it serves (`GET /v1/models`), so a wrong URL or a
-    server that is down fails here, before training starts. `sync_times` keeps the seconds of every
-    weight sync.
+    server that is down fails here, before training starts; then it pushes `model`'s weights
+    (`sync_on_start`), since the server may still hold another run's. `sync_times` keeps the seconds of
+    every weight sync.
     """
 
-    def __init__(self, model, tokenizer, rollout_cfg):
+    def __init__(self, model, tokenizer, rollout_cfg, *, sync_on_start: bool = True):
         self.model = model
         self.tokenizer = tokenizer
         self.eos_id = tokenizer.eos_token_id
@@ -128,6 +129,9 @@ class VLLMServerSampler:
             self.served_model = models["data"][0]["id"]
         except (KeyError, IndexError, TypeError):
             raise ServerError(f"{self.url}/v1/models: no model in the reply") from None
+        if sync_on_start:
+            # The server may hold another run's weights (or an earlier step's, on resume): start from ours.
+            self.sync_weights(model)
 
     # ------------------------------------------------------------------------------------- HTTP
     def _call(self, path: str, body, timeout_s: float | None = None):

@@ -83,7 +83,7 @@ _STRUCTURED_ENDING = {
 }
 _FREE_TEXT_ASK = "Grade the response. End with the line SCORE: <integer from 1 to 10>."
 _STRUCTURED_ASK = {"choice": "Grade the response: reply with the score only.",
-                   "json_schema": 'Grade the response: reply with {"score": <1-10>} only.'}
+                   "json_schema": 'Grade the response: reply with {{"score": <1-10>}} only.'}  # braces: str.format
 
 STRUCTURED_MODES = ("json_schema", "choice", "none")
 SCORE_CHOICES = [str(i) for i in range(1, 11)]
@@ -131,6 +131,8 @@ def build_judge_messages(
         raise ValueError(f"unknown judge prompt_version {prompt_version!r}; known: {sorted(JUDGE_PROMPTS)}") from None
     structured_request(structured)  # refuses an unknown mode
     if structured != "none":
+        if _FREE_TEXT_ENDING not in system or _FREE_TEXT_ASK not in user:
+            raise ValueError(f"judge prompt {prompt_version!r} has no free-text ending to replace for structured={structured}")
         system = system.replace(_FREE_TEXT_ENDING, _STRUCTURED_ENDING[structured])
         user = user.replace(_FREE_TEXT_ASK, _STRUCTURED_ASK[structured])
     content = user.format(
