@@ -209,9 +209,9 @@ def test_seeded_sampling_repeats_and_seeds_differ(server, learner):
     assert other != first
 
 
-def _train_args(smollm2, server, run, steps, data):
+def _train_args(smollm2, server, run, steps):
     return ["train", "--config", str(CONFIGS / "grpo.yaml"), f"model.path={smollm2}", "model.lora.enabled=true",
-            "model.lora.r=4", f"data.train_file={data}", "grpo.prompts_per_step=2", "grpo.num_generations=4",
+            "model.lora.r=4", "data.num_train=16", "grpo.prompts_per_step=2", "grpo.num_generations=4",
             "rollout.max_new_tokens=16", "rollout.backend=vllm_server", f"rollout.vllm_server_url={server.url}",
             f"rollout.vllm_server_api_key_env={KEY_ENV}", f"train.steps={steps}", "train.checkpoint_every=1",
             "train.threads=1", "train.progress=false", "diagnostics.diversity_every=0", "optim.warmup_steps=0",
@@ -232,14 +232,14 @@ def _metrics(run):
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
-def test_lora_training_on_the_server_resumes_exactly(server, smollm2, arith_file, tmp_path):
+def test_lora_training_on_the_server_resumes_exactly(server, smollm2, tmp_path):
     """Two steps straight, against one step + resume + one step: with the weights pushed on start and on
     resume and the seeds per row, step 2 samples the same tokens and computes the same loss."""
     from regroup.cli import main
 
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    assert main(_train_args(smollm2, server, straight, 2, arith_file)) == 0
-    assert main(_train_args(smollm2, server, resumed, 1, arith_file)) == 0
+    assert main(_train_args(smollm2, server, straight, 2)) == 0
+    assert main(_train_args(smollm2, server, resumed, 1)) == 0
     assert main(["train", "--resume", str(resumed), "train.steps=2"]) == 0
     a, b = _metrics(straight), _metrics(resumed)
     assert [m["step"] for m in a] == [m["step"] for m in b] == [1, 2]

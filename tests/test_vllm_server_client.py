@@ -247,3 +247,11 @@ def test_config_accepts_the_backend_and_refuses_a_key_as_the_variable_name():
         config_from_dict({"rollout": {"vllm_server_api_key_env": "sk-abcdefghijklmnopqrstuvwxyz123456"}})
     with pytest.raises(ConfigError, match="vllm_server_timeout_s"):
         config_from_dict({"rollout": {"vllm_server_timeout_s": 0}})
+
+
+def test_a_resume_may_point_at_a_restarted_server():
+    from regroup.config import ConfigError, check_resume_overrides
+
+    check_resume_overrides(["rollout.vllm_server_url=http://127.0.0.1:9001", "rollout.vllm_server_timeout_s=60"])
+    with pytest.raises(ConfigError, match="--resume cannot change rollout.vllm_server_sync"):
+        check_resume_overrides(["rollout.vllm_server_sync=nccl"])

@@ -841,7 +841,10 @@ def apply_overrides(data: dict, overrides: list[str] | tuple[str, ...]) -> dict:
 
 RESUME_OVERRIDABLE = ("train.steps", "train.checkpoint_every", "train.keep_checkpoints", "train.progress",
                       "train.threads", "train.keep_cpu_memory", "train.eval_every", "train.sample_every", "train.tensorboard", "train.wandb",
-                      "train.report_to")
+                      "train.report_to",
+                      # where the vLLM server is: a restarted server may listen elsewhere (weights are pushed on resume)
+                      "rollout.vllm_server_url", "rollout.vllm_server_api_key_env", "rollout.vllm_server_timeout_s",
+                      "rollout.vllm_server_sync_dir")
 """Keys a `--resume` may change: each is read afresh by the resumed process. Any other key would be written
 to config.yaml while the restored optimizer, scheduler, data and RNG states go on with the saved value."""
 
