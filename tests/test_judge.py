@@ -229,7 +229,7 @@ def test_structured_modes_send_the_fields_vllm_and_openai_accept(server):
             assert body["structured_outputs"] == {"choice": [str(i) for i in range(1, 11)]}
             assert "response_format" not in body and body["max_tokens"] == 4
         else:
-            assert "structured_outputs" not in body and "response_format" not in body and body["max_tokens"] == 1024
+            assert "structured_outputs" not in body and "response_format" not in body and "max_tokens" not in body
         system = body["messages"][0]["content"]
         assert ("SCORE: <integer from 1 to 10>" in system) == (mode == "none")
 
@@ -254,6 +254,16 @@ def test_unscored_responses_are_warned_about(server, caplog):
         assert judge.score_batch([ScoreItem("q", f"r{i}", "ref") for i in range(3)]) == [None] * 3
     lines = [r.getMessage() for r in caplog.records if r.name == "regroup.scorers.judge"]
     assert len(lines) == 1 and "3 of 3 responses unscored (3 unparseable" in lines[0]
+
+
+def test_the_warning_names_the_first_request_error(server, caplog):
+    """vLLM answers HTTP 400 to a max_tokens over its max_model_len: the warning must say so."""
+    server.queue(Status(400, message="max_tokens=1024 cannot be greater than max_model_len=512"))
+    judge = JudgeScorer(client_for(server, max_retries=0), structured="none", max_tokens=1024)
+    with caplog.at_level("WARNING", logger="regroup.scorers.judge"):
+        assert judge.score_batch([ScoreItem("q", "r", "ref")]) == [None]
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "regroup.scorers.judge"]
+    assert "http_4xx" in line and "HTTP 400" in line and "max_model_len=512" in line
 
 
 def test_unknown_structured_mode_and_bad_max_tokens_are_refused(server):

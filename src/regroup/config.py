@@ -252,7 +252,7 @@ class ScorerConfig:
     """How the judge is held to the form the scorer parses: json_schema (OpenAI response_format; OpenAI and
     vLLM), choice (vLLM structured_outputs "1".."10"), none (free text ending SCORE: n, the paper's setup)."""
     max_tokens: int = 0
-    """Judge reply length limit; 0: by mode (json_schema 48, choice 4, none 1024)."""
+    """Judge reply length limit; 0: by mode (json_schema 48, choice 4, none: not sent, the server's own)."""
 
 
 @dataclass

@@ -94,8 +94,9 @@ SCORE_SCHEMA = {
     "additionalProperties": False,
 }
 # max_tokens when none is configured: a bare "10" is 1-3 tokens, the JSON object ~11 (room for
-# whitespace the grammar allows), free text needs room for the reasons before the SCORE line.
-DEFAULT_MAX_TOKENS = {"choice": 4, "json_schema": 48, "none": 1024}
+# whitespace the grammar allows); free text sends none, the server's own limit (a fixed 1024 is refused
+# by a vLLM server with a smaller max_model_len: HTTP 400, every request).
+DEFAULT_MAX_TOKENS = {"choice": 4, "json_schema": 48, "none": None}
 
 
 def structured_request(structured: str) -> dict:
@@ -189,7 +190,7 @@ class JudgeScorer(Scorer):
             raise ValueError(f"unknown judge prompt_version {prompt_version!r}; known: {sorted(JUDGE_PROMPTS)}")
         self._request_fields = structured_request(structured)  # refuses an unknown mode
         if max_tokens is not None and max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1 (or None: {DEFAULT_MAX_TOKENS[structured]} for {structured}), got {max_tokens}")
+            raise ValueError(f"max_tokens must be >= 1 (or None: the {structured} default), got {max_tokens}")
         self.client = client
         self.cache = cache
         self.prompt_version = prompt_version
@@ -278,8 +279,10 @@ class JudgeScorer(Scorer):
         failed = sum(value is None for value in out)
         if failed:  # unscored responses are never masked: a judge that scores nothing must not go unnoticed
             kinds = Counter(r.error_kind for r in results if not r.ok)
-            log.warning("judge: %d of %d responses unscored (%d unparseable replies, request failures: %s); "
-                        "structured=%s, max_tokens=%d", failed, len(out),
+            first_error = next((r.error for r in results if not r.ok), None)
+            log.warning("judge: %d of %d responses unscored (%d unparseable replies, request failures: %s%s); "
+                        "structured=%s, max_tokens=%s", failed, len(out),
                         sum(r.ok and parse_judge_score(r.text, self.structured) is None for r in results),
-                        dict(kinds) or "none", self.structured, self.max_tokens)
+                        dict(kinds) or "none", f", first: {clip(first_error, 200)}" if first_error else "",
+                        self.structured, self.max_tokens or "not sent")
         return out
