@@ -257,7 +257,7 @@ def test_lora_training_on_the_server_resumes_exactly(server, smollm2, tmp_path):
     assert samples["straight"] and [r["response"] for r in samples["straight"]] == [r["response"] for r in samples["resumed"]]
     for key in ("loss", "reward/mean", "length/mean"):
         assert a[1][key] == pytest.approx(b[1][key], abs=1e-6), key
-    assert a[0]["loss"] != 0.0  # the first update moved the weights that step 2 samples with
+    assert a[0]["grad_norm"] > 0  # the first update moved the weights that step 2 samples with
     assert all(m["time/sync"] > 0 for m in a + b)
 
 
