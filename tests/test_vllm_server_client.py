@@ -255,3 +255,9 @@ def test_a_resume_may_point_at_a_restarted_server():
     check_resume_overrides(["rollout.vllm_server_url=http://127.0.0.1:9001", "rollout.vllm_server_timeout_s=60"])
     with pytest.raises(ConfigError, match="--resume cannot change rollout.vllm_server_sync"):
         check_resume_overrides(["rollout.vllm_server_sync=nccl"])
+
+
+def test_several_learner_processes_are_refused(tiny_model, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ServerError, match="one learner process"):
+        VLLMServerSampler(tiny_model, Tok(), rollout_cfg("http://127.0.0.1:9"))

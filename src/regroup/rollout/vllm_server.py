@@ -107,6 +107,11 @@ class VLLMServerSampler:
     """
 
     def __init__(self, model, tokenizer, rollout_cfg, *, sync_on_start: bool = True):
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if world > 1:
+            # every process would push (and write the sync folder) at once, and FSDP would need every rank
+            # in the gather while one pushes: not built yet
+            raise ServerError(f"rollout.backend=vllm_server runs with one learner process (WORLD_SIZE={world})")
         self.model = model
         self.tokenizer = tokenizer
         self.eos_id = tokenizer.eos_token_id
@@ -276,7 +281,7 @@ def _nccl_engine(sampler: VLLMServerSampler, model):
 
     sampler._nccl_source = ModelSource(model)
     return NCCLTrainerWeightTransferEngine.trainer_init(
-        NCCLTrainerInitInfo(master_address=host, master_port=port, world_size=world + 1),
+        NCCLTrainerInitInfo(master_address=host, master_port=port, world_size=world + 1, rank=0),
         client=HTTPVLLMWeightSyncClient(sampler.url, timeout=sampler.timeout_s),
         source=sampler._nccl_source,
     )
