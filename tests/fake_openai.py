@@ -111,6 +111,7 @@ class Recorded:
     auth_ok: bool
     action: str
     at: float
+    authorization: str | None = None  # the Authorization header as sent (None: absent)
 
 
 def completion_json(content: str, model: str = "fake-model") -> bytes:
@@ -150,7 +151,7 @@ class _Handler(BaseHTTPRequestHandler):
             action = Status(400, message="request body is not JSON")
         else:
             action = fake._next_action(body)
-        fake._record(self.path, body, auth_ok, action)
+        fake._record(self.path, body, auth_ok, action, self.headers.get("Authorization"))
         self._perform(action, body or {})
 
     def _perform(self, action: Action, body: dict[str, Any]) -> None:
@@ -334,9 +335,10 @@ class FakeOpenAI:
         out = self.responder(body)
         return out if not isinstance(out, str) else Answer(out)
 
-    def _record(self, path: str, body: dict[str, Any] | None, auth_ok: bool, action: Action) -> None:
+    def _record(self, path: str, body: dict[str, Any] | None, auth_ok: bool, action: Action,
+                authorization: str | None = None) -> None:
         with self._lock:
-            rec = Recorded(len(self.requests), path, body, auth_ok, type(action).__name__, time.monotonic())
+            rec = Recorded(len(self.requests), path, body, auth_ok, type(action).__name__, time.monotonic(), authorization)
             self.requests.append(rec)
 
     @property

@@ -190,3 +190,99 @@ def test_unknown_prompt_version_is_rejected(server):
 def test_judge_items_must_be_score_items(server):
     with pytest.raises(TypeError, match="item 0"):
         JudgeScorer(client_for(server)).score_batch([("q", "r")])  # type: ignore[list-item]
+
+
+# -- structured output (json_schema / choice), measured against vLLM 0.32 in tests/test_vllm_server.py --------------
+@pytest.mark.parametrize(
+    "structured, reply, expected",
+    [
+        ("choice", "7", 7), ("choice", "10", 10), ("choice", " 3\n", 3), ("choice", "0", None), ("choice", "11", None),
+        ("choice", "07", None), ("choice", "7.0", None), ("choice", "SCORE: 7", None), ("choice", "", None),
+        ("json_schema", '{"score": 4}', 4), ("json_schema", '{\n  "score": 10\n}', 10), ("json_schema", '{"score": 0}', None),
+        ("json_schema", '{"score": 11}', None), ("json_schema", '{"score": 7.0}', None),
+        ("json_schema", '{"score": true}', None), ("json_schema", '{"score": "7"}', None),
+        ("json_schema", '{"score": 7, "why": "x"}', None), ("json_schema", '{ "score": 4', None),  # cut by max_tokens
+        ("json_schema", "[7]", None), ("json_schema", "SCORE: 7", None), ("none", '{"score": 4}', None),
+    ],
+)
+def test_parse_structured_judge_replies(structured, reply, expected):
+    assert parse_judge_score(reply, structured) == expected
+
+
+def test_structured_modes_send_the_fields_vllm_and_openai_accept(server):
+    """json_schema: OpenAI's strict response_format; choice: vLLM's structured_outputs (not the older
+    guided_choice, which vLLM 0.32 ignores); none: neither. max_tokens follows the mode."""
+    replies = {"json_schema": '{"score": 6}', "choice": "6", "none": "ok\nSCORE: 6"}
+    for mode, reply in replies.items():
+        server.requests.clear()
+        server.responder = lambda body, reply=reply: reply
+        judge = JudgeScorer(client_for(server), structured=mode)
+        assert judge.score_batch([ScoreItem("q", "r", "ref")]) == [6.0]
+        body = server.requests[0].body
+        assert "guided_choice" not in body
+        if mode == "json_schema":
+            fmt = body["response_format"]
+            assert fmt["type"] == "json_schema" and fmt["json_schema"]["strict"] is True
+            assert fmt["json_schema"]["schema"]["properties"]["score"]["enum"] == list(range(1, 11))
+            assert "structured_outputs" not in body and body["max_tokens"] == 48
+        elif mode == "choice":
+            assert body["structured_outputs"] == {"choice": [str(i) for i in range(1, 11)]}
+            assert "response_format" not in body and body["max_tokens"] == 4
+        else:
+            assert "structured_outputs" not in body and "response_format" not in body and "max_tokens" not in body
+        system = body["messages"][0]["content"]
+        assert ("SCORE: <integer from 1 to 10>" in system) == (mode == "none")
+
+
+def test_structured_mode_is_part_of_the_cache_key(server, tmp_path):
+    """A free-text score cached under "none" is not served to a json_schema judge, and vice versa."""
+    server.responder = lambda body: '{"score": 3}' if "response_format" in body else "x\nSCORE: 9"
+    cache = DiskCache(tmp_path / "judge.sqlite")
+    item = ScoreItem("q", "r", "ref")
+    assert JudgeScorer(client_for(server), cache, structured="none").score_batch([item]) == [9.0]
+    assert JudgeScorer(client_for(server), cache, structured="json_schema").score_batch([item]) == [3.0]
+    assert server.n_requests == 2
+    assert JudgeScorer(client_for(server), cache, structured="json_schema").score_batch([item]) == [3.0]
+    assert server.n_requests == 2
+
+
+def test_unscored_responses_are_warned_about(server, caplog):
+    """FINDINGS (cb0f51a): 0 of 16 scored against a real server with no warning. Now one warning line."""
+    server.responder = lambda body: "17 + 25 = "  # what SmolLM2 wrote when asked for a plain-text grade
+    judge = JudgeScorer(client_for(server), structured="none")
+    with caplog.at_level("WARNING", logger="regroup.scorers.judge"):
+        assert judge.score_batch([ScoreItem("q", f"r{i}", "ref") for i in range(3)]) == [None] * 3
+    lines = [r.getMessage() for r in caplog.records if r.name == "regroup.scorers.judge"]
+    assert len(lines) == 1 and "3 of 3 responses unscored (3 unparseable" in lines[0]
+
+
+def test_the_warning_names_the_first_request_error(server, caplog):
+    """vLLM answers HTTP 400 to a max_tokens over its max_model_len: the warning must say so."""
+    server.queue(Status(400, message="max_tokens=1024 cannot be greater than max_model_len=512"))
+    judge = JudgeScorer(client_for(server, max_retries=0), structured="none", max_tokens=1024)
+    with caplog.at_level("WARNING", logger="regroup.scorers.judge"):
+        assert judge.score_batch([ScoreItem("q", "r", "ref")]) == [None]
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "regroup.scorers.judge"]
+    assert "http_4xx" in line and "HTTP 400" in line and "max_model_len=512" in line
+
+
+def test_unknown_structured_mode_and_bad_max_tokens_are_refused(server):
+    with pytest.raises(ValueError, match="unknown judge structured mode"):
+        JudgeScorer(client_for(server), structured="grammar")
+    with pytest.raises(ValueError, match="max_tokens"):
+        JudgeScorer(client_for(server), structured="choice", max_tokens=0)
+
+
+@pytest.mark.parametrize("no_key", [None, ""])
+def test_no_api_key_env_sends_no_authorization_header(no_key):
+    """A local server started without --api-key: api_key_env None or "" sends no Authorization header."""
+    with FakeOpenAI(api_key=None) as srv:
+        srv.responder = lambda body: "5"
+        client = ChatClient(srv.base_url, "m", api_key_env=no_key, timeout_s=2.0)
+        assert client.api_key_env is None
+        assert JudgeScorer(client, structured="choice").score_batch([ScoreItem("q", "r", "ref")]) == [5.0]
+        assert srv.requests[0].authorization is None
+    with FakeOpenAI(api_key="sk-needed-key-1") as srv:  # and a server that wants one refuses the call
+        client = ChatClient(srv.base_url, "m", api_key_env=no_key, timeout_s=2.0, max_retries=0)
+        assert JudgeScorer(client, structured="choice").score_batch([ScoreItem("q", "r", "ref")]) == [None]
+        assert srv.requests[0].auth_ok is False

@@ -246,6 +246,23 @@ def cmd_model_fetch(args) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------------------- vllm-serve
+def cmd_vllm_serve(args) -> int:
+    """Replace this process with a vLLM OpenAI server set up for rollout.backend=vllm_server."""
+    from regroup.rollout.vllm_server import serve_command, serve_env
+
+    if not Path(args.model, "config.json").is_file():
+        _log(f"vllm-serve error: {args.model} is not a model folder (no config.json)")
+        return 2
+    cmd = serve_command(args.model, python=args.python, host=args.host, port=args.port,
+                        max_model_len=args.max_model_len, dtype=args.dtype,
+                        extra_args=args.vllm_args[1:] if args.vllm_args[:1] == ["--"] else args.vllm_args)
+    env = serve_env(args.api_key_env)
+    _log("starting: " + " ".join(cmd))
+    os.execvpe(cmd[0], cmd, env)
+    return 0  # not reached
+
+
 # ------------------------------------------------------------------------------------------ rephrase
 def cmd_rephrase(args) -> int:
     from regroup.config import ConfigError
@@ -493,6 +510,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip-bad-rows", action="store_true",
                    help="leave malformed rows out of --out (each is printed) instead of failing")
     p.set_defaults(fn=cmd_rephrase)
+
+    p = sub.add_parser("vllm-serve", parents=[common], help="start a vLLM OpenAI server for rollout.backend=vllm_server "
+                                                            "(and a local judge / rewriter)")
+    p.add_argument("model", help="HF model folder")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=_number(int, "count"), default=8000)
+    p.add_argument("--api-key-env", default=None, help="NAME of the variable holding the key to require (default: none)")
+    p.add_argument("--max-model-len", type=_number(int, "zero_or_more"), default=0, help="0: the model's own")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--python", default=sys.executable, help="the Python of the venv that has vLLM (default: this one)")
+    p.add_argument("vllm_args", nargs=argparse.REMAINDER, help="further vLLM server arguments, after --")
+    p.set_defaults(fn=cmd_vllm_serve)
 
     p = sub.add_parser("demo", parents=[common], help="warm up, train every recipe from the same start, evaluate, report")
     p.add_argument("--quick", action="store_true", help="a ~3-minute smoke version")

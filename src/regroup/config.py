@@ -95,8 +95,9 @@ class DataConfig:
 @dataclass
 class RolloutConfig:
     """How responses are sampled."""
-    backend: Literal["hf", "hf_generate", "vllm"] = F("hf",
-        "hf: lean KV-cached loop over the HF model; hf_generate: `model.generate`; vllm: colocated vLLM engine.")
+    backend: Literal["hf", "hf_generate", "vllm", "vllm_server"] = F("hf",
+        "hf: lean KV-cached loop over the HF model; hf_generate: `model.generate`; vllm: colocated vLLM engine; "
+        "vllm_server: a vLLM OpenAI server started separately (`regroup vllm-serve`), over HTTP.")
     temperature: float = F(1.0, "Sampling temperature (log-probs for the loss use the same temperature, as TRL does).",
                            gt=0.0, le=100.0)  # 0 would divide the logits by zero
     top_p: float = F(1.0, "Nucleus sampling threshold.", gt=0.0, le=1.0)
@@ -112,6 +113,15 @@ class RolloutConfig:
     vllm_max_model_len: int = F(0, "vLLM engine max model length (0: prompt limit + max_new_tokens).", **EVERY)
     vllm_enable_sleep_mode: bool = F(False, "Let the colocated vLLM engine release GPU memory between rollouts.")
     vllm_tensor_parallel_size: int = F(1, "vLLM tensor-parallel size.", ge=1, le=1024)
+    vllm_server_url: str = F("http://127.0.0.1:8000", "Root URL of the vLLM server (backend=vllm_server), without /v1.")
+    vllm_server_api_key_env: Optional[str] = F(None, "NAME of the variable holding the server's --api-key; None or \"\": "
+                                               "the server has no key.")
+    vllm_server_timeout_s: float = F(600.0, "Deadline of one server request (a prompt's n samples, or a weight sync), in "
+                                     "seconds.", gt=0.0, le=86400.0)
+    vllm_server_sync: Literal["reload", "nccl"] = F("reload", "Weight sync: reload (learner writes safetensors to "
+        "vllm_server_sync_dir, server reloads; any device) or nccl (vLLM's NCCL weight-transfer API; GPUs only).")
+    vllm_server_sync_dir: Optional[str] = F(None, "Folder both learner and server can read (reload sync). None: a temporary "
+                                            "folder on this machine.", path=True)
 
 
 @dataclass
@@ -210,6 +220,11 @@ class ScorerConfig:
     cache_dir: Optional[str] = F(None, "Disk cache of scores. None: RUN_DIR/cache.", path=True)
     question: Literal["own", "original"] = F("own",
         "Question shown to the judge for a rephrased response: the one it answered (own) or q0 (original).")
+    structured: Literal["json_schema", "choice", "none"] = F("json_schema", "How the judge is held to the form the scorer "
+        "parses: json_schema (OpenAI response_format; OpenAI and vLLM), choice (vLLM structured_outputs \"1\"..\"10\"), "
+        "none (free text ending SCORE: n, the paper's setup).")
+    max_tokens: int = F(0, "Judge reply length limit; 0: by mode (json_schema 48, choice 4, none: not sent, the server's own).",
+                        ge=0, le=MAX_TOKENS)
 
 
 @dataclass
@@ -366,7 +381,7 @@ class RunConfig:
             check_readable(key, get_dotted(self, key))
         if self.model.path is not None and not os.path.isdir(self.model.path):
             raise ConfigError(f"model.path: no such model folder: {self.model.path}")
-        for key in ("ta.api_key_env", "mask.scorer.api_key_env"):
+        for key in ("ta.api_key_env", "mask.scorer.api_key_env", "rollout.vllm_server_api_key_env"):
             if get_dotted(self, key):  # null or "": a server without authentication
                 check_key_env_name(get_dotted(self, key), key)  # a key pasted where its variable's name goes
         for name in self.train.report_to:
@@ -529,7 +544,10 @@ def apply_overrides(data: dict, overrides: list[str] | tuple[str, ...]) -> dict:
 
 RESUME_OVERRIDABLE = ("train.steps", "train.checkpoint_every", "train.keep_checkpoints", "train.progress",
                       "train.threads", "train.collective_timeout_s", "train.keep_cpu_memory", "train.eval_every", "train.sample_every",
-                      "train.report_to")
+                      "train.report_to",
+                      # where the vLLM server is: a restarted server may listen elsewhere (weights are pushed on resume)
+                      "rollout.vllm_server_url", "rollout.vllm_server_api_key_env", "rollout.vllm_server_timeout_s",
+                      "rollout.vllm_server_sync_dir")
 """Keys a `--resume` may change: each is read afresh by the resumed process. Any other key would be written
 to config.yaml while the restored optimizer, scheduler, data and RNG states go on with the saved value."""
 

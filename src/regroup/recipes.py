@@ -119,6 +119,7 @@ def build_scorer(cfg, task, run_dir: Path):
         cache.mkdir(parents=True, exist_ok=True)
         return build_named_scorer("judge", base_url=s.base_url, model=s.model, api_key_env=s.api_key_env,
                                   concurrency=s.concurrency, timeout_s=s.timeout_s, max_retries=s.max_retries,
+                                  structured=s.structured, max_tokens=s.max_tokens or None,
                                   cache_path=str(cache / "judge.sqlite"))
     if s.name == "step":
         return build_named_scorer("step", step_fn=getattr(task, "step_score", None))

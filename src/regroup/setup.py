@@ -79,6 +79,10 @@ def build_sampler(rollout_cfg, model, tokenizer, max_prompt_tokens: int | None =
         from regroup.rollout.hf import HFGenerateSampler
 
         return HFGenerateSampler(model, tokenizer, batch_size=rollout_cfg.batch_size)
+    if rollout_cfg.backend == "vllm_server":
+        from regroup.rollout.vllm_server import VLLMServerSampler
+
+        return VLLMServerSampler(model, tokenizer, rollout_cfg)
     from regroup.rollout.vllm import VLLMSampler
 
     return VLLMSampler(model, tokenizer, rollout_cfg, max_prompt_tokens=max_prompt_tokens)

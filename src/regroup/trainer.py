@@ -401,7 +401,9 @@ class Trainer:
         self.sample_log.maybe_log(step + 1, batch)
         t1 = time.perf_counter()
         metrics.update(self.update(batch))
+        t2 = time.perf_counter()
         self.sampler.sync_weights(self.acc.unwrap_model(self.model))
+        metrics["time/sync"] = time.perf_counter() - t2  # weight push to the sampler (0 for the HF loop)
         metrics["time/update"] = time.perf_counter() - t1
         metrics["time/step"] = time.perf_counter() - t0
         return self._reduce_metrics(metrics)

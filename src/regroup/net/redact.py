@@ -97,11 +97,12 @@ def looks_like_a_key(name: str) -> bool:
 def check_key_env_name(name: str | None, field: str) -> None:
     """Refuse an `api_key_env` value that looks like a key, without ever printing it.
 
-    None (no authentication) passes. Raises `regroup.errors.ConfigError` naming only `field`.
+    None or "" (no authentication: a local server started without --api-key) passes. Raises
+    `regroup.errors.ConfigError` naming only `field`.
     """
-    if name is None:
+    if name is None or name == "":
         return
-    if not isinstance(name, str) or not name:
+    if not isinstance(name, str):
         raise ConfigError(f"{field}: must name an environment variable (e.g. OPENAI_API_KEY)")
     if looks_like_a_key(name):
         raise ConfigError(

@@ -22,13 +22,15 @@ def build_judge(
     base_url: str | None = None,
     model: str | None = None,
     cache_path: str | Path | None = None,
+    structured: str = "none",
+    max_tokens: int | None = None,
     **client_kwargs: Any,
 ) -> JudgeScorer:
     """A JudgeScorer from a ready client, or from `base_url` + `model` (+ ChatClient settings);
-    `cache_path` opens a DiskCache there."""
+    `cache_path` opens a DiskCache there. `structured` / `max_tokens`: see `JudgeScorer`."""
     client, cache = client_and_cache("judge", "https://api.openai.com/v1, gpt-4o", client, cache,
                                      base_url, model, cache_path, client_kwargs)
-    return JudgeScorer(client, cache, prompt_version)
+    return JudgeScorer(client, cache, prompt_version, structured=structured, max_tokens=max_tokens)
 
 
 SCORERS.register("step", StepScorer)

