@@ -124,6 +124,10 @@ def build_parts(cfg, run_dir: Path, accelerator=None, log=print) -> RunParts:
         if ds_plugin.deepspeed_config.get("train_micro_batch_size_per_gpu", "auto") == "auto":
             # accelerate infers it from a DataLoader; this trainer has none
             ds_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = g.micro_batch_size
+    if cfg.rollout.backend == "vllm":
+        from regroup.rollout.vllm import check_platform
+
+        check_platform(cfg.rollout)  # before any model loads
     seed_everything(cfg.seed)
     task = get_task(cfg.data.task)
     problems = training_problems(cfg, task, log)
