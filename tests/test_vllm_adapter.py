@@ -220,8 +220,8 @@ def test_lora_adapters_are_merged_for_the_push(fake_vllm, tiny_model_dir):
     assert not any("lora" in n or "base_layer" in n or n.startswith("base_model") for n in loaded)
     assert "model.layers.0.self_attn.q_proj.weight" in loaded and "model.embed_tokens.weight" in loaded
     torch.testing.assert_close(loaded["model.layers.0.self_attn.q_proj.weight"], merged.detach())
-    # and the policy itself is unmerged again
-    torch.testing.assert_close(params["base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight"], base)
+    # and the policy itself is untouched (base + delta is pushed; no merge / unmerge rounding)
+    assert torch.equal(params["base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight"], base)
 
 
 def test_param_names_match_what_vllm_loads():

@@ -87,6 +87,23 @@ def engine_weights_names(llm) -> list[str]:
             if getattr(m, "_parameters", {}).get("weight") is not None]
 
 
+def learner_state(model) -> dict[str, torch.Tensor]:
+    """The learner's weights under the names vLLM loads; a LoRA policy's layers merged by hand here
+    (W + B·A·alpha/r), independently of the push."""
+    params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    is_peft = callable(getattr(model, "get_base_model", None)) and isinstance(getattr(model, "peft_config", None), dict)
+    config = model.peft_config[model.active_adapter] if is_peft else None
+    out = {}
+    for n, p in params.items():
+        if ".lora_" in n:
+            continue
+        if ".base_layer." in n:
+            a, b = (params[n.replace("base_layer.weight", f"lora_{x}.default.weight")] for x in "AB")
+            p = p + (b @ a) * (config.lora_alpha / config.r)
+        out[n.removeprefix("base_model.model.").replace(".base_layer", "")] = p
+    return out
+
+
 def max_weight_difference(llm, learner: dict[str, torch.Tensor]) -> tuple[float, str]:
     """(max |engine − learner| over every weight, the name where it is largest)."""
     got, want = engine_weights(llm), expected_engine_weights(learner, llm)

@@ -12,7 +12,7 @@ import types
 import pytest
 import torch
 
-from real_vllm import (QUESTIONS, chat_prompts, close_engine, engine_weights, learner_logps, logp_differences,
+from real_vllm import (QUESTIONS, chat_prompts, close_engine, learner_logps, learner_state, logp_differences,
                        make_sampler, max_weight_difference, sample, share_engine, smollm2_config, start_engine)
 from regroup.algo.ratios import truncated_is_weight
 from regroup.rollout.vllm import push_weights, request_seeds
@@ -24,10 +24,6 @@ def fp32(smollm2_dir, figures):
     yield types.SimpleNamespace(llm=sampler.llm, model=model, tokenizer=tokenizer, dir=smollm2_dir,
                                 prompts=chat_prompts(tokenizer, QUESTIONS))
     close_engine(sampler)
-
-
-def learner_state(model) -> dict[str, torch.Tensor]:
-    return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
 def test_behaviour_logprobs_agree_with_the_learner_fp32(fp32, figures):
@@ -60,7 +56,7 @@ def test_training_step_samples_with_the_configs_settings_then_pushes(fp32, tmp_p
 
     share_engine(monkeypatch, fp32.llm)
     cfg = smollm2_config(fp32.dir, tmp_path / "run", "rollout.temperature=0.9", "rollout.top_p=0.95",
-                         "rollout.max_new_tokens=6", "seed=7", "rollout.tis_cap=2")
+                         "rollout.max_new_tokens=6", "seed=7", "rollout.tis_cap=2", "model.lora.enabled=false")
     trainer = Trainer.from_config(cfg, tmp_path / "run", log=lambda *a: None)
     requests, is_weights = [], []
     real_generate, real_is_weight = trainer.sampler.llm.generate, trainer._is_weight
@@ -102,9 +98,9 @@ def test_training_step_samples_with_the_configs_settings_then_pushes(fp32, tmp_p
 def test_weight_push_changes_generation_and_resets_the_prefix_cache(fp32, figures):
     model = fp32.model
     sampler = make_sampler(model, fp32.tokenizer, llm=fp32.llm)
-    long_prompt = chat_prompts(fp32.tokenizer, [" ".join(QUESTIONS * 6)])  # several full KV blocks to cache
+    long_prompt = chat_prompts(fp32.tokenizer, [" ".join(QUESTIONS * 3)])  # several full KV blocks to cache
     before = sample(sampler, long_prompt, n=2, max_new_tokens=8, seed=3)
-    saved = learner_state(model)
+    saved = {n: p.detach().clone() for n, p in model.named_parameters()}
     try:
         gen = torch.Generator().manual_seed(0)
         with torch.no_grad():
@@ -147,21 +143,10 @@ def test_lora_push_merges_pushes_and_unmerges(fp32, figures):
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.05)  # a trained adapter: B != 0
     before = {n: p.detach().clone() for n, p in params.items()}
     sampler = make_sampler(policy, fp32.tokenizer, llm=fp32.llm)  # pushes the merged weights
-    # expected: HF names, every LoRA layer merged by hand (W + B·A·alpha/r)
-    expected = {}
-    for n, p in params.items():
-        if ".lora_" in n:
-            continue
-        name = n.removeprefix("base_model.model.").replace(".base_layer", "")
-        value = p.detach()
-        if ".base_layer." in n:
-            a, b = (params[n.replace("base_layer.weight", f"lora_{x}.default.weight")] for x in "AB")
-            value = value + (b @ a) * (8 / 4)
-        expected[name] = value
-    worst, where = max_weight_difference(fp32.llm, expected)
+    worst, where = max_weight_difference(fp32.llm, learner_state(policy))  # merged by hand: W + B·A·alpha/r
     figures["LoRA push: max |engine - merged learner| (fp32)"] = worst
     assert worst < 1e-6, where
-    assert all(torch.equal(p, before[n]) for n, p in policy.named_parameters())  # unmerged again
+    assert all(torch.equal(p, before[n]) for n, p in policy.named_parameters())  # the policy is untouched
     diff = logp_differences(policy, fp32.prompts, sample(sampler, fp32.prompts, n=2, max_new_tokens=8, seed=4))
     figures["LoRA: |logp vLLM - learner with adapters|"] = {"max": float(diff.max()), "mean": float(diff.mean())}
     assert float(diff.max()) < 1e-3
@@ -175,7 +160,8 @@ def test_variant_steps_run_on_the_engine(fp32, tmp_path, monkeypatch, variant):
     extra = {"ta_grpo": ["recipe=ta_grpo", "ta.enabled=true", "ta.n_variants=1", "ta.rephraser=rules",
                          "ta.ratio_anchor=original"],
              "dagrpo": ["recipe=dagrpo", "anchors.enabled=true", "anchors.count=1", "anchors.mode=replace",
-                        "anchors.when=always", "mask.enabled=true", "mask.scorer.name=step"]}[variant]
+                        "anchors.when=always", "mask.enabled=true", "mask.scorer.name=step",
+                        "rollout.max_new_tokens=32"]}[variant]  # room for the reference solution
     cfg = smollm2_config(fp32.dir, tmp_path / "run", *extra)
     trainer = Trainer.from_config(cfg, tmp_path / "run", log=lambda *a: None)
     calls = []
@@ -186,7 +172,7 @@ def test_variant_steps_run_on_the_engine(fp32, tmp_path, monkeypatch, variant):
     if variant == "ta_grpo":
         assert sum(calls) == 2 * 2 * 2  # 2 questions x (original + 1 rephrasing) x 2 samples
     else:
-        assert metrics.get("anchors/count", metrics.get("anchor/count", 1)) >= 1
+        assert metrics["anchor/count"] >= 1, metrics
     assert max_weight_difference(fp32.llm, learner_state(trainer.model))[0] == 0.0
 
 
@@ -199,7 +185,8 @@ def test_a_vllm_run_resumes_exactly(fp32, tmp_path, monkeypatch, figures):
     share_engine(monkeypatch, fp32.llm)
 
     def run(run_dir, resume):
-        cfg = smollm2_config(fp32.dir, run_dir, "train.checkpoint_every=1", "train.keep_checkpoints=3")
+        cfg = smollm2_config(fp32.dir, run_dir, "train.checkpoint_every=1", "train.keep_checkpoints=3",
+                             "rollout.max_new_tokens=4")
         trainer = Trainer.from_config(cfg, run_dir, resume=resume, log=lambda *a: None)
         tokens = []
         real = trainer.sampler.generate

@@ -64,37 +64,79 @@ def vllm_param_name(name: str) -> str | None:
     return name.replace("modules_to_save.default.", "").replace("_checkpoint_wrapped_module.", "")
 
 
-def iter_push_weights(model):
+def lora_push_layers(model) -> dict[str, object] | None:
+    """{name of a LoRA layer's base weight: the layer} when every adapter is a plain additive LoRA on an
+    unsharded model, so the push can send base + delta without touching the policy; None otherwise
+    (DoRA and other variants, LoRA biases, sharded parameters: those are merged in place for the push)."""
+    layers = {}
+    for name, module in model.named_modules():
+        if not (hasattr(module, "lora_A") and hasattr(module, "base_layer") and callable(getattr(module, "get_delta_weight", None))):
+            continue
+        if getattr(module, "lora_variant", None) or any(getattr(module, "lora_bias", {}).values()):
+            return None
+        weight = getattr(module.get_base_layer(), "weight", None)
+        if weight is None or hasattr(weight, "full_tensor") or hasattr(weight, "ds_id"):
+            return None
+        layers[f"{name}.base_layer.weight"] = module
+    return layers
+
+
+def _lora_delta(layer) -> object | None:
+    """The layer's active adapters' weight delta (B·A·scale in the base weight's layout), None if none."""
+    if getattr(layer, "merged", False) or getattr(layer, "disable_adapters", False):
+        return None
+    deltas = [layer.get_delta_weight(a) for a in layer.active_adapters if a in layer.lora_A]
+    return sum(deltas) if deltas else None
+
+
+def iter_push_weights(model, lora_layers: dict | None = None):
     """(vLLM name, whole tensor) for each of `model`'s weights, one at a time (no full copy). Under FSDP /
     ZeRO-3 each parameter is gathered whole first (`sharded.full_parameters`; every process pushes, so
-    the gathers line up). LoRA-only tensors are skipped: the caller merges the adapters first."""
+    the gathers line up). LoRA-only tensors are skipped; a LoRA layer's base weight is sent merged
+    (base + delta, a new tensor) when `lora_layers` (from `lora_push_layers`) names it."""
+    import torch
+
     from regroup.sharded import full_parameters
 
+    lora_layers = lora_layers or {}
     for name, tensor in full_parameters(model):
         target = vllm_param_name(name)
-        if target is not None:
-            yield target, tensor
+        if target is None:
+            continue
+        layer = lora_layers.get(name)
+        if layer is not None:
+            with torch.no_grad():
+                delta = _lora_delta(layer)
+                if delta is not None:
+                    tensor = tensor + delta.to(tensor.dtype)
+        yield target, tensor
 
 
 def push_weights(model, load: Callable[[Iterable], object]) -> int:
     """Feed `model`'s current weights to `load(iterator of (name, tensor))` in one call, one tensor at a
-    time; LoRA adapters are merged for the push and unmerged afterwards. Returns the number pushed."""
+    time; returns the number pushed. LoRA adapters are added to their base weights on the fly, so the
+    policy is not modified: merging in place and unmerging (peft's `merge_adapter` / `unmerge_adapter`)
+    leaves the frozen base weights off by rounding after each push (measured on SmolLM2, fp32), a drift
+    that grows with the steps. Where that is not possible (`lora_push_layers` None) they are merged in
+    place for the push and unmerged afterwards."""
     is_peft = hasattr(model, "peft_config") and hasattr(model, "merge_adapter")
-    if is_peft:
+    lora_layers = lora_push_layers(model) if is_peft else None
+    merge_in_place = is_peft and lora_layers is None
+    if merge_in_place:
         model.merge_adapter()
     try:
         pushed = 0
 
         def counted():
             nonlocal pushed
-            for item in iter_push_weights(model):
+            for item in iter_push_weights(model, lora_layers):
                 pushed += 1
                 yield item
 
         load(counted())
         return pushed
     finally:
-        if is_peft:
+        if merge_in_place:
             model.unmerge_adapter()
 
 
