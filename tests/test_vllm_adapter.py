@@ -85,6 +85,10 @@ class FakeLLM:
 @pytest.fixture
 def fake_vllm(monkeypatch):
     monkeypatch.setattr("regroup.rollout.vllm.has_cuda", lambda: True)  # the stand-in plays a GPU engine
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        # the sampler fills these for vLLM's launcher; undo them after the test (accelerate reads them)
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     module = types.ModuleType("vllm")
     module.LLM = FakeLLM
     module.SamplingParams = FakeSamplingParams

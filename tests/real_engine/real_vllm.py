@@ -107,7 +107,7 @@ def learner_state(model) -> dict[str, torch.Tensor]:
 def max_weight_difference(llm, learner: dict[str, torch.Tensor]) -> tuple[float, str]:
     """(max |engine − learner| over every weight, the name where it is largest)."""
     got, want = engine_weights(llm), expected_engine_weights(learner, llm)
-    worst = max(((float((got[n].float() - want[n].float()).abs().max()), n) for n in want), default=(0.0, ""))
+    worst = max(((float((got[n].float().cpu() - want[n].float().cpu()).abs().max()), n) for n in want), default=(0.0, ""))
     return worst
 
 
@@ -119,11 +119,12 @@ def learner_logps(model, prompt: list[int], tokens: list[int], temperature: floa
 
     was_training = model.training
     model.eval()
-    ids = torch.tensor([list(prompt) + list(tokens)])
+    device = next(model.parameters()).device
+    ids = torch.tensor([list(prompt) + list(tokens)], device=device)
     logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float() / temperature  # [T, V]
     model.train(was_training)
     logits = _top_p_filter(logits, top_p)
-    return logits.log_softmax(-1).gather(-1, torch.tensor(tokens)[:, None]).squeeze(-1)  # [T]
+    return logits.log_softmax(-1).gather(-1, ids[0, len(prompt):, None]).squeeze(-1).cpu()  # [T]
 
 
 def sample(sampler, prompts: list[list[int]], n: int = 2, max_new_tokens: int = 8, temperature: float = 1.0,
@@ -152,17 +153,18 @@ def smollm2_config(model_dir: str, run_dir, *overrides: str):
         "data.num_train=16", "diagnostics.grad_conflict_every=0", *overrides])
 
 
-def start_engine(model_dir: str, dtype: torch.dtype, figures: dict | None = None, label: str = ""):
+def start_engine(model_dir: str, dtype: torch.dtype, figures: dict | None = None, label: str = "", device: str = "cpu",
+                 **rollout):
     """(sampler over a new engine, its learner, tokenizer): the learner loaded with transformers, the engine
     built by regroup's VLLMSampler from the learner's folder. Records the start time in `figures`."""
     import time
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     start = time.perf_counter()
-    sampler = make_sampler(model, tokenizer)
+    sampler = make_sampler(model, tokenizer, **rollout)
     if figures is not None:
         figures[f"engine start s ({label or dtype})"] = round(time.perf_counter() - start, 1)
     return sampler, model, tokenizer
