@@ -89,7 +89,9 @@ def engine_weights_names(llm) -> list[str]:
 
 def learner_state(model) -> dict[str, torch.Tensor]:
     """The learner's weights under the names vLLM loads; a LoRA policy's layers merged by hand here
-    (W + B·A·alpha/r), independently of the push."""
+    (W + B·A·alpha/r), independently of the push. A DDP wrapper is looked through: in these tests the
+    Accelerator is built after vLLM set the launcher's RANK / WORLD_SIZE, so it wraps a 1-process DDP."""
+    model = getattr(model, "module", model)
     params = {n: p.detach().clone() for n, p in model.named_parameters()}
     is_peft = callable(getattr(model, "get_base_model", None)) and isinstance(getattr(model, "peft_config", None), dict)
     config = model.peft_config[model.active_adapter] if is_peft else None

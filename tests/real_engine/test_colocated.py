@@ -161,7 +161,7 @@ def test_variant_steps_run_on_the_engine(fp32, tmp_path, monkeypatch, variant):
                          "ta.ratio_anchor=original"],
              "dagrpo": ["recipe=dagrpo", "anchors.enabled=true", "anchors.count=1", "anchors.mode=replace",
                         "anchors.when=always", "mask.enabled=true", "mask.scorer.name=step",
-                        "rollout.max_new_tokens=32"]}[variant]  # room for the reference solution
+                        "rewards=[task]", "rollout.max_new_tokens=40"]}[variant]  # room for the reference solution
     cfg = smollm2_config(fp32.dir, tmp_path / "run", *extra)
     trainer = Trainer.from_config(cfg, tmp_path / "run", log=lambda *a: None)
     calls = []
