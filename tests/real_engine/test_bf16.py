@@ -10,6 +10,8 @@ from real_vllm import (QUESTIONS, chat_prompts, close_engine, learner_logps, lea
                        max_weight_difference, start_engine)
 from regroup.algo.ratios import truncated_is_weight
 
+pytestmark = pytest.mark.slow  # the real engine: minutes on 2 cores
+
 
 @pytest.fixture(scope="module")
 def bf16(smollm2_dir, figures):

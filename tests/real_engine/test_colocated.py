@@ -18,6 +18,9 @@ from regroup.algo.ratios import truncated_is_weight
 from regroup.rollout.vllm import push_weights, request_seeds
 
 
+pytestmark = pytest.mark.slow  # the real engine: minutes on 2 cores
+
+
 @pytest.fixture(scope="module")
 def fp32(smollm2_dir, figures):
     sampler, model, tokenizer = start_engine(smollm2_dir, torch.float32, figures, "fp32, SmolLM2")

@@ -12,7 +12,8 @@ import torch
 
 from real_vllm import close_engine, learner_state, logp_differences, max_weight_difference, sample, start_engine
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA-only checks of the colocated vLLM engine")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA-only checks of the colocated vLLM engine")]
 
 
 @pytest.fixture(scope="module")

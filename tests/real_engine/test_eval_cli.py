@@ -3,9 +3,14 @@ engine settings refused on CPU in one line before any model loads."""
 
 from __future__ import annotations
 
+import pytest
+
 import json
 
 from cli_runs import regroup, tail, write_problems
+
+
+pytestmark = pytest.mark.slow  # the real engine: minutes on 2 cores
 
 
 def test_eval_bench_with_the_vllm_backend(smollm2_dir, tmp_path, figures):

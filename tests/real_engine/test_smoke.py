@@ -4,9 +4,14 @@ on the checkpoint it wrote. A few samples of a few tokens: minutes on a loaded 2
 
 from __future__ import annotations
 
+import pytest
+
 import json
 
 from cli_runs import ROOT, regroup, tail, write_problems
+
+
+pytestmark = pytest.mark.slow  # the real engine: minutes on 2 cores
 
 
 def test_a_colocated_vllm_step_and_a_vllm_eval(smollm2_dir, tmp_path, figures):
