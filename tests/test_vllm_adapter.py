@@ -359,3 +359,15 @@ def test_train_refuses_sleep_mode_on_cpu_in_one_line(monkeypatch, tmp_path, caps
                  "train.steps=1"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and any("vllm_enable_sleep_mode=true needs CUDA" in line for line in err)
+
+
+def test_cpu_engines_run_eager(fake_vllm, tmp_path, monkeypatch):
+    sampler = make_sampler(fake_vllm, tmp_path, sleep=False)
+    assert "enforce_eager" not in sampler.llm.kwargs  # CUDA: vLLM's own default (CUDA graphs)
+    monkeypatch.setattr("regroup.rollout.vllm.has_cuda", lambda: False)
+    sampler = make_sampler(fake_vllm, tmp_path, sleep=False)
+    assert sampler.llm.kwargs["enforce_eager"] is True
+    from regroup.config import ConfigError
+
+    with pytest.raises(ConfigError, match="needs CUDA"):
+        make_sampler(fake_vllm, tmp_path, sleep=True)  # and no sleep mode without CUDA
