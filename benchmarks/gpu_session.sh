@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One lent GPU session's checks (issue 15), as a single command that ends inside its time limit:
 #   1. the shared-prefix equality test (tests/test_logprobs.py) on CUDA, fp32, where SDPA runs other kernels;
-#   2. benchmarks/gpu_throughput.py on the Qwen3-0.6B shape, bf16, GRPO and TA-GRPO, shared prefix on and off.
+#   2. benchmarks/gpu_throughput.py on the Qwen3-0.6B shape, bf16, GRPO and TA-GRPO, shared prefix on and off;
+#   3. the colocated vLLM backend's CUDA-only checks (tests/real_engine/test_cuda.py: bf16 push read back,
+#      sleep mode, tokens/s) -- only where vLLM is already installed: the lent machine cannot install it.
 #
 #   OUT=runs/bench/gpu bash benchmarks/gpu_session.sh
 #
@@ -25,3 +27,11 @@ REGROUP_TEST_DEVICE=cuda timeout 120 python3 -m pytest -q -p no:cacheprovider te
 
 timeout "${GPU_BENCH_TIMEOUT:-360}" python3 benchmarks/gpu_throughput.py --out "$OUT/gpu_throughput.json" \
   --shared-prefix on,off --steps 3 --warmup-steps 1 2>&1 | grep -v -E "Loading weights|Writing model" | tee "$OUT/gpu_throughput.log"
+
+if python3 -c "import vllm" 2>/dev/null; then
+  timeout "${GPU_VLLM_TIMEOUT:-240}" python3 -m pytest -q -p no:cacheprovider tests/real_engine/test_cuda.py 2>&1 \
+    | grep -v -E "^(INFO|WARNING|\(EngineCore)" | tail -n 30 | tee "$OUT/vllm_cuda.txt"
+else
+  echo "vLLM is not installed on this machine: the colocated-backend CUDA checks (tests/real_engine/test_cuda.py) were not run" \
+    | tee "$OUT/vllm_cuda.txt"
+fi

