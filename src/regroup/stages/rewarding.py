@@ -5,9 +5,10 @@ from __future__ import annotations
 import math
 import time
 
-from regroup.registry import STAGES
 from regroup.errors import ConfigError
+from regroup.registry import STAGES
 from regroup.rewards import pop_counts, score_many
+from regroup.stages.base import StepBatch, StepContext
 
 FLOAT32_MAX = 3.4028234663852886e38
 """Rewards are float32 in the update: a finite reward beyond this would become inf and skip every step."""
@@ -38,7 +39,6 @@ def checked_rewards(values, fn) -> tuple[list[float | None], int]:
             x = math.nan
         out.append(x)
     return out, out_of_range
-from regroup.stages.base import StepBatch, StepContext
 
 
 def pop_reward_counts(reward_fn) -> dict[str, float]:
