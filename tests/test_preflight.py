@@ -222,3 +222,17 @@ def test_memory_check_leaves_out_what_vllm_and_lora_size_themselves(monkeypatch)
     with pytest.raises(ConfigError, match="largest part: update logits"):
         preflight.check_train_memory(cfg_of("rollout.max_new_tokens=8192", "rollout.backend=vllm", "model.lora.enabled=true"),
                                      "m", 1, "cpu", prompt_tokens=200)
+
+
+@pytest.mark.parametrize("timeout_s", [0, 30])  # in-process, and in the deadline worker
+def test_a_user_reward_returning_a_string_is_refused_before_weights_load_without_anchors(tmp_path, monkeypatch, timeout_s):
+    (tmp_path / "my_rewards_str.py").write_text("def says_yes(response, problem):\n    return 'yes'\n\n"
+                                                "def fine(response, problem):\n    return 1.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)  # the deadline worker imports the module from the working folder
+    problems = TASK.generate(4, seed=4)
+    cfg = cfg_of("rewards=[my_rewards_str:says_yes]", f"rewards.timeout_s={timeout_s}")
+    with pytest.raises(ConfigError, match="says_yes returned str 'yes'"):
+        preflight.check_user_rewards(cfg, problems, TASK)
+    preflight.check_user_rewards(cfg_of("rewards=[my_rewards_str:fine]", f"rewards.timeout_s={timeout_s}"), problems, TASK)
+    preflight.check_user_rewards(cfg_of(), problems, TASK)  # built-in rewards: nothing to call

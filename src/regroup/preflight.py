@@ -20,6 +20,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from regroup.config import parse_reward_spec
 from regroup.errors import ConfigError
 
 SAMPLE = 64
@@ -324,6 +325,27 @@ def _cuda() -> bool:
         return False
 
 
+def check_user_rewards(cfg, problems: list, task) -> None:
+    """A user reward (`pkg.mod:fn`) returns a number or None: called on a few sampled problems' reference
+    solutions (else their answers) before any model loads, so a reward returning a string is one line now,
+    not a traceback after the weights load. Built-in rewards are known to return numbers."""
+    if not any(":" in parse_reward_spec(spec)[0] for spec in cfg.rewards.functions):
+        return
+    from regroup.recipes import build_reward_fn
+    from regroup.rewards import score_many
+    from regroup.stages.rewarding import checked_rewards
+
+    sample = _sample(problems, cfg.seed)[:4]
+    texts = [getattr(p, "solution", None) or str(getattr(p, "answer", "")) for p in sample]
+    reward_fn = build_reward_fn(cfg.rewards.functions, task, 1, cfg.rewards.correct_threshold, cfg.rewards.timeout_s)
+    try:
+        checked_rewards(score_many(reward_fn, texts, sample), reward_fn)
+    finally:
+        close = getattr(reward_fn, "close", None)
+        if callable(close):
+            close()
+
+
 def before_weights_load(cfg, problems: list, task, tokenizer, model_path: str, world: int, device: str,
                         encode_prompt, log=print) -> ReferenceCheck | None:
     """Every pre-load check of a training run, in order; returns the reference check (None: not run)."""
@@ -333,6 +355,7 @@ def before_weights_load(cfg, problems: list, task, tokenizer, model_path: str, w
     check_eval_file(cfg)
     longest_prompt = check_prompts(cfg, problems, encode_prompt, log)
     check_train_memory(cfg, model_path, world, device, log, prompt_tokens=longest_prompt)
+    check_user_rewards(cfg, problems, task)
     return check_references(cfg, problems, task, lambda text: encode_response(tokenizer, text), log)
 
 
