@@ -27,6 +27,16 @@ from torch import Tensor
 from regroup.algo.stats import dense_group_index, segment_amax, segment_amin
 
 
+
+def _check_inputs(advantages: Tensor, scores: Tensor, group_ids: Tensor, delta: float) -> None:
+    if advantages.dim() != 1 or scores.shape != advantages.shape or group_ids.shape != advantages.shape:
+        raise ValueError(
+            f"advantages {tuple(advantages.shape)}, scores {tuple(scores.shape)} and group_ids "
+            f"{tuple(group_ids.shape)} must all be 1-D of the same length"
+        )
+    if not delta >= 0:
+        raise ValueError(f"delta must be >= 0, got {delta}")
+
 def distinctiveness_mask(
     advantages: Tensor,
     scores: Tensor,
@@ -43,13 +53,7 @@ def distinctiveness_mask(
     - `atol` absorbs float rounding so that a difference of exactly δ (e.g. 7.3 − 4.3 vs 3) keeps.
     Advantages must come from the full group before masking (SPEC §2a.4).
     """
-    if advantages.dim() != 1 or scores.shape != advantages.shape or group_ids.shape != advantages.shape:
-        raise ValueError(
-            f"advantages {tuple(advantages.shape)}, scores {tuple(scores.shape)} and group_ids "
-            f"{tuple(group_ids.shape)} must all be 1-D of the same length"
-        )
-    if not delta >= 0:
-        raise ValueError(f"delta must be >= 0, got {delta}")
+    _check_inputs(advantages, scores, group_ids, delta)
     if advantages.numel() == 0:
         return torch.ones(0, dtype=torch.bool, device=advantages.device)
     # float64: scores are on a 1–10 scale; comparisons at exactly δ must not depend on float32 rounding.
@@ -85,13 +89,7 @@ def pair_masked_advantages(
     stats: `pairs` (pairs with different advantages), `pairs_masked`, `frac_pairs_masked`, and
     `adv_l1_removed` = Σ|A − A'| / Σ|A| (0 when Σ|A| = 0).
     """
-    if advantages.dim() != 1 or scores.shape != advantages.shape or group_ids.shape != advantages.shape:
-        raise ValueError(
-            f"advantages {tuple(advantages.shape)}, scores {tuple(scores.shape)} and group_ids "
-            f"{tuple(group_ids.shape)} must all be 1-D of the same length"
-        )
-    if not delta >= 0:
-        raise ValueError(f"delta must be >= 0, got {delta}")
+    _check_inputs(advantages, scores, group_ids, delta)
     a = advantages.to(torch.float64)  # [B]
     s = scores.to(torch.float64)  # [B]
     out = a.clone()  # [B]
