@@ -150,7 +150,7 @@ TARGETS = {
 def arithmetic_heldout(limit: int | None) -> list[Problem]:
     """The held-out problems a default run of the built-in task is evaluated on (`regroup.setup`)."""
     from regroup.config import DataConfig
-    from regroup.setup import heldout_problems
+    from regroup.heldout import heldout_problems
     from regroup.tasks import get_task
 
     data, task = DataConfig(), get_task("arithmetic")

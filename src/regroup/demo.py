@@ -86,7 +86,7 @@ def run_demo(quick: bool = False, seeds: int = 1, out_root: str = "runs", recipe
     from regroup.checkpoint import list_checkpoints
     from regroup.report import build_report
     from regroup.rundir import claim_run_dir, new_run_dir
-    from regroup.setup import heldout_problems
+    from regroup.heldout import heldout_problems
     from regroup.tasks import get_task
     from regroup.trainer import Trainer
     from regroup.warmup import WarmupConfig, warmup

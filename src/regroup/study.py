@@ -352,7 +352,7 @@ def choose_regime(name: str, s: StudySettings, log=print) -> Regime:
 def evaluate_start(regime: Regime, s: StudySettings, out_dir: Path, log) -> list:
     """The regime's held-out problems, and the starting model's evaluation on them (out_dir/start/eval)."""
     from regroup.demo import evaluate_model
-    from regroup.setup import heldout_problems
+    from regroup.heldout import heldout_problems
 
     task = _task_for(regime.step_mix)
     biggest = max(plan(a, s).distinct_questions for a in ARMS)
@@ -485,7 +485,8 @@ def run_study(quick: bool = False, out_root: str = "runs", log=print, settings: 
               "regimes": [asdict(r) for r in regimes],
               "planned": {a.name: asdict(plan(a, s)) for a in arms}, "measured": budgets}
     write_atomic(study_dir / "study.json", json.dumps(record, indent=2, default=str))
-    html = write_study_page(study_dir, s, arms, regimes, results, verdicts, budgets, seconds)
+    html = write_study_page(study_dir, s, arms, regimes, results, verdicts, budgets, seconds,
+                            planned={a.name: plan(a, s) for a in arms}, protocols=PROTOCOLS, mechanisms=MECHANISMS)
     return html
 
 

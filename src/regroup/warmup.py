@@ -169,7 +169,7 @@ def warmup(out_dir: str | Path, cfg: WarmupConfig | None = None, *, task=None, l
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)  # saved before the evaluation: a failure there loses no training
     tokenizer.save_pretrained(out_dir)
-    from regroup.setup import heldout_problems
+    from regroup.heldout import heldout_problems
 
     heldout = heldout_problems(task, cfg.num_eval, cfg.eval_seed, problems)
     metrics = evaluate_start(model, tokenizer, task, heldout, cfg.eval_samples, cfg.max_new_tokens)

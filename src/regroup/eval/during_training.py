@@ -15,7 +15,7 @@ def eval_problems(cfg, task, train_problems: list, log=print) -> list:
 
         fields = FieldMap(question=cfg.data.question_field, answer=cfg.data.answer_field, solution=cfg.data.solution_field)
         return load_problems(cfg.data.eval_file, fields, skip_bad_rows=cfg.data.skip_bad_rows).problems[:limit]
-    from regroup.setup import heldout_problems
+    from regroup.heldout import heldout_problems
 
     return heldout_problems(task, limit, cfg.data.eval_seed, train_problems)
 

@@ -366,7 +366,7 @@ def load_eval_setup(model_path: str, *, dtype: str = "float32", device: str | No
     override them.
     """
     from regroup.config import ConfigError, DataConfig, RewardsConfig, config_from_dict, load_config
-    from regroup.models.load import is_adapter_dir, load_for_inference
+    from regroup.models.load import configured_model_path, is_adapter_dir, load_for_inference
     from regroup.models.prompting import build_prompter
     from regroup.rundir import read_saved_config
 
@@ -385,9 +385,7 @@ def load_eval_setup(model_path: str, *, dtype: str = "float32", device: str | No
     data_cfg = cfg.data if cfg is not None else DataConfig()
     base_path = None
     if cfg is not None and cfg.model.path and is_adapter_dir(model_path):
-        from regroup.setup import resolve_model_path
-
-        base_path = resolve_model_path(cfg)  # a LoRA checkpoint's base (GGUF: the cached conversion)
+        base_path = configured_model_path(cfg.model)  # a LoRA checkpoint's base (GGUF: the cached conversion)
     model, tokenizer = load_for_inference(model_path, dtype=dtype, device=device, base_path=base_path)
     for key, value in (("system_prompt", system_prompt), ("prompt_template", prompt_template),
                        ("chat_template", chat_template)):
@@ -403,7 +401,7 @@ def load_eval_setup(model_path: str, *, dtype: str = "float32", device: str | No
 def build_eval_sampler(backend: str, model, tokenizer, batch_size: int, max_new_tokens: int):
     """The generation backend for evaluation: hf (default) or vllm (`rollout.backend` of the trainer)."""
     from regroup.config import RolloutConfig
-    from regroup.setup import build_sampler
+    from regroup.rollout.factory import build_sampler
 
     if backend not in ("hf", "vllm"):
         raise ValueError(f"--backend must be hf or vllm, got {backend!r}")

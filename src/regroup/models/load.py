@@ -128,6 +128,13 @@ def convert_gguf(src_dir: str | os.PathLike, gguf_file: str, out_dir: str | os.P
     return out
 
 
+def configured_model_path(model_cfg, log=print) -> str:
+    """`model.path`, a GGUF file there (`model.gguf_file`) converted once to a cached HF folder."""
+    if model_cfg.gguf_file:
+        return gguf_to_hf(model_cfg.path, model_cfg.gguf_file, log=log)
+    return model_cfg.path
+
+
 def gguf_to_hf(path: str, gguf_file: str, cache_root: str | os.PathLike | None = None, log=print) -> str:
     """The cached HF folder converted from `path/gguf_file` (converted on first use)."""
     gguf_path = Path(path) / gguf_file
