@@ -6,7 +6,7 @@ builds nothing itself, so tests and front-ends can inject their own. The held-ou
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +22,7 @@ from regroup.models.prompting import build_prompter
 from regroup.rollout.factory import build_sampler  # the sampler factory; importable from here as before
 from regroup.schedule import lr_lambda
 from regroup.stages.groups import samples_per_question
+from regroup.stages.update_hooks import build_update_hooks
 from regroup.tasks import get_task
 from regroup.warmup import ensure_warm_model
 
@@ -40,6 +41,8 @@ class RunParts:
     problems: list
     prompter: object = None
     """Question -> prompt ids (regroup.models.prompting.Prompter): chat template, system prompt, template."""
+    update_hooks: list = field(default_factory=list)
+    """The diagnostics the trainer runs around each update (regroup.stages.update_hooks.UpdateHook)."""
 
 
 def seed_everything(seed: int) -> None:
@@ -115,4 +118,5 @@ def build_parts(cfg, run_dir: Path, accelerator=None, log=print) -> RunParts:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(o.warmup_steps, total, o.schedule, o.min_lr_ratio))
     model, optimizer = acc.prepare(model, optimizer)
     sampler = build_sampler(cfg.rollout, acc.unwrap_model(model), tokenizer, cfg.data.max_prompt_tokens)
-    return RunParts(cfg, acc, model, tokenizer, reference, optimizer, scheduler, sampler, task, problems, prompter)
+    hooks = build_update_hooks(cfg, acc.unwrap_model(model))
+    return RunParts(cfg, acc, model, tokenizer, reference, optimizer, scheduler, sampler, task, problems, prompter, hooks)
