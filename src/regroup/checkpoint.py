@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from regroup.io import SymlinkError, open_nofollow
+from regroup.config import RESUME_OVERRIDABLE, ConfigError
 
 MANIFEST = "manifest.json"
 STATE = "trainer_state.pt"
@@ -381,8 +382,6 @@ def config_differences(saved: dict, current: dict, allowed=()) -> list[tuple[str
 def check_resume_config(checkpoint: Path, saved: dict | None, current: dict, where: str) -> None:
     """Refuse (ConfigError naming the key) a resume whose config differs from the one `checkpoint` was
     trained with outside the keys a resume may change (`config.RESUME_OVERRIDABLE`)."""
-    from regroup.config import RESUME_OVERRIDABLE, ConfigError
-
     if saved is None:
         return
     # run_dir names the folder, which a resume takes from --resume (a moved folder keeps its old name here)

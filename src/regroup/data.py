@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from regroup.tasks.base import Problem
+from regroup.io import write_atomic
 
 __all__ = ["DataError", "FieldMap", "LoadResult", "HubSpec", "parse_hub_spec", "load_problems", "save_problems"]
 
@@ -475,8 +476,6 @@ def load_problems(path: str | os.PathLike[str], fields: FieldMap | None = None, 
 
 def save_problems(problems: Iterable[Problem], path: str | os.PathLike[str]) -> None:
     """Writes `problems` as JSONL (one `Problem.to_dict()` per line), atomically, creating folders."""
-    from regroup.io import write_atomic
-
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(target, "".join(json.dumps(p.to_dict(), ensure_ascii=False) + "\n" for p in problems))

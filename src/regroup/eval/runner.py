@@ -23,6 +23,17 @@ from typing import Any
 
 from regroup.eval.passk import mean_pass_at_k
 from regroup.io import write_atomic
+from regroup.config import ConfigError, DataConfig, RewardsConfig, RolloutConfig, config_from_dict, load_config
+from regroup.data import FieldMap, load_problems
+from regroup.eval.benchmarks import BENCHMARKS, grader_for, load_benchmark, protocol
+from regroup.models.load import configured_model_path, is_adapter_dir, load_for_inference
+from regroup.models.prompting import build_prompter, encode_prompt
+from regroup.rewards.math_verify import MathAnswerChecker
+from regroup.rollout.base import SamplingParams
+from regroup.rollout.factory import build_sampler
+from regroup.rollout.hf import HFSampler
+from regroup.rundir import read_saved_config
+from regroup.tasks import get_task
 
 Grader = Callable[[str, Any], "float | None"]
 
@@ -174,9 +185,6 @@ def evaluate(
     tokenizer's chat template around the bare question.
     The model's train/eval mode is restored afterwards.
     """
-    from regroup.models.prompting import encode_prompt
-    from regroup.rollout.base import SamplingParams
-
     if n < 1:
         raise ValueError(f"n (samples per problem) must be >= 1, got {n}")
     if not problems:
@@ -185,8 +193,6 @@ def evaluate(
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     ks = _check_ks(ks)
     if sampler is None:
-        from regroup.rollout.hf import HFSampler
-
         sampler = HFSampler(model, tokenizer, batch_size=batch_size)
 
     prompts = [prompter.encode(p.question) if prompter is not None else encode_prompt(tokenizer, p.question)
@@ -281,12 +287,8 @@ def _make_grader(checker: str, task: str, answer_marker: str | None = None) -> G
     """The grading function for `checker`: the named task's grader, or the math-verify checker (the
     last `\\boxed{}`, or the text after `answer_marker` when given; SPEC §5)."""
     if checker == "task":
-        from regroup.tasks import get_task
-
         return get_task(task).grade
     if checker == "math":
-        from regroup.rewards.math_verify import MathAnswerChecker
-
         return MathAnswerChecker(marker=answer_marker)
     raise ValueError(f"checker must be 'task' or 'math', got {checker!r}")
 
@@ -365,11 +367,6 @@ def load_eval_setup(model_path: str, *, dtype: str = "float32", device: str | No
     run config, e.g. to evaluate the starting model as the run will prompt it); explicit arguments
     override them.
     """
-    from regroup.config import ConfigError, DataConfig, RewardsConfig, config_from_dict, load_config
-    from regroup.models.load import configured_model_path, is_adapter_dir, load_for_inference
-    from regroup.models.prompting import build_prompter
-    from regroup.rundir import read_saved_config
-
     if not os.path.isdir(model_path):
         raise FileNotFoundError(f"model directory not found: {model_path}")
     cfg_path = config_file or run_config_path(model_path)
@@ -400,9 +397,6 @@ def load_eval_setup(model_path: str, *, dtype: str = "float32", device: str | No
 
 def build_eval_sampler(backend: str, model, tokenizer, batch_size: int, max_new_tokens: int):
     """The generation backend for evaluation: hf (default) or vllm (`rollout.backend` of the trainer)."""
-    from regroup.config import RolloutConfig
-    from regroup.rollout.factory import build_sampler
-
     if backend not in ("hf", "vllm"):
         raise ValueError(f"--backend must be hf or vllm, got {backend!r}")
     return build_sampler(RolloutConfig(backend=backend, batch_size=batch_size, max_new_tokens=max_new_tokens),
@@ -445,8 +439,6 @@ def run_eval_cli(
     keeps the first `limit` problems of each file. `prompt` overrides the prompting (system_prompt,
     prompt_template, chat_template, correct_threshold) read from a checkpoint's run. Returns the rows.
     """
-    from regroup.data import FieldMap, load_problems
-
     if not data_files:
         raise ValueError("run_eval_cli needs at least one benchmark file in data_files")
     ks = _check_ks(ks)
@@ -500,9 +492,6 @@ def run_bench_cli(
     `paper` ("dagrpo" or "ta_grpo") unless n / ks / temperature / top_p are given. `bench_files`
     maps a benchmark name to a local file or folder standing in for the hub. Writes the same files
     as `run_eval_cli`; returns the rows (one per benchmark plus the average)."""
-    from regroup.eval.benchmarks import BENCHMARKS, grader_for, load_benchmark, protocol
-    from regroup.rewards.math_verify import MathAnswerChecker
-
     if paper not in ("dagrpo", "ta_grpo"):
         raise ValueError(f"--protocol must be dagrpo or ta_grpo, got {paper!r}")
     unknown = sorted(set(bench_files or {}) - set(BENCHMARKS))

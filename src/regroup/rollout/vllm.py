@@ -21,6 +21,7 @@ import socket
 from collections.abc import Callable, Iterable
 
 from regroup.rollout.base import Completion, SamplingParams
+from regroup.sharded import full_parameters
 
 INSTALL_HINT = "pip install 'regroup-rl[vllm]'"
 
@@ -59,8 +60,6 @@ def push_weights(model, load: Callable[[Iterable], object]) -> int:
     LoRA adapters are merged for the push and unmerged afterwards. Under FSDP / ZeRO-3 each parameter
     is gathered whole first (`sharded.full_parameters`; every process pushes, so the gathers line up).
     Returns the number pushed."""
-    from regroup.sharded import full_parameters
-
     is_peft = hasattr(model, "peft_config") and hasattr(model, "merge_adapter")
     if is_peft:
         model.merge_adapter()
