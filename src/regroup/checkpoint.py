@@ -369,7 +369,7 @@ def config_differences(saved: dict, current: dict, allowed=()) -> list[tuple[str
     """(dotted key, saved value, current value) for every key both configs have whose values differ, keys in
     `allowed` (or under them) aside. A key only one side has is a field added or removed between regroup
     versions, not an edit."""
-    from regroup.report.runs import flatten
+    from regroup.report.runs import flatten  # heavy: the regroup.report package loads matplotlib
 
     # through JSON, so tuples and lists compare alike (run_config.json is JSON)
     a = flatten(json.loads(json.dumps(saved, default=list)))
