@@ -414,7 +414,7 @@ def _check_shapes(model, state: dict, path: Path) -> None:
 def load_model_weights(model, path: Path) -> None:
     """Load the saved weights into an existing (possibly LoRA-wrapped) model, exactly; only the weight
     files the manifest lists are read."""
-    from safetensors.torch import load_file
+    from safetensors.torch import load_file  # only a weights file is read with it
 
     state = {}
     for f in _listed_weight_files(path):
@@ -422,7 +422,7 @@ def load_model_weights(model, path: Path) -> None:
             pass
         state.update(load_file(f))
     if hasattr(model, "peft_config"):
-        from peft import set_peft_model_state_dict
+        from peft import set_peft_model_state_dict  # optional (peft): LoRA checkpoints only
 
         try:
             set_peft_model_state_dict(model, state)

@@ -6,11 +6,15 @@ Only this module (and the report) writes to the terminal; everything else return
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
 import sys
+import tempfile
 import warnings
 from pathlib import Path
+
+from tqdm.auto import tqdm
 
 from regroup.checkpoint import CheckpointError, check_resume_config, is_disk_full, newest_run_config
 from regroup.config import (
@@ -37,8 +41,6 @@ def _log(message: str) -> None:
 
 
 def _tqdm(total: int, desc: str, enabled: bool = True):
-    from tqdm.auto import tqdm
-
     return tqdm(total=total, desc=desc, disable=not enabled, dynamic_ncols=True, file=sys.stderr)
 
 
@@ -279,8 +281,6 @@ def cmd_report(args) -> int:
 
 def cmd_config(args) -> int:
     if args.stages:
-        import tempfile
-
         cfg = load_config(args.config, args.overrides)
         with tempfile.TemporaryDirectory() as scratch:  # a judge or rewriter would put its cache here
             print(describe(build_recipe(cfg, get_task(cfg.data.task), lambda text: [0] * len(text), scratch)))
@@ -334,8 +334,6 @@ def _rewriter_name(text: str) -> str:
 
 
 def _recipe_list(text: str) -> str:
-    import difflib
-
     from regroup.demo import RECIPES  # heavy (transformers, matplotlib): only `demo --recipes` reads it
 
     names = [n.strip() for n in text.split(",") if n.strip()]

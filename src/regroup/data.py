@@ -149,7 +149,7 @@ def _csv_rows(path: str) -> Iterator[tuple[int, Any]]:
 
 
 def _parquet_rows(path: str) -> Iterator[tuple[int, Any]]:
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # heavy (pyarrow): only for .parquet files
 
     try:
         table = pq.read_table(path)
@@ -159,7 +159,7 @@ def _parquet_rows(path: str) -> Iterator[tuple[int, Any]]:
 
 
 def _dataset_rows(path: str) -> Iterator[tuple[int, Any]]:
-    import datasets
+    import datasets  # heavy (datasets): only for hub sources
 
     try:
         ds = datasets.load_from_disk(path)
@@ -197,7 +197,7 @@ def parse_hub_spec(spec: str) -> HubSpec | None:
 
 def load_hub_rows(spec: HubSpec, origin: str | None = None) -> list[dict]:
     """The rows of a hub (or local-folder) dataset split; DataError naming the spec when it cannot be read."""
-    import datasets
+    import datasets  # heavy (datasets): only for hub sources
 
     origin = origin or f"{HUB_PREFIX}{spec.name}" + (f":{spec.config}" if spec.config else "") + f"@{spec.split}"
     try:

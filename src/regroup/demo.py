@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tqdm.auto import tqdm
+
 from regroup.io import write_atomic
 from regroup.checkpoint import list_checkpoints
 from regroup.config import load_config
@@ -68,7 +70,7 @@ def recipe_overrides(recipe: str, settings: DemoSettings) -> list[str]:
 def evaluate_model(model_path: str, problems, out_dir: Path, settings: DemoSettings, seed: int,
                    ks: list[int] | None = None) -> dict:
     """pass@1 / pass@k / mean@n / greedy / by difficulty of a saved model on `problems` (`ks`: default 1, 4, n)."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # heavy (transformers): only when a model is loaded
 
     task = get_task("arithmetic")
     model = AutoModelForCausalLM.from_pretrained(model_path)
@@ -84,8 +86,6 @@ def evaluate_model(model_path: str, problems, out_dir: Path, settings: DemoSetti
 
 def run_demo(quick: bool = False, seeds: int = 1, out_root: str = "runs", recipes: str | None = None, log=print,
              settings: DemoSettings | None = None) -> Path:
-    from tqdm.auto import tqdm
-
     settings = settings or (QUICK if quick else DemoSettings())
     names = recipes.split(",") if recipes else RECIPES
     unknown = [n for n in names if not (CONFIG_DIR / f"{n}.yaml").exists()]

@@ -308,7 +308,7 @@ def _task_for(step_mix: str):
 
 def measure_all_wrong(model_dir: str, problems: list, s: StudySettings) -> float:
     """Share of `problems` none of whose G samples (T = 1) is correct: GRPO's all-wrong groups at step 0."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # heavy (transformers): only when a model is loaded
 
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     result = evaluate(model, load_tokenizer(model_dir), problems, ArithmeticTask.grade, n=s.num_generations, ks=(1,),

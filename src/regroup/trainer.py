@@ -19,6 +19,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import torch
+from accelerate.utils import gather, gather_object, pad_across_processes, reduce
 
 from regroup.algo.losses import LossInputs, LossTotals, policy_loss, rows_with_gradient
 from regroup.algo.ratios import truncated_is_weight
@@ -118,8 +119,6 @@ class Trainer:
         """Concatenate a 1-D tensor across processes (variable lengths allowed), rank order."""
         if self.world == 1:
             return tensor
-        from accelerate.utils import gather, pad_across_processes
-
         lengths = gather(torch.tensor([tensor.numel()], device=self.acc.device))
         padded = gather(pad_across_processes(tensor.to(self.acc.device), dim=0))
         size = padded.numel() // self.world
@@ -128,15 +127,11 @@ class Trainer:
     def _global_sum(self, value: float) -> float:
         if self.world == 1:
             return value
-        from accelerate.utils import reduce
-
         return float(reduce(torch.tensor([value], dtype=torch.float64, device=self.acc.device), reduction="sum"))
 
     def _global_max(self, value: float) -> float:
         if self.world == 1:
             return value
-        from accelerate.utils import gather
-
         return float(gather(torch.tensor([value], dtype=torch.float64, device=self.acc.device)).max())
 
     # ------------------------------------------------------------------------------------------ collect
@@ -389,8 +384,6 @@ class Trainer:
         """
         if self.world == 1:
             return metrics
-        from accelerate.utils import gather_object, reduce
-
         summed = {"loss"}  # a rank's share of a global quantity
         keys = sorted(set(gather_object(list(metrics))))
         values = [float(metrics.get(k, 0.0)) for k in keys]

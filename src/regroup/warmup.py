@@ -13,7 +13,7 @@ import json
 import math
 import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -107,8 +107,6 @@ def evaluate_start(model, tokenizer, task, problems, n: int, max_new_tokens: int
 def transform_accuracy(model, tokenizer, task, problems, n: int, max_new_tokens: int) -> dict:
     """pass@1 on each rule transformation of the same held-out problems (TA-GRPO needs rephrasings that
     shift perceived difficulty without changing the problem)."""
-    from dataclasses import replace
-
     out = {"original": evaluate_start(model, tokenizer, task, problems, n, max_new_tokens, greedy=False)["heldout_pass1"]}
     for name, transform in task.transforms.items():
         moved = [replace(p, question=transform(p, random.Random(f"{p.id}/{name}"))) for p in problems]

@@ -21,6 +21,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from tqdm.auto import tqdm
+
 from regroup.eval.passk import mean_pass_at_k
 from regroup.io import write_atomic
 from regroup.config import ConfigError, DataConfig, RewardsConfig, RolloutConfig, config_from_dict, load_config
@@ -261,8 +263,6 @@ def evaluate(
 
 def _progress_bar(total: int, enabled: bool):
     """A tqdm bar over generated sequences (a silent stand-in when disabled)."""
-    from tqdm.auto import tqdm
-
     return tqdm(total=total, desc="eval", unit="seq", disable=not enabled, leave=False)
 
 

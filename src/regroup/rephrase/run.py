@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
 from regroup.errors import ConfigError
 from regroup.net import ChatClient, DiskCache
 from regroup.io import write_atomic
@@ -142,8 +144,6 @@ def run_rephrase(
     else:
         rephraser = build_rephraser(rewriter)
         chunk = 256
-
-    from tqdm import tqdm
 
     outcomes: list[RephraseOutcome] = []
     try:

@@ -6,6 +6,7 @@ so building a report never opens a window and is safe inside a training process.
 
 from __future__ import annotations
 
+import io
 import math
 import os
 from collections.abc import Sequence
@@ -101,8 +102,6 @@ EVAL_PLOTS = {"passk": "pass@k curves", "difficulty": "Accuracy by difficulty"}
 
 def _save(fig, out_path: str) -> None:
     """Render the figure to memory, then write it atomically (a full disk leaves no torn PNG)."""
-    import io
-
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png")
     write_atomic(out_path, buffer.getvalue())

@@ -29,7 +29,7 @@ INSTALL_HINT = "pip install 'regroup-rl[vllm]'"
 def import_vllm():
     """The `vllm` module, or an ImportError that says how to install it."""
     try:
-        import vllm
+        import vllm  # optional (vllm): the vllm backend only
     except ImportError as e:
         raise ImportError(f"rollout.backend=vllm needs vLLM, which is not installed: {INSTALL_HINT} ({e})") from e
     return vllm
@@ -123,7 +123,7 @@ def _base_path(model) -> str:
 
 def _set_launcher_env() -> None:
     """vLLM's external_launcher reads the torch.distributed variables; fill them for a 1-process run."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # only the colocated engine's process group needs it
 
     if dist.is_available() and dist.is_initialized():
         os.environ.setdefault("RANK", str(dist.get_rank()))
