@@ -252,24 +252,33 @@ def test_report_to_tensorboard_through_accelerate(tiny_model_dir, tmp_path):
     assert (tmp_path / "tb" / "metrics.jsonl").exists()  # the JSONL stays the report's source
 
 
+def _conflict_every(trainer) -> int:
+    """The gradient-conflict hook's cadence among the trainer's update hooks (0: not among them)."""
+    from regroup.stages.update_hooks import GradientConflict
+
+    return next((h.every for h in trainer.update_hooks if isinstance(h, GradientConflict)), 0)
+
+
 def test_gradient_conflict_default_depends_on_the_measured_size(tiny_model_dir, tmp_path, monkeypatch):
+    import regroup.stages.update_hooks as hooks_module
+
     cfg = small_config(tiny_model_dir, tmp_path / "gc", "grpo.yaml")
-    assert Trainer.from_config(cfg, tmp_path / "gc", log=lambda m: None).grad_conflict_every == 10  # tiny: on
-    monkeypatch.setattr(Trainer, "GRAD_CONFLICT_AUTO_LIMIT", 10)  # as if lm_head held more than the limit
-    assert Trainer.from_config(cfg, tmp_path / "gc2", log=lambda m: None).grad_conflict_every == 0
+    assert _conflict_every(Trainer.from_config(cfg, tmp_path / "gc", log=lambda m: None)) == 10  # tiny: on
+    monkeypatch.setattr(hooks_module, "GRAD_CONFLICT_AUTO_LIMIT", 10)  # as if lm_head held more than the limit
+    assert _conflict_every(Trainer.from_config(cfg, tmp_path / "gc2", log=lambda m: None)) == 0
     cfg = small_config(tiny_model_dir, tmp_path / "gc3", "grpo.yaml", "diagnostics.grad_conflict_every=3")
-    assert Trainer.from_config(cfg, tmp_path / "gc3", log=lambda m: None).grad_conflict_every == 3
+    assert _conflict_every(Trainer.from_config(cfg, tmp_path / "gc3", log=lambda m: None)) == 3
 
 
 def test_gradient_conflict_runs_on_the_step_train_step_is_given(tiny_model_dir, tmp_path, monkeypatch):
     """The cadence follows the step being trained, not the loop's counter: a caller that drives
     `train_step(step)` itself (benchmarks/overhead.py) measured the diagnostic on every step before."""
-    import regroup.trainer as trainer_module
+    import regroup.stages.update_hooks as hooks_module
 
     cfg = small_config(tiny_model_dir, tmp_path / "gc", "grpo.yaml", "diagnostics.grad_conflict_every=3")
     trainer = Trainer.from_config(cfg, tmp_path / "gc", log=lambda m: None)
     calls = []
-    monkeypatch.setattr(trainer_module, "gradient_conflict", lambda *a, **k: calls.append(1) or {})
+    monkeypatch.setattr(hooks_module, "gradient_conflict", lambda *a, **k: calls.append(1) or {})
     measured = []
     for step in range(4):
         before = len(calls)

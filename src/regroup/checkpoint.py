@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from regroup.io import SymlinkError, open_nofollow
+from regroup.config import RESUME_OVERRIDABLE, ConfigError
 
 MANIFEST = "manifest.json"
 STATE = "trainer_state.pt"
@@ -368,7 +369,7 @@ def config_differences(saved: dict, current: dict, allowed=()) -> list[tuple[str
     """(dotted key, saved value, current value) for every key both configs have whose values differ, keys in
     `allowed` (or under them) aside. A key only one side has is a field added or removed between regroup
     versions, not an edit."""
-    from regroup.report.runs import flatten
+    from regroup.report.runs import flatten  # heavy: the regroup.report package loads matplotlib
 
     # through JSON, so tuples and lists compare alike (run_config.json is JSON)
     a = flatten(json.loads(json.dumps(saved, default=list)))
@@ -381,8 +382,6 @@ def config_differences(saved: dict, current: dict, allowed=()) -> list[tuple[str
 def check_resume_config(checkpoint: Path, saved: dict | None, current: dict, where: str) -> None:
     """Refuse (ConfigError naming the key) a resume whose config differs from the one `checkpoint` was
     trained with outside the keys a resume may change (`config.RESUME_OVERRIDABLE`)."""
-    from regroup.config import RESUME_OVERRIDABLE, ConfigError
-
     if saved is None:
         return
     # run_dir names the folder, which a resume takes from --resume (a moved folder keeps its old name here)
@@ -415,7 +414,7 @@ def _check_shapes(model, state: dict, path: Path) -> None:
 def load_model_weights(model, path: Path) -> None:
     """Load the saved weights into an existing (possibly LoRA-wrapped) model, exactly; only the weight
     files the manifest lists are read."""
-    from safetensors.torch import load_file
+    from safetensors.torch import load_file  # only a weights file is read with it
 
     state = {}
     for f in _listed_weight_files(path):
@@ -423,7 +422,7 @@ def load_model_weights(model, path: Path) -> None:
             pass
         state.update(load_file(f))
     if hasattr(model, "peft_config"):
-        from peft import set_peft_model_state_dict
+        from peft import set_peft_model_state_dict  # optional (peft): LoRA checkpoints only
 
         try:
             set_peft_model_state_dict(model, state)

@@ -6,11 +6,37 @@ Only this module (and the report) writes to the terminal; everything else return
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
 import sys
+import tempfile
 import warnings
+from dataclasses import replace
 from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from regroup.checkpoint import CheckpointError, check_resume_config, is_disk_full, newest_run_config
+from regroup.config import (
+    ConfigError, NumericRule, above, apply_overrides, at_least, check_readable, check_resume_overrides, config_from_dict,
+    field_docs, load_config,
+)
+from regroup.data import DataError
+from regroup.data_prepare import prepare
+from regroup.eval.benchmarks import DECODING, Decoding, parse_bench_list
+from regroup.eval.runner import format_table, run_bench_cli, run_config_path, run_eval_cli
+from regroup.metrics import MetricsFileWarning
+from regroup.models.load import convert_gguf
+from regroup.models.smollm import smollm2_gguf
+from regroup.preflight import collective_timeout_line
+from regroup.rollout.vllm_server import serve_command, serve_env
+from regroup.recipes import build_recipe, describe
+from regroup.registry import STAGES, did_you_mean
+from regroup.rephrase import REPHRASERS
+from regroup.rephrase.run import run_rephrase
+from regroup.rundir import RunDirError, claim_eval_dir, claim_run_dir, new_run_dir, read_saved_config
+from regroup.tasks import get_task
 
 
 def _log(message: str) -> None:
@@ -18,14 +44,12 @@ def _log(message: str) -> None:
 
 
 def _tqdm(total: int, desc: str, enabled: bool = True):
-    from tqdm.auto import tqdm
-
     return tqdm(total=total, desc=desc, disable=not enabled, dynamic_ncols=True, file=sys.stderr)
 
 
 # ------------------------------------------------------------------------------------------- warmup
 def cmd_warmup(args) -> int:
-    from regroup.warmup import WarmupConfig, warmup
+    from regroup.warmup import WarmupConfig, warmup  # heavy (transformers): only this command needs it
 
     cfg = WarmupConfig()
     if args.steps:
@@ -50,8 +74,6 @@ def cmd_warmup(args) -> int:
 # -------------------------------------------------------------------------------------------- train
 def default_run_dir(recipe: str) -> Path:
     """runs/<recipe>-<time>, created now (a run started in the same second gets -2, -3, ...)."""
-    from regroup.rundir import new_run_dir
-
     return new_run_dir("runs", recipe)
 
 
@@ -76,9 +98,6 @@ def progress_callback(total: int, desc: str, enabled: bool, start: int = 0):
 
 
 def cmd_train(args) -> int:
-    from regroup.config import ConfigError, apply_overrides, check_resume_overrides, config_from_dict, load_config
-    from regroup.rundir import claim_run_dir
-
     if args.resume and args.config:
         raise ConfigError("--config and --resume cannot be combined: a resumed run keeps the config saved in its folder")
     if args.resume and args.overwrite:
@@ -100,7 +119,7 @@ def cmd_train(args) -> int:
     try:
         if args.resume:
             _check_resume_config(run_dir, cfg)  # before the model loads
-        from regroup.trainer import Trainer
+        from regroup.trainer import Trainer  # heavy (transformers, accelerate): after the config and folder checks
 
         trainer = Trainer.from_config(cfg, run_dir, resume=bool(args.resume), log=_log)
         bar, on_step = progress_callback(cfg.train.steps, cfg.recipe, cfg.train.progress and trainer.is_main, trainer.step)
@@ -117,9 +136,6 @@ def cmd_train(args) -> int:
 
 def _saved_config(path: Path, build):
     """`build(mapping)` of a run's config.yaml; a ConfigError (invalid YAML, bad value) names the file."""
-    from regroup.config import ConfigError
-    from regroup.rundir import read_saved_config
-
     data = read_saved_config(path)
     try:
         return build(data)
@@ -130,8 +146,6 @@ def _saved_config(path: Path, build):
 def _check_resume_config(run_dir: Path, cfg) -> None:
     """Refuse a resume whose config.yaml was edited outside RESUME_OVERRIDABLE since the newest checkpoint
     (the trainer checks again against the checkpoint it actually loads)."""
-    from regroup.checkpoint import check_resume_config, newest_run_config
-
     found = newest_run_config(run_dir)
     if found is not None:
         check_resume_config(found[0], found[1], cfg.to_dict(), str(run_dir / "config.yaml"))
@@ -149,10 +163,6 @@ def _bench_files(specs: list[str] | None) -> dict[str, str]:
 
 
 def cmd_eval(args) -> int:
-    from regroup.config import ConfigError, check_readable
-    from regroup.eval.runner import run_config_path
-    from regroup.rundir import claim_eval_dir
-
     if not Path(args.model).is_dir():
         raise ConfigError(f"--model: no such model folder: {args.model}")
     model_files = ("config.json", "adapter_config.json")
@@ -162,8 +172,6 @@ def cmd_eval(args) -> int:
         if not str(path).startswith("hf:"):
             check_readable("--data", path)
     if args.prompt_config is None and run_config_path(args.model):  # a checkpoint's run: its config must read
-        from regroup.config import config_from_dict
-
         _saved_config(Path(run_config_path(args.model)), config_from_dict)
     lock = claim_eval_dir(args.out, overwrite=args.overwrite, log=_log)  # refuses earlier results unless --overwrite
     try:
@@ -173,11 +181,6 @@ def cmd_eval(args) -> int:
 
 
 def _run_eval(args) -> int:
-    from regroup.config import ConfigError
-    from regroup.data import DataError
-    from regroup.eval.benchmarks import DECODING, Decoding
-    from regroup.eval.runner import format_table, run_bench_cli, run_eval_cli
-
     prompt = {k: v for k, v in {"system_prompt": args.system_prompt, "prompt_template": args.prompt_template,
                                 "chat_template": args.chat_template, "config_file": args.prompt_config}.items()
               if v is not None}
@@ -187,8 +190,6 @@ def _run_eval(args) -> int:
         if bool(args.bench) == bool(args.data):
             raise ValueError("give either --data FILE... or --bench NAME,NAME (not both)")
         if args.bench:
-            from regroup.eval.benchmarks import parse_bench_list
-
             # t1: the DaGRPO benchmarks' n and k, sampled at T = 1 (DECODING["t1"])
             t1 = DECODING["t1"] if args.protocol == "t1" else None
             rows = run_bench_cli(
@@ -218,9 +219,6 @@ def _run_eval(args) -> int:
 
 # ------------------------------------------------------------------------------------ data, model
 def cmd_data_prepare(args) -> int:
-    from regroup.data import DataError
-    from regroup.data_prepare import prepare
-
     try:
         summary = prepare(args.name, args.out, source=args.source, limit=args.limit)
     except (DataError, ValueError, OSError) as e:
@@ -231,9 +229,6 @@ def cmd_data_prepare(args) -> int:
 
 
 def cmd_model_fetch(args) -> int:
-    from regroup.models.load import convert_gguf
-    from regroup.models.smollm import smollm2_gguf
-
     try:
         gguf = smollm2_gguf()
         out = Path(args.out)
@@ -249,8 +244,6 @@ def cmd_model_fetch(args) -> int:
 # ---------------------------------------------------------------------------------------- vllm-serve
 def cmd_vllm_serve(args) -> int:
     """Replace this process with a vLLM OpenAI server set up for rollout.backend=vllm_server."""
-    from regroup.rollout.vllm_server import serve_command, serve_env
-
     if not Path(args.model, "config.json").is_file():
         _log(f"vllm-serve error: {args.model} is not a model folder (no config.json)")
         return 2
@@ -265,9 +258,6 @@ def cmd_vllm_serve(args) -> int:
 
 # ------------------------------------------------------------------------------------------ rephrase
 def cmd_rephrase(args) -> int:
-    from regroup.config import ConfigError
-    from regroup.rephrase.run import run_rephrase
-
     try:
         summary = run_rephrase(args.data, args.out, args.n, args.rewriter, base_url=args.base_url, model=args.model,
                                api_key_env=args.api_key_env, cache_dir=args.cache_dir, concurrency=args.concurrency,
@@ -283,7 +273,7 @@ def cmd_rephrase(args) -> int:
 
 # ------------------------------------------------------------------------------------- demo, report
 def cmd_demo(args) -> int:
-    from regroup.demo import run_demo
+    from regroup.demo import run_demo  # heavy (transformers, matplotlib): the experiment harness
 
     report = run_demo(quick=args.quick, seeds=args.seeds, out_root=args.out, recipes=args.recipes, log=_log)
     print(f"report: {report}")
@@ -291,14 +281,12 @@ def cmd_demo(args) -> int:
 
 
 def cmd_study(args) -> int:
-    from dataclasses import replace
-
-    from regroup.config import ConfigError
+    # heavy (transformers, matplotlib): the experiment harness
     from regroup.study import ARMS_BY_NAME, DEFAULT_ARMS, QUICK, StudySettings, estimate_seconds, run_study, study_plan
 
     arms = tuple(a.strip() for a in args.arms.split(",") if a.strip()) if args.arms else None
     if args.real:
-        from regroup.study_real import REAL_ARMS_BY_NAME, RealSettings, real_arm_config, run_real_study
+        from regroup.study_real import REAL_ARMS_BY_NAME, RealSettings, real_arm_config, run_real_study  # heavy, as above
 
         unknown = [a for a in arms or () if a not in REAL_ARMS_BY_NAME]
         if unknown:
@@ -327,13 +315,11 @@ def cmd_study(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from regroup.report import build_report
+    from regroup.report import build_report  # heavy (matplotlib): only this command draws
 
     try:
         html, md = build_report(args.runs, args.out)
     except ValueError as e:  # an unreadable eval summary; ConfigError (config.yaml) goes to main's one line
-        from regroup.config import ConfigError
-
         if isinstance(e, ConfigError) or getattr(args, "debug", False):
             raise
         _log(f"report error: {e}")
@@ -343,17 +329,8 @@ def cmd_report(args) -> int:
 
 
 def cmd_config(args) -> int:
-    from regroup.config import field_docs, load_config
-
     if args.stages:
-        import tempfile
-
-        from regroup.recipes import build_recipe, describe
-        from regroup.tasks import get_task
-
         cfg = load_config(args.config, args.overrides)
-        from regroup.registry import STAGES
-
         with tempfile.TemporaryDirectory() as scratch:  # a judge or rewriter would put its cache here
             print(describe(build_recipe(cfg, get_task(cfg.data.task), lambda text: [0] * len(text), scratch)))
         print(f"registered stages: {', '.join(STAGES.names())} (add your own with "
@@ -383,8 +360,6 @@ def _positive_ints(text: str) -> list[int]:
 
 def _number(kind, rule_text: str):
     """An argparse type: an int or float within a config NumericRule ("count", "every", "fraction", ...)."""
-    from regroup.config import NumericRule, above, at_least
-
     rule = {"count": at_least(1), "zero_or_more": at_least(0), "positive": above(0.0),
             "zero_or_positive": at_least(0.0), "fraction": NumericRule(0.0, 1.0, low_open=True)}[rule_text]
 
@@ -401,9 +376,6 @@ def _number(kind, rule_text: str):
 
 
 def _rewriter_name(text: str) -> str:
-    from regroup.rephrase import REPHRASERS  # importing the package registers its rewriters
-    from regroup.registry import did_you_mean
-
     if REPHRASERS.known(text):
         return text
     raise argparse.ArgumentTypeError(f"unknown rewriter {text!r}{did_you_mean(text, REPHRASERS)}; known: "
@@ -411,9 +383,7 @@ def _rewriter_name(text: str) -> str:
 
 
 def _recipe_list(text: str) -> str:
-    import difflib
-
-    from regroup.demo import RECIPES
+    from regroup.demo import RECIPES  # heavy (transformers, matplotlib): only `demo --recipes` reads it
 
     names = [n.strip() for n in text.split(",") if n.strip()]
     unknown = [n for n in names if n not in RECIPES]
@@ -554,11 +524,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def user_error(exc: BaseException) -> str | None:
     """The one line to show for an error the user can fix (config, data, folders, disk), or None for a bug."""
-    from regroup.checkpoint import CheckpointError, is_disk_full
-    from regroup.config import ConfigError
-    from regroup.data import DataError
-    from regroup.rundir import RunDirError
-
     if isinstance(exc, ConfigError):
         return f"config error: {exc}"
     if isinstance(exc, DataError):
@@ -567,8 +532,6 @@ def user_error(exc: BaseException) -> str | None:
         return f"error: {exc}"
     if isinstance(exc, CheckpointError):
         return f"checkpoint error: {exc}"
-    from regroup.preflight import collective_timeout_line
-
     if collective_timeout_line(exc):
         return collective_timeout_line(exc)
     if is_disk_full(exc):
@@ -582,8 +545,6 @@ def user_error(exc: BaseException) -> str | None:
 
 def _show_warning(message, category, filename, lineno, file=None, line=None):
     """Our own warnings (a skipped metrics line, a rewritten file) as one line each on stderr."""
-    from regroup.metrics import MetricsFileWarning
-
     if issubclass(category, MetricsFileWarning):
         _log(f"warning: {message}")
     else:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from regroup.tasks.base import Problem
+from regroup.io import write_atomic
 
 __all__ = ["DataError", "FieldMap", "LoadResult", "HubSpec", "parse_hub_spec", "load_problems", "save_problems"]
 
@@ -148,7 +149,7 @@ def _csv_rows(path: str) -> Iterator[tuple[int, Any]]:
 
 
 def _parquet_rows(path: str) -> Iterator[tuple[int, Any]]:
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # heavy (pyarrow): only for .parquet files
 
     try:
         table = pq.read_table(path)
@@ -158,7 +159,7 @@ def _parquet_rows(path: str) -> Iterator[tuple[int, Any]]:
 
 
 def _dataset_rows(path: str) -> Iterator[tuple[int, Any]]:
-    import datasets
+    import datasets  # heavy (datasets): only for hub sources
 
     try:
         ds = datasets.load_from_disk(path)
@@ -196,7 +197,7 @@ def parse_hub_spec(spec: str) -> HubSpec | None:
 
 def load_hub_rows(spec: HubSpec, origin: str | None = None) -> list[dict]:
     """The rows of a hub (or local-folder) dataset split; DataError naming the spec when it cannot be read."""
-    import datasets
+    import datasets  # heavy (datasets): only for hub sources
 
     origin = origin or f"{HUB_PREFIX}{spec.name}" + (f":{spec.config}" if spec.config else "") + f"@{spec.split}"
     try:
@@ -475,8 +476,6 @@ def load_problems(path: str | os.PathLike[str], fields: FieldMap | None = None, 
 
 def save_problems(problems: Iterable[Problem], path: str | os.PathLike[str]) -> None:
     """Writes `problems` as JSONL (one `Problem.to_dict()` per line), atomically, creating folders."""
-    from regroup.io import write_atomic
-
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(target, "".join(json.dumps(p.to_dict(), ensure_ascii=False) + "\n" for p in problems))

@@ -18,6 +18,9 @@ from typing import Any
 from regroup.data import DataError, FieldMap, HubSpec, problems_from_rows, save_problems, source_rows
 from regroup.rewards.math_verify import extract_boxed
 from regroup.tasks.base import Problem
+from regroup.config import DataConfig
+from regroup.heldout import heldout_problems
+from regroup.tasks import get_task
 
 
 def first_text(row: Mapping[str, Any], *names: str) -> str | None:
@@ -154,10 +157,6 @@ TARGETS = {
 
 def arithmetic_heldout(limit: int | None) -> list[Problem]:
     """The held-out problems a default run of the built-in task is evaluated on (`regroup.setup`)."""
-    from regroup.config import DataConfig
-    from regroup.setup import heldout_problems
-    from regroup.tasks import get_task
-
     data, task = DataConfig(), get_task("arithmetic")
     train = task.generate(data.num_train, seed=data.seed)
     return heldout_problems(task, limit or data.num_eval, data.eval_seed, train)

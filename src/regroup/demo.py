@@ -12,7 +12,20 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tqdm.auto import tqdm
+
 from regroup.io import write_atomic
+from regroup.checkpoint import list_checkpoints
+from regroup.config import load_config
+from regroup.eval.runner import evaluate
+from regroup.heldout import heldout_problems
+from regroup.models.load import load_tokenizer
+from regroup.report import build_report
+from regroup.rundir import claim_run_dir, new_run_dir
+from regroup.stages.groups import samples_per_question
+from regroup.tasks import get_task
+from regroup.trainer import Trainer
+from regroup.warmup import WarmupConfig, warmup
 
 RECIPES = ["grpo", "grpo_matched", "ta_grpo", "dagrpo", "dagrpo_ta"]
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"  # package data: found from a wheel install too
@@ -45,9 +58,6 @@ QUICK = DemoSettings(steps=3, samples_per_step=32, eval_problems=32, eval_sample
 
 def recipe_overrides(recipe: str, settings: DemoSettings) -> list[str]:
     """Prompts per step so that every recipe generates `samples_per_step` samples."""
-    from regroup.config import load_config
-    from regroup.stages.groups import samples_per_question
-
     cfg = load_config(CONFIG_DIR / f"{recipe}.yaml")
     per_question = samples_per_question(cfg.grpo.num_generations, cfg.grpo.samples_multiplier,
                                         cfg.ta.n_variants if cfg.ta.enabled else 0,
@@ -60,11 +70,7 @@ def recipe_overrides(recipe: str, settings: DemoSettings) -> list[str]:
 def evaluate_model(model_path: str, problems, out_dir: Path, settings: DemoSettings, seed: int,
                    ks: list[int] | None = None) -> dict:
     """pass@1 / pass@k / mean@n / greedy / by difficulty of a saved model on `problems` (`ks`: default 1, 4, n)."""
-    from transformers import AutoModelForCausalLM
-
-    from regroup.eval.runner import evaluate
-    from regroup.models.load import load_tokenizer
-    from regroup.tasks import get_task
+    from transformers import AutoModelForCausalLM  # heavy (transformers): only when a model is loaded
 
     task = get_task("arithmetic")
     model = AutoModelForCausalLM.from_pretrained(model_path)
@@ -80,17 +86,6 @@ def evaluate_model(model_path: str, problems, out_dir: Path, settings: DemoSetti
 
 def run_demo(quick: bool = False, seeds: int = 1, out_root: str = "runs", recipes: str | None = None, log=print,
              settings: DemoSettings | None = None) -> Path:
-    from tqdm.auto import tqdm
-
-    from regroup.config import load_config
-    from regroup.checkpoint import list_checkpoints
-    from regroup.report import build_report
-    from regroup.rundir import claim_run_dir, new_run_dir
-    from regroup.setup import heldout_problems
-    from regroup.tasks import get_task
-    from regroup.trainer import Trainer
-    from regroup.warmup import WarmupConfig, warmup
-
     settings = settings or (QUICK if quick else DemoSettings())
     names = recipes.split(",") if recipes else RECIPES
     unknown = [n for n in names if not (CONFIG_DIR / f"{n}.yaml").exists()]

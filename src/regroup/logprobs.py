@@ -235,7 +235,7 @@ class _SelectRows(torch.autograd.Function):
 def _expanded_cache(layers_kv: list[tuple[torch.Tensor, torch.Tensor]], index: torch.Tensor):
     """A DynamicCache whose every layer holds the K/V rows `index` of `layers_kv` ([U, ...] -> [n, ...]);
     the selection is differentiable, so each row's gradient flows back into its prompt's one computation."""
-    from transformers import DynamicCache
+    from transformers import DynamicCache  # heavy (transformers): only the shared-prefix path builds a cache
 
     return DynamicCache(ddp_cache_data=[(_SelectRows.apply(k, index), _SelectRows.apply(v, index)) for k, v in layers_kv])
 
@@ -245,7 +245,7 @@ def _shared_prefix_logps(model, ids, attention, positions, p: int, lengths: torc
     """(logps [B, t_b], entropy [B, t_b] or None) from one forward per distinct prompt, then the responses
     packed into lines on the expanded cache; None when no prompt repeats (the padded forward then costs
     the same or less). t_b is the longest response of the micro-batch."""
-    from transformers import DynamicCache
+    from transformers import DynamicCache  # heavy (transformers): only the shared-prefix path builds a cache
 
     if p == 0:
         return None

@@ -22,6 +22,15 @@ from pathlib import Path
 
 from regroup.config import parse_reward_spec
 from regroup.errors import ConfigError
+from regroup.data import DataError
+from regroup.heldout import eval_problems
+from regroup.models.prompting import encode_response
+from regroup.recipes import build_reward_fn
+from regroup.rewards import score_many
+from regroup.stages.anchors import is_verified
+from regroup.stages.groups import samples_per_question
+from regroup.stages.rewarding import checked_rewards
+from regroup.models.tiny import TinyModelConfig
 
 SAMPLE = 64
 """Problems drawn for the data checks (a bounded cost, whatever the data set's size)."""
@@ -54,9 +63,6 @@ def check_api_keys(cfg, environ=os.environ) -> None:
 def check_eval_file(cfg) -> None:
     if not (cfg.data.eval_file and cfg.train.eval_every):
         return
-    from regroup.data import DataError
-    from regroup.eval.during_training import eval_problems
-
     try:
         problems = eval_problems(cfg, None, [])
     except (OSError, ValueError) as e:
@@ -113,10 +119,6 @@ def check_references(cfg, problems: list, task, encode_response, log=print) -> R
     a = cfg.anchors
     if not a.enabled or a.source == "self":
         return None
-    from regroup.recipes import build_reward_fn
-    from regroup.stages.anchors import is_verified
-    from regroup.stages.rewarding import checked_rewards
-
     sample = _sample(problems, cfg.seed)
     result = ReferenceCheck(checked=len(sample))
     max_tokens = a.max_tokens or cfg.rollout.max_new_tokens
@@ -130,8 +132,6 @@ def check_references(cfg, problems: list, task, encode_response, log=print) -> R
             todo.append(p)
     reward_fn = build_reward_fn(cfg.rewards.functions, task, 1, cfg.rewards.correct_threshold, cfg.rewards.timeout_s)
     try:
-        from regroup.rewards import score_many
-
         rewards, _ = checked_rewards(score_many(reward_fn, [p.solution for p in todo], todo), reward_fn)
     finally:
         close = getattr(reward_fn, "close", None)
@@ -210,10 +210,8 @@ def model_shape(model_path: str | None) -> dict | None:
 
 
 def builtin_shape() -> dict:
-    """The built-in tiny model's shape (regroup.warmup's model config), without warming it up."""
-    from regroup.warmup import WarmupConfig
-
-    m = WarmupConfig().model
+    """The built-in tiny model's shape (the warm-up's default TinyModelConfig), without warming it up."""
+    m = TinyModelConfig()
     params = m.num_layers * (4 * m.hidden_size**2 + 3 * m.hidden_size * m.intermediate_size) + 128 * m.hidden_size
     return {"layers": m.num_layers, "kv_heads": m.num_heads, "head_dim": m.hidden_size // m.num_heads, "vocab": 128,
             "weight_bytes": 4 * params, "dtype_bytes": 4}
@@ -280,8 +278,6 @@ def check_memory(estimate: MemoryEstimate, device: str, what: str, fix: str, log
 
 
 def check_train_memory(cfg, model_path: str, world: int, device: str, log=print, prompt_tokens: int | None = None) -> None:
-    from regroup.stages.groups import samples_per_question
-
     shape = model_shape(model_path) if model_path else builtin_shape()
     if shape is None:
         return
@@ -331,10 +327,6 @@ def check_user_rewards(cfg, problems: list, task) -> None:
     not a traceback after the weights load. Built-in rewards are known to return numbers."""
     if not any(":" in parse_reward_spec(spec)[0] for spec in cfg.rewards.functions):
         return
-    from regroup.recipes import build_reward_fn
-    from regroup.rewards import score_many
-    from regroup.stages.rewarding import checked_rewards
-
     sample = _sample(problems, cfg.seed)[:4]
     texts = [getattr(p, "solution", None) or str(getattr(p, "answer", "")) for p in sample]
     reward_fn = build_reward_fn(cfg.rewards.functions, task, 1, cfg.rewards.correct_threshold, cfg.rewards.timeout_s)
@@ -349,8 +341,6 @@ def check_user_rewards(cfg, problems: list, task) -> None:
 def before_weights_load(cfg, problems: list, task, tokenizer, model_path: str, world: int, device: str,
                         encode_prompt, log=print) -> ReferenceCheck | None:
     """Every pre-load check of a training run, in order; returns the reference check (None: not run)."""
-    from regroup.models.prompting import encode_response
-
     check_api_keys(cfg)
     check_eval_file(cfg)
     longest_prompt = check_prompts(cfg, problems, encode_prompt, log)

@@ -28,7 +28,10 @@ import shutil
 import time
 from pathlib import Path
 
-from regroup.io import SymlinkError, open_nofollow
+import yaml
+
+from regroup.io import SymlinkError, open_nofollow, read_text
+from regroup.config import ConfigError
 
 LOCK_FILE = ".lock"
 RUN_OUTPUTS = ("config.yaml", "metrics.jsonl", "samples.jsonl", "checkpoints", "tb", "eval", "eval_before",
@@ -231,11 +234,6 @@ def claim_eval_dir(out_dir: str | os.PathLike, overwrite: bool = False, log=prin
 def read_saved_config(path: str | os.PathLike) -> dict:
     """The mapping in a run's config.yaml (never read through a link); ConfigError naming the file when it
     is not valid YAML or not a mapping. Callers that build a RunConfig from it validate it further."""
-    import yaml
-
-    from regroup.config import ConfigError
-    from regroup.io import read_text
-
     try:
         data = yaml.safe_load(read_text(path))
     except SymlinkError as e:

@@ -68,7 +68,7 @@ def save_model_weights(accelerator, model, tokenizer, path: str | Path) -> None:
 def write_hf_weights(model, state: dict, path: Path) -> None:
     """`model.safetensors` + config of a gathered state dict. Not `save_pretrained(state_dict=...)`: it
     still inspects the live, sharded parameters (tied-weight detection) and fails on DTensor shards."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save_file  # only a sharded save writes weights itself
 
     tied = getattr(model, "all_tied_weights_keys", None) or getattr(model, "_tied_weights_keys", None) or {}
     tied = tied if isinstance(tied, dict) and getattr(model.config, "tie_word_embeddings", False) else {}
@@ -105,7 +105,7 @@ def load_training_state(accelerator, checkpoint_dir: str | Path) -> None:
 
 def _is_fsdp1(model) -> bool:
     try:
-        from torch.distributed.fsdp import FullyShardedDataParallel
+        from torch.distributed.fsdp import FullyShardedDataParallel  # only under FSDP
     except ImportError:  # pragma: no cover - torch without distributed
         return False
     return any(isinstance(m, FullyShardedDataParallel) for m in model.modules())
@@ -113,7 +113,7 @@ def _is_fsdp1(model) -> bool:
 
 @contextmanager
 def _zero3_gathered(param):
-    import deepspeed
+    import deepspeed  # optional (deepspeed): only under ZeRO-3
 
     with deepspeed.zero.GatheredParameters([param], modifier_rank=None):
         yield
@@ -125,7 +125,7 @@ def full_parameters(model) -> Iterator[tuple[str, torch.Tensor]]:
     iterate all of it, in the same order."""
     with ExitStack() as stack:
         if _is_fsdp1(model):  # flat parameters: summon them all (FSDP1 has no per-parameter gather)
-            from torch.distributed.fsdp import FullyShardedDataParallel
+            from torch.distributed.fsdp import FullyShardedDataParallel  # only under FSDP
 
             stack.enter_context(FullyShardedDataParallel.summon_full_params(model, writeback=False))
         for name, param in model.named_parameters():

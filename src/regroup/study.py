@@ -48,6 +48,21 @@ from pathlib import Path
 from regroup.io import write_atomic
 from regroup.report.claims import ArmResult, Claim
 from regroup.tasks.arithmetic import ArithmeticConfig, ArithmeticTask, apply_transforms
+from regroup.checkpoint import list_checkpoints
+from regroup.config import load_config
+from regroup.demo import DemoSettings, evaluate_model
+from regroup.eval.runner import evaluate
+from regroup.heldout import heldout_problems
+from regroup.models.load import load_tokenizer
+from regroup.report import build_report
+from regroup.report.claims import judge_all, per_seed_mean
+from regroup.report.runs import load_run, read_metrics
+from regroup.report.study_page import write_study_page
+from regroup.report.summary import last_step, wall_time_s
+from regroup.rundir import claim_run_dir, new_run_dir
+from regroup.tasks import get_task
+from regroup.trainer import Trainer
+from regroup.warmup import WarmupConfig, warmup
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"  # package data: found from a wheel install too
 N_VARIANTS = 3  # TA-GRPO's N in configs/ta_grpo.yaml and dagrpo_ta.yaml
@@ -385,17 +400,12 @@ def arm_overrides(arm: Arm, s: StudySettings, regime: Regime, seed: int, run_dir
 
 # ---------------------------------------------------------------------------------------- running
 def _task_for(step_mix: str):
-    from regroup.tasks import get_task
-
     return get_task(TASK_NAMES[(step_mix, False)])
 
 
 def measure_all_wrong(model_dir: str, problems: list, s: StudySettings) -> float:
     """Share of `problems` none of whose G samples (T = 1) is correct: GRPO's all-wrong groups at step 0."""
-    from transformers import AutoModelForCausalLM
-
-    from regroup.eval.runner import evaluate
-    from regroup.models.load import load_tokenizer
+    from transformers import AutoModelForCausalLM  # heavy (transformers): only when a model is loaded
 
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     result = evaluate(model, load_tokenizer(model_dir), problems, ArithmeticTask.grade, n=s.num_generations, ks=(1,),
@@ -405,8 +415,6 @@ def measure_all_wrong(model_dir: str, problems: list, s: StudySettings) -> float
 
 
 def _ensure_warm(path: str, s: StudySettings, steps: int | None, log) -> str:
-    from regroup.warmup import WarmupConfig, warmup
-
     if (Path(path) / "warmup_metrics.json").exists():
         return path
     cfg = WarmupConfig()
@@ -448,9 +456,6 @@ def choose_regime(name: str, s: StudySettings, log=print) -> Regime:
 
 def evaluate_start(regime: Regime, s: StudySettings, out_dir: Path, log) -> list:
     """The regime's held-out problems, and the starting model's evaluation on them (out_dir/start/eval)."""
-    from regroup.demo import evaluate_model
-    from regroup.setup import heldout_problems
-
     task = _task_for(regime.step_mix)
     biggest = max(plan(a, s).distinct_questions for a in ARMS)
     problems = heldout_problems(task, s.eval_problems, 999, task.generate(biggest, seed=1234))
@@ -460,8 +465,6 @@ def evaluate_start(regime: Regime, s: StudySettings, out_dir: Path, log) -> list
 
 
 def _eval_settings(s: StudySettings):
-    from regroup.demo import DemoSettings
-
     return DemoSettings(eval_problems=s.eval_problems, eval_samples=s.eval_samples)
 
 
@@ -489,12 +492,6 @@ def evaluate_at(model_dir: str, problems: list, out_dir: Path, protocol: str, s:
 
 
 def run_arm(arm: Arm, regime: Regime, seed: int, problems: list, s: StudySettings, regime_dir: Path, log) -> Path:
-    from regroup.checkpoint import list_checkpoints
-    from regroup.config import load_config
-    from regroup.demo import evaluate_model
-    from regroup.rundir import claim_run_dir
-    from regroup.trainer import Trainer
-
     run_dir = regime_dir / f"{arm.name}-s{seed}"
     cfg = load_config(CONFIG_DIR / arm.config, arm_overrides(arm, s, regime, seed, run_dir))
     t0 = time.perf_counter()
@@ -535,9 +532,6 @@ def _read_counts(path: Path) -> dict[str, tuple[int, int]]:
 
 def read_arm_result(run_dirs: list[Path]) -> ArmResult:
     """Per-seed per-problem counts and mechanism means of an arm's run folders."""
-    from regroup.report.claims import per_seed_mean
-    from regroup.report.runs import load_run
-
     result = ArmResult()
     for d in run_dirs:
         run = load_run(str(d))
@@ -553,8 +547,6 @@ def read_arm_result(run_dirs: list[Path]) -> ArmResult:
 
 def first_step_mean(run_dirs: list[Path], key: str) -> float | None:
     """Mean over runs of `key` at step 1 (None if no run logged it there)."""
-    from regroup.report.runs import read_metrics
-
     values = []
     for d in run_dirs:
         records, _ = read_metrics(str(d / "metrics.jsonl"))
@@ -566,9 +558,6 @@ def first_step_mean(run_dirs: list[Path], key: str) -> float | None:
 
 def measured_budget(run_dirs: list[Path]) -> dict:
     """Means over seeds of what the runs spent: steps, generated tokens, training wall time."""
-    from regroup.report.runs import load_run
-    from regroup.report.summary import last_step, wall_time_s
-
     runs = [load_run(str(d)) for d in run_dirs]
     tokens = [sum(float(m.get("tokens/generated") or 0.0) for m in r.metrics) for r in runs]
     # questions drawn: dynamic sampling's extra rounds count (groups seen), else the step's questions
@@ -594,17 +583,11 @@ def study_plan(s: StudySettings, arms: Sequence[Arm]) -> dict:
 
 def run_study(quick: bool = False, out_root: str = "runs", log=print, settings: StudySettings | None = None) -> Path:
     """Run every arm in every regime with every seed, judge the claims, write study.html and study.md."""
-    from regroup.report import build_report
-    from regroup.report.claims import judge_all
-    from regroup.report.study_page import write_study_page
-
     s = settings or (QUICK if quick else StudySettings())
     unknown = [n for n in (s.arms or ()) if n not in ARMS_BY_NAME]
     if unknown:
         raise ValueError(f"unknown study arm(s) {unknown}; available: {', '.join(ARMS_BY_NAME)}")
     arms = [ARMS_BY_NAME[n] for n in (s.arms or DEFAULT_ARMS)]
-    from regroup.rundir import new_run_dir
-
     study_dir = new_run_dir(out_root, "study")  # exclusive: two studies started in the same second get two folders
     # the claims, margins, level and arms, written before any run: nothing is tuned after seeing results
     (study_dir / "plan.json").write_text(json.dumps(study_plan(s, arms), indent=2, default=str))
@@ -631,7 +614,8 @@ def run_study(quick: bool = False, out_root: str = "runs", log=print, settings: 
               "regimes": [asdict(r) for r in regimes],
               "planned": {a.name: asdict(plan(a, s)) for a in arms}, "measured": budgets}
     write_atomic(study_dir / "study.json", json.dumps(record, indent=2, default=str))
-    html = write_study_page(study_dir, s, arms, regimes, results, verdicts, budgets, seconds)
+    html = write_study_page(study_dir, s, arms, regimes, results, verdicts, budgets, seconds,
+                            planned={a.name: plan(a, s) for a in arms}, protocols=PROTOCOLS, mechanisms=MECHANISMS)
     return html
 
 

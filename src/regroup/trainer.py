@@ -19,6 +19,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import torch
+from accelerate.utils import gather, gather_object, pad_across_processes, reduce
 
 from regroup.algo.losses import LossInputs, LossTotals, policy_loss, rows_with_gradient
 from regroup.algo.sampler_is import sampler_is_weight
@@ -29,18 +30,20 @@ from regroup.checkpoint import (
 )
 from regroup.config import save_config
 from regroup.data_stream import QuestionStream
+from regroup.eval.during_training import eval_problems, evaluate_during_training
 from regroup.logprobs import prompt_order, response_logps, use_shared_prefix
 from regroup.metrics import MetricsLogger, tracker_names
 from regroup.models.prompting import encode_prompt, encode_response
 from regroup.rollout.base import SamplingParams
 from regroup.sample_log import SampleLog
+from regroup import setup
+from regroup.recipes import build_recipe
 from regroup.setup import train_steps
 from regroup.sharded import (
     TRAINING_STATE_DIR, full_state_dict, is_sharded, load_training_state, save_training_state, write_hf_weights,
 )
 from regroup.stages.base import StepBatch, StepContext, load_stage_states, run_stages, stage_states
-from regroup.stages.diagnostics import SignalWatch, build_embedder, group_diversity, reward_diagnostics
-from regroup.stages.grad_conflict import gradient_conflict
+from regroup.stages.diagnostics import SignalWatch
 
 PROMPT_CACHE_SIZE = 8192
 
@@ -66,13 +69,12 @@ class Trainer:
         self.pad_id = self.tokenizer.pad_token_id
         self.stream = QuestionStream(self.problems, cfg.data.seed + cfg.seed)
         self.total_steps = train_steps(cfg, len(self.problems))
-        self.embedder = build_embedder(cfg.diagnostics.embedder) if cfg.diagnostics.diversity_every else None
-        d = cfg.diagnostics
-        self.grad_conflict_every = d.grad_conflict_every if d.grad_conflict_every is not None else self._default_conflict_every()
+        self.update_hooks = list(parts.update_hooks)  # diagnostics (regroup.stages.update_hooks), run blind
         self.watch = SignalWatch.for_config(cfg, getattr(parts, "references_verify", None))
         self.shared_prefix = use_shared_prefix(cfg.grpo.shared_prefix, self.acc.device)
         self._prompt_ids: dict[str, list[int]] = {}
         self.skipped_long = 0
+        self._eval_problems: list | None = None
         self.ctx = self._context()
         self.step = 0
         if self.is_main:
@@ -84,24 +86,9 @@ class Trainer:
         if resume:
             self._resume()
 
-    GRAD_CONFLICT_AUTO_LIMIT = 5_000_000
-    """`diagnostics.grad_conflict_every=None` measures every 10 steps only when the measured parameters hold
-    at most this many elements: the diagnostic copies their gradients twice (gigabytes on a 7B lm_head)."""
-
-    def _default_conflict_every(self) -> int:
-        import re
-
-        pattern = re.compile(self.cfg.diagnostics.grad_conflict_params)
-        model = self.acc.unwrap_model(self.model)
-        size = sum(p.numel() for n, p in model.named_parameters() if p.requires_grad and pattern.search(n))
-        return 10 if size <= self.GRAD_CONFLICT_AUTO_LIMIT else 0
-
     @classmethod
     def from_config(cls, cfg, run_dir: str | Path, *, resume: bool = False, accelerator=None, log=print) -> "Trainer":
-        from regroup.recipes import build_recipe
-        from regroup.setup import build_parts
-
-        parts = build_parts(cfg, Path(run_dir), accelerator=accelerator, log=log)
+        parts = setup.build_parts(cfg, Path(run_dir), accelerator=accelerator, log=log)  # late-bound: tests replace it
         recipe = build_recipe(cfg, parts.task, lambda text: encode_response(parts.tokenizer, text), run_dir)
         return cls(parts, recipe, run_dir, resume=resume, log=log)
 
@@ -132,8 +119,6 @@ class Trainer:
         """Concatenate a 1-D tensor across processes (variable lengths allowed), rank order."""
         if self.world == 1:
             return tensor
-        from accelerate.utils import gather, pad_across_processes
-
         lengths = gather(torch.tensor([tensor.numel()], device=self.acc.device))
         padded = gather(pad_across_processes(tensor.to(self.acc.device), dim=0))
         size = padded.numel() // self.world
@@ -142,15 +127,11 @@ class Trainer:
     def _global_sum(self, value: float) -> float:
         if self.world == 1:
             return value
-        from accelerate.utils import reduce
-
         return float(reduce(torch.tensor([value], dtype=torch.float64, device=self.acc.device), reduction="sum"))
 
     def _global_max(self, value: float) -> float:
         if self.world == 1:
             return value
-        from accelerate.utils import gather
-
         return float(gather(torch.tensor([value], dtype=torch.float64, device=self.acc.device)).max())
 
     # ------------------------------------------------------------------------------------------ collect
@@ -250,11 +231,8 @@ class Trainer:
         advantages = step_batch.advantages[order].to(self.acc.device)  # [B]
         weights = None if step_batch.weights is None else step_batch.weights[order].to(self.acc.device)  # [B]
         metrics: dict = {}
-        if self.grad_conflict_every and step_batch.step % self.grad_conflict_every == 0:
-            d = cfg.diagnostics
-            metrics.update(gradient_conflict(
-                self.acc.unwrap_model(self.model), batch, advantages,
-                param_pattern=d.grad_conflict_params, max_samples=d.grad_conflict_samples, temperature=cfg.rollout.temperature))
+        for hook in self.update_hooks:
+            metrics.update(hook.before_update(self.acc.unwrap_model(self.model), batch, advantages, step_batch.step))
         anchor_tokens = batch.completion_mask.bool() & ~batch.sampled_mask  # [B, T] forced (off-policy) tokens
         temperature = cfg.rollout.temperature
 
@@ -394,10 +372,8 @@ class Trainer:
     def train_step(self, step: int) -> dict:
         t0 = time.perf_counter()
         batch, metrics = self.collect(step)
-        metrics.update(reward_diagnostics(batch.samples))
-        every = self.cfg.diagnostics.diversity_every
-        if self.embedder is not None and every and (step + 1) % every == 0:  # logged steps K, 2K, ...
-            metrics["diversity"] = group_diversity(batch.samples, self.embedder)
+        for hook in self.update_hooks:
+            metrics.update(hook.after_collect(batch))
         self.sample_log.maybe_log(step + 1, batch)
         t1 = time.perf_counter()
         metrics.update(self.update(batch))
@@ -419,8 +395,6 @@ class Trainer:
         """
         if self.world == 1:
             return metrics
-        from accelerate.utils import gather_object, reduce
-
         summed = {"loss"}  # a rank's share of a global quantity
         keys = sorted(set(gather_object(list(metrics))))
         values = [float(metrics.get(k, 0.0)) for k in keys]
@@ -456,9 +430,9 @@ class Trainer:
 
     def evaluate(self) -> dict:
         """Held-out evaluation during training (`train.eval_every`), logged as `eval/*` metrics."""
-        from regroup.eval.during_training import evaluate_during_training
-
-        return evaluate_during_training(self)
+        if self._eval_problems is None:  # chosen once, on the first evaluation
+            self._eval_problems = eval_problems(self.cfg, self.task, self.problems, self.log)
+        return evaluate_during_training(self, self._eval_problems)
 
     # ------------------------------------------------------------------------------------ checkpoints
     def state(self) -> dict:

@@ -13,7 +13,7 @@ import json
 import math
 import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -23,6 +23,9 @@ from regroup.io import write_atomic
 from regroup.models.prompting import encode_prompt, encode_response
 from regroup.schedule import lr_lambda
 from regroup.models.tiny import TinyModelConfig, build_model, build_tokenizer
+from regroup.eval.runner import evaluate
+from regroup.heldout import heldout_problems
+from regroup.tasks import get_task
 
 BAND = {"heldout_pass1": (0.25, 0.65), "group_mixed": (0.30, 1.0), "group_all_correct": (0.05, 1.0),
         "group_all_wrong": (0.05, 1.0)}
@@ -87,8 +90,6 @@ def _batches(examples: list[tuple[list[int], list[int]]], batch_size: int, pad_i
 
 def evaluate_start(model, tokenizer, task, problems, n: int, max_new_tokens: int, seed: int = 0, greedy: bool = True) -> dict:
     """held-out pass@1 (mean of n samples at T=1), greedy accuracy, group fractions, by difficulty."""
-    from regroup.eval.runner import evaluate
-
     result = evaluate(model, tokenizer, problems, task.grade, n=n, ks=(1,), temperature=1.0,
                       max_new_tokens=max_new_tokens, greedy=greedy, batch_size=256, seed=seed, progress=False)
     counts = [(r.correct, r.n) for r in result.problems]
@@ -106,8 +107,6 @@ def evaluate_start(model, tokenizer, task, problems, n: int, max_new_tokens: int
 def transform_accuracy(model, tokenizer, task, problems, n: int, max_new_tokens: int) -> dict:
     """pass@1 on each rule transformation of the same held-out problems (TA-GRPO needs rephrasings that
     shift perceived difficulty without changing the problem)."""
-    from dataclasses import replace
-
     out = {"original": evaluate_start(model, tokenizer, task, problems, n, max_new_tokens, greedy=False)["heldout_pass1"]}
     for name, transform in task.transforms.items():
         moved = [replace(p, question=transform(p, random.Random(f"{p.id}/{name}"))) for p in problems]
@@ -121,8 +120,6 @@ def in_band(metrics: dict) -> bool:
 
 def warmup(out_dir: str | Path, cfg: WarmupConfig | None = None, *, task=None, log=print, progress=None) -> dict:
     """Train, evaluate and save the tiny model into `out_dir` (HF format). Returns the metrics."""
-    from regroup.tasks import get_task
-
     cfg = cfg or WarmupConfig()
     task = task or get_task("arithmetic")
     out_dir = Path(out_dir)
@@ -169,8 +166,6 @@ def warmup(out_dir: str | Path, cfg: WarmupConfig | None = None, *, task=None, l
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)  # saved before the evaluation: a failure there loses no training
     tokenizer.save_pretrained(out_dir)
-    from regroup.setup import heldout_problems
-
     heldout = heldout_problems(task, cfg.num_eval, cfg.eval_seed, problems)
     metrics = evaluate_start(model, tokenizer, task, heldout, cfg.eval_samples, cfg.max_new_tokens)
     metrics["transform_pass1"] = transform_accuracy(model, tokenizer, task, heldout[:128], 4, cfg.max_new_tokens)

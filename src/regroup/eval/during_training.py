@@ -7,26 +7,14 @@ sampled with the training sampler at the training temperature, so the number is 
 
 from __future__ import annotations
 
-
-def eval_problems(cfg, task, train_problems: list, log=print) -> list:
-    limit = cfg.train.eval_limit
-    if cfg.data.eval_file:
-        from regroup.data import FieldMap, load_problems
-
-        fields = FieldMap(question=cfg.data.question_field, answer=cfg.data.answer_field, solution=cfg.data.solution_field)
-        return load_problems(cfg.data.eval_file, fields, skip_bad_rows=cfg.data.skip_bad_rows).problems[:limit]
-    from regroup.setup import heldout_problems
-
-    return heldout_problems(task, limit, cfg.data.eval_seed, train_problems)
+from regroup.eval.runner import evaluate
+from regroup.heldout import eval_problems  # noqa: F401  (importable from here as before)
 
 
-def evaluate_during_training(trainer) -> dict[str, float]:
-    from regroup.eval.runner import evaluate
-
+def evaluate_during_training(trainer, problems: list) -> dict[str, float]:
+    """`eval/*` metrics of the trainer's current policy on `problems` (the trainer keeps `eval_problems`' list)."""
     cfg = trainer.cfg
-    if not hasattr(trainer, "_eval_problems"):
-        trainer._eval_problems = eval_problems(cfg, trainer.task, trainer.problems, trainer.log)
-    if not trainer._eval_problems or not trainer.is_main:
+    if not problems or not trainer.is_main:
         return {}
     threshold = cfg.rewards.correct_threshold
 
@@ -35,7 +23,7 @@ def evaluate_during_training(trainer) -> dict[str, float]:
         return None if value is None else float(value >= threshold)
 
     model = trainer.acc.unwrap_model(trainer.model)
-    result = evaluate(model, trainer.tokenizer, trainer._eval_problems, grader, n=cfg.train.eval_n,
+    result = evaluate(model, trainer.tokenizer, problems, grader, n=cfg.train.eval_n,
                       ks=sorted({1, cfg.train.eval_n}), temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
                       max_new_tokens=cfg.rollout.max_new_tokens, greedy=False, batch_size=cfg.rollout.batch_size,
                       seed=cfg.seed + trainer.step, progress=False, sampler=trainer.sampler)

@@ -21,8 +21,22 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from tqdm.auto import tqdm
+
 from regroup.eval.passk import mean_pass_at_k
 from regroup.io import write_atomic
+from regroup.preflight import check_eval_memory
+from regroup.config import ConfigError, DataConfig, RewardsConfig, RolloutConfig, config_from_dict, load_config
+from regroup.data import FieldMap, load_problems
+from regroup.eval.benchmarks import BENCHMARKS, grader_for, load_benchmark, protocol
+from regroup.models.load import configured_model_path, is_adapter_dir, load_for_inference
+from regroup.models.prompting import build_prompter, encode_prompt
+from regroup.rewards.math_verify import MathAnswerChecker
+from regroup.rollout.base import SamplingParams
+from regroup.rollout.factory import build_sampler
+from regroup.rollout.hf import HFSampler
+from regroup.rundir import read_saved_config
+from regroup.tasks import get_task
 
 Grader = Callable[[str, Any], "float | None"]
 
@@ -174,9 +188,6 @@ def evaluate(
     tokenizer's chat template around the bare question.
     The model's train/eval mode is restored afterwards.
     """
-    from regroup.models.prompting import encode_prompt
-    from regroup.rollout.base import SamplingParams
-
     if n < 1:
         raise ValueError(f"n (samples per problem) must be >= 1, got {n}")
     if not problems:
@@ -185,8 +196,6 @@ def evaluate(
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     ks = _check_ks(ks)
     if sampler is None:
-        from regroup.rollout.hf import HFSampler
-
         sampler = HFSampler(model, tokenizer, batch_size=batch_size)
 
     prompts = [prompter.encode(p.question) if prompter is not None else encode_prompt(tokenizer, p.question)
@@ -255,8 +264,6 @@ def evaluate(
 
 def _progress_bar(total: int, enabled: bool):
     """A tqdm bar over generated sequences (a silent stand-in when disabled)."""
-    from tqdm.auto import tqdm
-
     return tqdm(total=total, desc="eval", unit="seq", disable=not enabled, leave=False)
 
 
@@ -281,12 +288,8 @@ def _make_grader(checker: str, task: str, answer_marker: str | None = None) -> G
     """The grading function for `checker`: the named task's grader, or the math-verify checker (the
     last `\\boxed{}`, or the text after `answer_marker` when given; SPEC §5)."""
     if checker == "task":
-        from regroup.tasks import get_task
-
         return get_task(task).grade
     if checker == "math":
-        from regroup.rewards.math_verify import MathAnswerChecker
-
         return MathAnswerChecker(marker=answer_marker)
     raise ValueError(f"checker must be 'task' or 'math', got {checker!r}")
 
@@ -365,11 +368,6 @@ def load_eval_setup(model_path: str, *, dtype: str = "float32", device: str | No
     run config, e.g. to evaluate the starting model as the run will prompt it); explicit arguments
     override them.
     """
-    from regroup.config import ConfigError, DataConfig, RewardsConfig, config_from_dict, load_config
-    from regroup.models.load import is_adapter_dir, load_for_inference
-    from regroup.models.prompting import build_prompter
-    from regroup.rundir import read_saved_config
-
     if not os.path.isdir(model_path):
         raise FileNotFoundError(f"model directory not found: {model_path}")
     cfg_path = config_file or run_config_path(model_path)
@@ -385,9 +383,7 @@ def load_eval_setup(model_path: str, *, dtype: str = "float32", device: str | No
     data_cfg = cfg.data if cfg is not None else DataConfig()
     base_path = None
     if cfg is not None and cfg.model.path and is_adapter_dir(model_path):
-        from regroup.setup import resolve_model_path
-
-        base_path = resolve_model_path(cfg)  # a LoRA checkpoint's base (GGUF: the cached conversion)
+        base_path = configured_model_path(cfg.model)  # a LoRA checkpoint's base (GGUF: the cached conversion)
     model, tokenizer = load_for_inference(model_path, dtype=dtype, device=device, base_path=base_path)
     for key, value in (("system_prompt", system_prompt), ("prompt_template", prompt_template),
                        ("chat_template", chat_template)):
@@ -402,9 +398,6 @@ def load_eval_setup(model_path: str, *, dtype: str = "float32", device: str | No
 
 def build_eval_sampler(backend: str, model, tokenizer, batch_size: int, max_new_tokens: int):
     """The generation backend for evaluation: hf (default) or vllm (`rollout.backend` of the trainer)."""
-    from regroup.config import RolloutConfig
-    from regroup.setup import build_sampler
-
     if backend not in ("hf", "vllm"):
         raise ValueError(f"--backend must be hf or vllm, got {backend!r}")
     sampler = build_sampler(RolloutConfig(backend=backend, batch_size=batch_size, max_new_tokens=max_new_tokens),
@@ -452,8 +445,6 @@ def run_eval_cli(
     keeps the first `limit` problems of each file. `prompt` overrides the prompting (system_prompt,
     prompt_template, chat_template, correct_threshold) read from a checkpoint's run. Returns the rows.
     """
-    from regroup.data import FieldMap, load_problems
-
     if not data_files:
         raise ValueError("run_eval_cli needs at least one benchmark file in data_files")
     ks = _check_ks(ks)
@@ -470,8 +461,6 @@ def run_eval_cli(
                 raise ValueError(f"no usable problems in {path} (skipped {len(loaded.skipped)} bad rows)")
             sets.append(EvalSet(_bench_name(path, taken), problems, grader, n, list(ks), temperature, top_p,
                                 os.path.abspath(path), len(loaded.skipped)))
-        from regroup.preflight import check_eval_memory
-
         check_eval_memory(model_path, n=max(n, 1), batch_size=batch_size, max_new_tokens=max_new_tokens,
                           problems=sum(len(s.problems) for s in sets), device=device)
         setup = load_eval_setup(model_path, dtype=dtype, device=device, **(prompt or {}))
@@ -511,9 +500,6 @@ def run_bench_cli(
     `paper` ("dagrpo" or "ta_grpo") unless n / ks / temperature / top_p are given. `bench_files`
     maps a benchmark name to a local file or folder standing in for the hub. Writes the same files
     as `run_eval_cli`; returns the rows (one per benchmark plus the average)."""
-    from regroup.eval.benchmarks import BENCHMARKS, grader_for, load_benchmark, protocol
-    from regroup.rewards.math_verify import MathAnswerChecker
-
     if paper not in ("dagrpo", "ta_grpo"):
         raise ValueError(f"--protocol must be dagrpo or ta_grpo, got {paper!r}")
     unknown = sorted(set(bench_files or {}) - set(BENCHMARKS))
@@ -531,8 +517,6 @@ def run_bench_cli(
             sets.append(EvalSet(name, problems, grader_for(bench, checker), bench_n, _check_ks(bench_ks),
                                 proto.temperature if temperature is None else temperature,
                                 proto.top_p if top_p is None else top_p, origin, skipped))
-        from regroup.preflight import check_eval_memory
-
         check_eval_memory(model_path, n=max(s.n for s in sets), batch_size=batch_size, max_new_tokens=max_new_tokens,
                           problems=sum(len(s.problems) for s in sets), device=device)
         setup = load_eval_setup(model_path, dtype=dtype, device=device, **(prompt or {}))

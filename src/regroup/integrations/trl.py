@@ -126,7 +126,7 @@ class RegroupGRPOTrainer(GRPOTrainer):
         if processing_class is None:
             if not isinstance(model, str):
                 raise ValueError("pass processing_class (the tokenizer) when model is not a path")
-            from transformers import AutoTokenizer
+            from transformers import AutoTokenizer  # heavy (transformers): only when a model is loaded
 
             processing_class = AutoTokenizer.from_pretrained(model)
         tokenizer = processing_class
@@ -170,7 +170,7 @@ class RegroupGRPOTrainer(GRPOTrainer):
         self._own_prompt_ids: list[list[int]] | None = None
         self._rows_in_flight: list[dict] | None = None
 
-        from datasets import Dataset
+        from datasets import Dataset  # heavy (datasets): only when TRL's data set is built
 
         callbacks = [*(kwargs.pop("callbacks", None) or []), _SaveStageStates(self.recipe.stages)]
         super().__init__(model=model, reward_funcs=[self.regroup_reward], args=args, callbacks=callbacks,

@@ -68,7 +68,7 @@ def check_shared_settings(cfg: Any, args: Any) -> None:
 def grpo_args(cfg: Any, **trl_only: Any) -> Any:
     """TRL's `GRPOConfig` with the fields regroup's config decides filled from `cfg` (`SHARED_SETTINGS`) and
     the rest (output_dir, batch sizes, steps, logging, ...) from `trl_only`."""
-    from trl import GRPOConfig
+    from trl import GRPOConfig  # optional (trl): the TRL front-end only
 
     shared = {name: want(cfg) for name, _, want in SHARED_SETTINGS}
     return GRPOConfig(**{**shared, **trl_only})

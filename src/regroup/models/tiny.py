@@ -67,7 +67,7 @@ class TinyModelConfig:
 
 def build_model(tokenizer: PreTrainedTokenizerFast, cfg: TinyModelConfig | None = None, seed: int = 0) -> Qwen3ForCausalLM:
     """A randomly initialised Qwen3ForCausalLM of the tiny shape (~0.85M parameters at the default)."""
-    import torch
+    import torch  # heavy: only when the model is built
 
     cfg = cfg or TinyModelConfig()
     config = Qwen3Config(

@@ -157,20 +157,17 @@ def _watched(connection_class: type, expiry: _Expiry) -> Callable[..., http.clie
     """`connection_class` whose sockets `expiry` watches: the raw one as created (TCP connect, TLS
     handshake, plain HTTP) and, for HTTPS, the TLS socket that replaces it."""
 
-    def make(host: str, **kwargs: Any) -> http.client.HTTPConnection:
-        conn = connection_class(host, **kwargs)
-        create = conn._create_connection
-        conn._create_connection = lambda *a, **k: expiry.watch(create(*a, **k))
-        connect = conn.connect
+    class Watched(connection_class):  # a subclass: it sets the private socket factory from inside the class
+        def __init__(self, host: str, **kwargs: Any):
+            super().__init__(host, **kwargs)
+            create = self._create_connection
+            self._create_connection = lambda *a, **k: expiry.watch(create(*a, **k))
 
-        def connect_and_watch() -> None:
-            connect()
-            expiry.watch(conn.sock)
+        def connect(self) -> None:
+            super().connect()
+            expiry.watch(self.sock)
 
-        conn.connect = connect_and_watch
-        return conn
-
-    return make
+    return Watched
 
 
 class _WatchedHTTPHandler(urllib.request.HTTPHandler):

@@ -8,13 +8,12 @@ from typing import Any
 
 from regroup.rephrase.base import RephraseOutcome, Rephraser
 from regroup.rephrase.validate import rejection_reason
+from regroup.tasks.arithmetic import rephrase
 
 RephraseFn = Callable[[Any, int, random.Random], list[str]]
 
 
 def _default_rephrase_fn() -> RephraseFn:
-    from regroup.tasks.arithmetic import rephrase
-
     return rephrase
 
 

@@ -14,12 +14,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
 from regroup.errors import ConfigError
 from regroup.net import ChatClient, DiskCache
 from regroup.io import write_atomic
 from regroup.net.redact import check_key_env_name, redact
 from regroup.rephrase.base import RephraseOutcome, Rephraser
 from regroup.rephrase.registry import build_rephraser
+from regroup.data import DataError, load_problems, save_problems
 
 
 def _chunks(seq: Sequence[Any], size: int) -> list[Sequence[Any]]:
@@ -118,8 +121,6 @@ def run_rephrase(
     DataError naming it, unless `skip_bad_rows`: then each skipped row goes to `log` (one line each) and
     into the summary.
     """
-    from regroup.data import DataError, load_problems, save_problems
-
     if not isinstance(n, int) or n < 0:
         raise ValueError(f"n (variants per question) must be an integer >= 0, got {n!r}")
 
@@ -161,8 +162,6 @@ def run_rephrase(
     else:
         rephraser = build_rephraser(rewriter)
         chunk = 256
-
-    from tqdm import tqdm
 
     outcomes: list[RephraseOutcome] = []
     try:

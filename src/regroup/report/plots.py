@@ -6,6 +6,7 @@ so building a report never opens a window and is safe inside a training process.
 
 from __future__ import annotations
 
+import io
 import math
 import os
 from collections.abc import Sequence
@@ -17,6 +18,7 @@ from matplotlib.ticker import MaxNLocator
 
 from regroup.report.runs import RunGroup
 from regroup.report.smoothing import ema
+from regroup.io import write_atomic
 
 # One colour per recipe, in table order; grey is kept for the starting model.
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf",
@@ -100,10 +102,6 @@ EVAL_PLOTS = {"passk": "pass@k curves", "difficulty": "Accuracy by difficulty"}
 
 def _save(fig, out_path: str) -> None:
     """Render the figure to memory, then write it atomically (a full disk leaves no torn PNG)."""
-    import io
-
-    from regroup.io import write_atomic
-
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png")
     write_atomic(out_path, buffer.getvalue())

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from html import escape
 from typing import Any
 
-from regroup.report import stats
+import regroup.report.stats as stats
 from regroup.report.plots import PlotOutcome
 from regroup.report.text import format_value, mean_at, pct, table_ks, wall_time
 

@@ -13,6 +13,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from regroup.metrics import read_metrics_file, warn_bad_lines
+from regroup.rundir import read_saved_config
+
 
 # Config keys that identify a run or only change bookkeeping: they are left out of the config diff
 # and do not split runs of one recipe into separate rows (seeds of one recipe are aggregated). Older runs'
@@ -105,8 +108,6 @@ def read_metrics(path: str) -> tuple[list[dict[str, Any]], int]:
     A line that is not a JSON object with an integer `step` (half a line after a crash, a bad byte, a
     hand edit) is skipped with one warning naming the file and the line; the rest of the file is used.
     """
-    from regroup.metrics import read_metrics_file, warn_bad_lines
-
     records, bad = read_metrics_file(path)
     warn_bad_lines(path, bad)
     return records, len(bad)
@@ -119,8 +120,6 @@ def load_run(path: str) -> RunData:
         raise FileNotFoundError(f"run folder not found: {path}")
     if not os.path.exists(cfg_path):
         raise FileNotFoundError(f"not a run folder: {path} has no config.yaml")
-    from regroup.rundir import read_saved_config
-
     config = read_saved_config(cfg_path)  # invalid YAML or not a mapping: a ConfigError naming the file
     recipe = config.get("recipe")
     if isinstance(recipe, dict):  # tolerate `recipe: {name: ...}`

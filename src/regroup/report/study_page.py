@@ -177,11 +177,11 @@ def _protocol_rows(protocols: Mapping[str, tuple[str, str]]) -> list[list[str]]:
 
 def write_study_page(study_dir: Path, s: Any, arms: Sequence[Any], regimes: Sequence[Any],
                      results: Mapping[str, Mapping[str, ArmResult]], verdicts: Sequence[Verdict],
-                     budgets: Mapping[str, Mapping[str, dict]], seconds: float) -> Path:
-    """Write study_dir/study.html (self-contained) and study_dir/study.md; return the HTML path."""
-    from regroup.study import MECHANISMS, PROTOCOLS, plan
-
-    planned = {a.name: plan(a, s) for a in arms}
+                     budgets: Mapping[str, Mapping[str, dict]], seconds: float, *, planned: Mapping[str, Any],
+                     protocols: Mapping[str, tuple[str, str]], mechanisms: Sequence[str]) -> Path:
+    """Write study_dir/study.html (self-contained) and study_dir/study.md; return the HTML path. The study
+    hands over its content (each arm's planned budget, the protocols, the mechanism metrics): the page
+    knows no study."""
     ks = s.ks
     vrows = verdict_rows(verdicts)
     classes = [_VERDICT_CLASS.get(v.verdict) for v in verdicts]
@@ -203,24 +203,24 @@ def write_study_page(study_dir: Path, s: Any, arms: Sequence[Any], regimes: Sequ
             "tr.better td{background:#f1faf2} tr.worse td{background:#fdf1f1}</style></head><body><main>",
             "<h1>regroup study: the papers' claims at the tiny model's scale</h1>", f"<p class=meta>{escape(intro)}</p>",
             "<h2>Regimes</h2>", _html_table(REGIME_HEADER, _regime_rows(regimes, s.sparse_min_all_wrong), left=2),
-            "<h2>Protocols</h2>", _html_table(PROTOCOL_HEADER, _protocol_rows(PROTOCOLS), left=3),
+            "<h2>Protocols</h2>", _html_table(PROTOCOL_HEADER, _protocol_rows(protocols), left=3),
             "<h2>Verdicts</h2>", _html_table(VERDICT_HEADER, vrows, left=5, classes=classes),
             f"<p class=note>{escape(note)}</p>"]
     md = ["# regroup study: the papers' claims at the tiny model's scale", "", intro, "", "## Regimes", "",
           markdown_table(REGIME_HEADER, _regime_rows(regimes, s.sparse_min_all_wrong)), "", "## Protocols", "",
-          markdown_table(PROTOCOL_HEADER, _protocol_rows(PROTOCOLS)), "", "## Verdicts", "",
+          markdown_table(PROTOCOL_HEADER, _protocol_rows(protocols)), "", "## Verdicts", "",
           markdown_table(VERDICT_HEADER, vrows), "", note, ""]
     for regime in regimes:
         name = regime.name
         res = results.get(name, {})
         rrows = results_rows(arms, res, ks, s.paper_protocols)
         brows = budget_rows(arms, planned, budgets.get(name, {}))
-        mrows = mechanism_rows(arms, res, MECHANISMS)
+        mrows = mechanism_rows(arms, res, mechanisms)
         html += [f"<h2>{escape(name)} regime</h2>", f"<p class=meta>{escape(regime.description)}</p>",
                  "<h3>Held-out results</h3>", _html_table(results_header(ks, s.paper_protocols), rrows, left=2),
                  "<h3>Budgets per protocol</h3>", _html_table(BUDGET_HEADER, brows, left=2),
                  "<h3>Mechanisms (mean over training steps, then over seeds)</h3>",
-                 _html_table(["arm", *MECHANISMS], mrows), '<div class="grid">']
+                 _html_table(["arm", *mechanisms], mrows), '<div class="grid">']
         plots = sorted((study_dir / name / "plots").glob("*.png"))
         for p in plots:
             wide = ' class="wide"' if p.stem not in ("passk", "reward", "grad_norm", "entropy", "diversity", "kl") else ""
@@ -229,7 +229,7 @@ def write_study_page(study_dir: Path, s: Any, arms: Sequence[Any], regimes: Sequ
         html.append("</div>")
         md += [f"## {name} regime", "", regime.description, "", markdown_table(results_header(ks, s.paper_protocols), rrows), "",
                "Budgets per protocol:", "", markdown_table(BUDGET_HEADER, brows), "",
-               "Mechanisms (mean over training, then seeds):", "", markdown_table(["arm", *MECHANISMS], mrows), "",
+               "Mechanisms (mean over training, then seeds):", "", markdown_table(["arm", *mechanisms], mrows), "",
                f"Plots: {name}/report.html (and embedded in study.html).", ""]
     html.append("</main></body></html>")
     write_atomic(study_dir / "study.md", "\n".join(md))

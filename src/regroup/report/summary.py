@@ -6,7 +6,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from regroup.report import stats
+import regroup.report.stats as stats
 from regroup.report.runs import MISSING, RunData, RunGroup, config_diff, group_runs, load_run
 
 

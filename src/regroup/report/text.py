@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from regroup.report import stats
+import regroup.report.stats as stats
 
 
 def pct(value: float | None, digits: int = 1) -> str:

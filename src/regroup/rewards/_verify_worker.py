@@ -39,10 +39,10 @@ def main() -> None:
     os.dup2(2, 1)  # whatever a library prints must not corrupt the protocol
     sys.stdout = sys.stderr
     try:
-        import logging
+        import logging  # with the math_verify import it guards: the worker reports any failure
 
         logging.disable(logging.WARNING)  # math-verify warns once that its own timeout is off: we time it here
-        from math_verify import parse, verify
+        from math_verify import parse, verify  # in the worker, so a failing import is reported, not raised
     except BaseException as exc:  # noqa: BLE001 - report anything, the parent turns it into a clear error
         channel.write(json.dumps({"fatal": f"cannot import math_verify: {exc!r}"}) + "\n")
         return

@@ -76,7 +76,7 @@ class HFSampler:
     def _hf_start(self, input_ids, attention, positions, prompt_of_row):
         """Prefill the distinct prompts [U, P] with the HF forward and a DynamicCache, expand it to the rows
         (prompt_of_row [N]); returns (logits [N, V], advance fn)."""
-        from transformers import DynamicCache
+        from transformers import DynamicCache  # heavy (transformers): only the HF-forward path builds a cache
 
         cache = DynamicCache()
         # transformers >= 5.x calls the KV cache `cache`; older releases `past_key_values`.

@@ -30,7 +30,10 @@ import os
 import socket
 from collections.abc import Callable, Iterable
 
+import torch
+
 from regroup.rollout.base import Completion, SamplingParams
+from regroup.sharded import full_parameters
 
 INSTALL_HINT = "pip install 'regroup-rl[vllm]'"
 
@@ -38,7 +41,7 @@ INSTALL_HINT = "pip install 'regroup-rl[vllm]'"
 def import_vllm():
     """The `vllm` module, or an ImportError that says how to install it."""
     try:
-        import vllm
+        import vllm  # optional (vllm): the vllm backend only
     except ImportError as e:
         raise ImportError(f"rollout.backend=vllm needs vLLM, which is not installed: {INSTALL_HINT} ({e})") from e
     return vllm
@@ -94,10 +97,6 @@ def iter_push_weights(model, lora_layers: dict | None = None):
     ZeRO-3 each parameter is gathered whole first (`sharded.full_parameters`; every process pushes, so
     the gathers line up). LoRA-only tensors are skipped; a LoRA layer's base weight is sent merged
     (base + delta, a new tensor) when `lora_layers` (from `lora_push_layers`) names it."""
-    import torch
-
-    from regroup.sharded import full_parameters
-
     lora_layers = lora_layers or {}
     for name, tensor in full_parameters(model):
         target = vllm_param_name(name)
@@ -235,8 +234,6 @@ def engine_weight_loader(llm) -> Callable[[Iterable], object]:
 
 
 def has_cuda() -> bool:
-    import torch
-
     return torch.cuda.is_available()
 
 
@@ -264,7 +261,7 @@ def _base_path(model) -> str:
 
 def _set_launcher_env() -> None:
     """vLLM's external_launcher reads the torch.distributed variables; fill them for a 1-process run."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # only the colocated engine's process group needs it
 
     if dist.is_available() and dist.is_initialized():
         os.environ.setdefault("RANK", str(dist.get_rank()))

@@ -8,11 +8,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from regroup.scorers.base import ScoreItem, Scorer, check_score
+from regroup.tasks.arithmetic import step_score
 
 
 def _default_step_fn() -> Callable[[str, Any], float | None]:
-    from regroup.tasks.arithmetic import step_score
-
     return step_score
 
 

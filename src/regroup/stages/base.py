@@ -90,6 +90,9 @@ class StepContext:
     global_sum: Callable[[float], float] = lambda v: v
     draw_questions: Callable[[int], list] | None = None
     """Draw the next `n` GLOBAL questions from the stream (the same on every process)."""
+    refill: Callable[[int], "StepBatch"] | None = None
+    """Dynamic sampling: round -> a newly drawn batch run through the collect stages (set per step by the
+    front-end that can refill; None where the batch has a fixed size)."""
     warn: Callable[[str], None] = print
 
 

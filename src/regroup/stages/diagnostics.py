@@ -85,7 +85,7 @@ class SentenceTransformerEmbedder:
     """A sentence-transformers model from a local folder (e.g. all-MiniLM-L6-v2), loaded offline."""
 
     def __init__(self, path: str):
-        from sentence_transformers import SentenceTransformer
+        from sentence_transformers import SentenceTransformer  # optional: only for a sentence-transformers embedder
 
         self.name = path
         self.model = SentenceTransformer(path, device="cpu")
