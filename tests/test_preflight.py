@@ -100,12 +100,10 @@ def test_references_too_long_or_partly_wrong_are_counted():
 
 
 def test_a_reward_returning_a_string_is_refused_on_the_reference_sample(monkeypatch):
-    import regroup.recipes as recipes
-
     def says_yes(response, problem):
         return "yes"
 
-    monkeypatch.setattr(recipes, "build_reward_fn", lambda *a, **k: says_yes)
+    monkeypatch.setattr(preflight, "build_reward_fn", lambda *a, **k: says_yes)
     with pytest.raises(ConfigError, match="reward says_yes returned str 'yes'"):
         preflight.check_references(cfg_of("anchors.enabled=true", recipe="dagrpo.yaml"), TASK.generate(2, seed=4), TASK,
                                    lambda t: [1])

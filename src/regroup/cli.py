@@ -281,8 +281,8 @@ def cmd_demo(args) -> int:
 
 
 def cmd_study(args) -> int:
-    # heavy (transformers, matplotlib): the experiment harness
-    from regroup.study import ARMS_BY_NAME, DEFAULT_ARMS, QUICK, StudySettings, estimate_seconds, run_study, study_plan
+    from regroup.study import (ARMS_BY_NAME, DEFAULT_ARMS, QUICK, StudySettings,  # heavy (transformers, matplotlib):
+                               estimate_seconds, run_study, study_plan)  # the experiment harness, this command only
 
     arms = tuple(a.strip() for a in args.arms.split(",") if a.strip()) if args.arms else None
     if args.real:

@@ -8,19 +8,22 @@ A row without a usable answer is skipped and counted, never guessed.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
+import random
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from regroup.data import DataError, FieldMap, HubSpec, problems_from_rows, save_problems, source_rows
-from regroup.rewards.math_verify import extract_boxed
-from regroup.tasks.base import Problem
 from regroup.config import DataConfig
+from regroup.data import DataError, FieldMap, HubSpec, problems_from_rows, save_problems, source_rows
 from regroup.heldout import heldout_problems
+from regroup.rewards.math_verify import extract_boxed
 from regroup.tasks import get_task
+from regroup.tasks.arithmetic.grading import ANSWER_MARKER
+from regroup.tasks.base import Problem
 
 
 def first_text(row: Mapping[str, Any], *names: str) -> str | None:
@@ -165,8 +168,6 @@ def arithmetic_heldout(limit: int | None) -> list[Problem]:
 def boxed_solution(solution: str) -> str:
     """The built-in task's reference "7+5=12. 12-3=9. #### 9" as "7+5=12. 12-3=9. The answer is \\boxed{9}.":
     the same steps, ending the way the math reward reads an answer (the last \\boxed{})."""
-    from regroup.tasks.arithmetic.grading import ANSWER_MARKER
-
     steps, marker, answer = solution.rpartition(ANSWER_MARKER)
     if not marker or not answer.strip():
         raise ValueError(f"not a built-in reference solution (no {ANSWER_MARKER} answer): {solution!r}")
@@ -176,11 +177,6 @@ def boxed_solution(solution: str) -> str:
 def arithmetic_boxed(limit: int | None, n_variants: int = 3) -> list[Problem]:
     """The training problems a default run of the built-in task draws (data.num_train at data.seed), with
     boxed reference solutions and `n_variants` rule rephrasings each (seeded by data.seed: reproducible)."""
-    import random
-    from dataclasses import replace
-
-    from regroup.config import DataConfig
-    from regroup.tasks import get_task
 
     data, task = DataConfig(), get_task("arithmetic")
     rng = random.Random(data.seed)
@@ -229,8 +225,6 @@ def unique_ids(problems: list[Problem]) -> tuple[list[Problem], int]:
     """Problems with unique ids (the loader refuses repeats): a published id seen before gets `-2`, `-3`, ...
     in row order (OpenR1-Math-46k's `extra_info.index` repeats across its sources). Returns them and how
     many were renamed."""
-    import dataclasses
-
     taken = {p.id for p in problems}
     seen: dict[str, int] = {}
     out, renamed = [], 0

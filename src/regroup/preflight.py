@@ -17,20 +17,23 @@ import json
 import math
 import os
 import random
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from regroup.config import parse_reward_spec
-from regroup.errors import ConfigError
 from regroup.data import DataError
+from regroup.errors import ConfigError
 from regroup.heldout import eval_problems
 from regroup.models.prompting import encode_response
+from regroup.models.tiny import TinyModelConfig
 from regroup.recipes import build_reward_fn
 from regroup.rewards import score_many
 from regroup.stages.anchors import is_verified
 from regroup.stages.groups import samples_per_question
 from regroup.stages.rewarding import checked_rewards
-from regroup.models.tiny import TinyModelConfig
 
 SAMPLE = 64
 """Problems drawn for the data checks (a bounded cost, whatever the data set's size)."""
@@ -242,8 +245,6 @@ def available_memory(device: str = "cpu") -> int | None:
     """Bytes free now: the GPU's free memory, else MemAvailable (bounded by a cgroup limit); None if unknown."""
     if device.startswith("cuda"):
         try:
-            import torch
-
             return int(torch.cuda.mem_get_info()[0])
         except Exception:
             return None
@@ -314,8 +315,6 @@ def check_eval_memory(model_path: str, *, n: int, batch_size: int, max_new_token
 
 def _cuda() -> bool:
     try:
-        import torch
-
         return torch.cuda.is_available()
     except Exception:
         return False
@@ -351,8 +350,6 @@ def before_weights_load(cfg, problems: list, task, tokenizer, model_path: str, w
 
 def collective_timeout_line(exc: BaseException) -> str | None:
     """The one line for a collective that timed out (a frozen, dead or far slower process), else None."""
-    import re
-
     text = str(exc)
     if not isinstance(exc, RuntimeError) or not re.search(r"timed out|timeout", text, re.IGNORECASE):
         return None

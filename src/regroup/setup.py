@@ -7,22 +7,24 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
 import torch
 from accelerate import Accelerator
+from accelerate.utils import InitProcessGroupKwargs
 
+from regroup import preflight
 from regroup.cpu_memory import keep_freed_memory
 from regroup.data import FieldMap, load_problems
 from regroup.heldout import heldout_problems  # noqa: F401  (the held-out set; importable from here as before)
 from regroup.metrics import tracker_names
 from regroup.models.load import ReferenceModel, configured_model_path, load_policy, load_tokenizer
 from regroup.models.prompting import build_prompter
-from regroup import preflight
 from regroup.models.tiny import build_tokenizer
-from regroup.rollout.vllm import check_platform
 from regroup.rollout.factory import build_sampler  # the sampler factory; importable from here as before
+from regroup.rollout.vllm import check_platform
 from regroup.schedule import lr_lambda
 from regroup.stages.groups import samples_per_question
 from regroup.stages.update_hooks import build_update_hooks
@@ -90,9 +92,6 @@ def build_parts(cfg, run_dir: Path, accelerator=None, log=print) -> RunParts:
     trackers = tracker_names(cfg.train)
     acc = accelerator
     if acc is None:
-        from datetime import timedelta
-
-        from accelerate.utils import InitProcessGroupKwargs
 
         # A frozen or dead process must not block the others for torch's 30 minutes (train.collective_timeout_s).
         group = InitProcessGroupKwargs(timeout=timedelta(seconds=cfg.train.collective_timeout_s))

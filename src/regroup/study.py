@@ -45,22 +45,24 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from regroup.io import write_atomic
-from regroup.report.claims import ArmResult, Claim
-from regroup.tasks.arithmetic import ArithmeticConfig, ArithmeticTask, apply_transforms
+from transformers import AutoModelForCausalLM
+
 from regroup.checkpoint import list_checkpoints
 from regroup.config import load_config
 from regroup.demo import DemoSettings, evaluate_model
+from regroup.eval.benchmarks import DECODING
 from regroup.eval.runner import evaluate
 from regroup.heldout import heldout_problems
+from regroup.io import write_atomic
 from regroup.models.load import load_tokenizer
 from regroup.report import build_report
-from regroup.report.claims import judge_all, per_seed_mean
+from regroup.report.claims import ALPHA, ArmResult, Claim, judge_all, per_seed_mean
 from regroup.report.runs import load_run, read_metrics
 from regroup.report.study_page import write_study_page
 from regroup.report.summary import last_step, wall_time_s
 from regroup.rundir import claim_run_dir, new_run_dir
 from regroup.tasks import get_task
+from regroup.tasks.arithmetic import ArithmeticConfig, ArithmeticTask, apply_transforms
 from regroup.trainer import Trainer
 from regroup.warmup import WarmupConfig, warmup
 
@@ -471,11 +473,6 @@ def _eval_settings(s: StudySettings):
 def evaluate_at(model_dir: str, problems: list, out_dir: Path, protocol: str, s: StudySettings) -> dict:
     """pass@k at a paper's decoding preset (`regroup.eval.benchmarks.DECODING`), `paper_eval_samples` each;
     writes out_dir/summary.json and per_problem.jsonl as `demo.evaluate_model` does."""
-    from transformers import AutoModelForCausalLM
-
-    from regroup.eval.benchmarks import DECODING
-    from regroup.eval.runner import evaluate
-    from regroup.models.load import load_tokenizer
 
     decoding = DECODING[protocol]
     model = AutoModelForCausalLM.from_pretrained(model_dir)
@@ -571,8 +568,6 @@ def measured_budget(run_dirs: list[Path]) -> dict:
 
 def study_plan(s: StudySettings, arms: Sequence[Arm]) -> dict:
     """What a study commits to before its first run: arms, claims (with margins), the level, the cost estimate."""
-    from regroup.report.claims import ALPHA
-
     ran = {a.name for a in arms}
     return {"alpha": ALPHA, "correction": "Holm over every verdict (claims x regimes) with a p-value",
             "arms": [asdict(a) for a in arms], "settings": {**asdict(s), "steps": s.steps, "ks": s.ks},

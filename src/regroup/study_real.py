@@ -33,6 +33,19 @@ import random
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import torch
+
+from regroup.checkpoint import list_checkpoints
+from regroup.config import ConfigError, load_config
+from regroup.data import load_problems
+from regroup.errors import ConfigError
+from regroup.eval.runner import run_eval_cli
+from regroup.models.load import load_policy, load_tokenizer
+from regroup.models.prompting import build_prompter, encode_response
+from regroup.rundir import claim_run_dir, new_run_dir
+from regroup.trainer import Trainer
+from regroup.warmup import _batches
+
 EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples"  # a source checkout's examples/
 
 
@@ -95,8 +108,6 @@ def real_arm_overrides(arm: RealArm, s: RealSettings, seed: int, length: int, ru
 def real_arm_config(arm: RealArm, s: RealSettings, seed: int, length: int, run_dir: Path,
                     model_dir: str | None = None):
     """The validated RunConfig of one real-model run."""
-    from regroup.config import ConfigError, load_config
-
     example = EXAMPLES_DIR / arm.example
     if not example.is_file():
         raise ConfigError(f"regroup study --real reads {example}: run it from a source checkout")
@@ -107,11 +118,6 @@ def sft_on_references(cfg, problems: list, steps: int, lr: float, out_dir: Path,
     """LoRA (as `cfg.model`) SFT of `cfg.model.path` on the problems' reference solutions, prompted as the
     RL run prompts (`cfg.data`), `cfg.grpo.prompts_per_step` per batch, loss on response tokens only;
     the adapter is merged and the model saved to `out_dir` (returned), ready to start GRPO from."""
-    import torch
-
-    from regroup.models.load import load_policy, load_tokenizer
-    from regroup.models.prompting import build_prompter, encode_response
-    from regroup.warmup import _batches
 
     torch.manual_seed(seed)
     tokenizer = load_tokenizer(cfg.model.path)
@@ -146,8 +152,6 @@ def sft_on_references(cfg, problems: list, steps: int, lr: float, out_dir: Path,
 
 def evaluate_real(model_dir: str, s: RealSettings, length: int, out_dir: Path, prompt_config: str) -> dict:
     """pass@1 / pass@k and the truncated share on the held-out file at T = 1, prompted as `prompt_config`."""
-    from regroup.eval.runner import run_eval_cli
-
     rows = run_eval_cli(model_dir, [s.heldout_file], str(out_dir), n=s.eval_samples, ks=[1, s.eval_samples],
                         temperature=1.0, top_p=1.0, max_new_tokens=length, checker="math", greedy=False,
                         limit=s.eval_problems, progress=False, prompt={"config_file": prompt_config})
@@ -157,12 +161,6 @@ def evaluate_real(model_dir: str, s: RealSettings, length: int, out_dir: Path, p
 def run_real_study(s: RealSettings, out_root: str = "runs", log=print) -> Path:
     """Every arm x seed x length: train (SFT first for the imitation control), evaluate, and write
     real_study.json with each run's summary. Long: see the module doc's budget."""
-    from regroup.checkpoint import list_checkpoints
-    from regroup.config import ConfigError
-    from regroup.data import load_problems
-    from regroup.rundir import claim_run_dir, new_run_dir
-    from regroup.trainer import Trainer
-
     for path, how in ((s.model_dir, "regroup model fetch smollm2 --out " + s.model_dir),
                       (s.train_file, "regroup data prepare arithmetic_boxed --out " + s.train_file + " --limit 2000"),
                       (s.heldout_file, "regroup data prepare arithmetic_heldout --out " + s.heldout_file)):

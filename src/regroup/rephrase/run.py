@@ -16,13 +16,14 @@ from typing import Any
 
 from tqdm import tqdm
 
+from regroup.data import DataError, load_problems, save_problems
 from regroup.errors import ConfigError
-from regroup.net import ChatClient, DiskCache
 from regroup.io import write_atomic
+from regroup.net import ChatClient, DiskCache
 from regroup.net.redact import check_key_env_name, redact
 from regroup.rephrase.base import RephraseOutcome, Rephraser
 from regroup.rephrase.registry import build_rephraser
-from regroup.data import DataError, load_problems, save_problems
+from regroup.tasks.arithmetic.render import surface_from_meta
 
 
 def _chunks(seq: Sequence[Any], size: int) -> list[Sequence[Any]]:
@@ -75,8 +76,6 @@ def network_totals(client: ChatClient | None) -> dict[str, int]:
 def _check_rules_can_rewrite(problems: Sequence[Any], data_in) -> None:
     """The rules rewriter rewrites the built-in arithmetic task's problems from the structure in their meta;
     refuse other data before anything is rewritten (it used to fail with a traceback at the first row)."""
-    from regroup.tasks.arithmetic.render import surface_from_meta
-
     lacking = []
     for p in problems:
         try:

@@ -25,6 +25,7 @@ loss corrects for that (truncated importance sampling).
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import socket
@@ -32,6 +33,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 
+from regroup.errors import ConfigError
 from regroup.rollout.base import Completion, SamplingParams
 from regroup.sharded import full_parameters
 
@@ -165,8 +167,6 @@ def in_process_worker(llm):
 
 def _reloads_from_iterator(worker) -> bool:
     """Whether the worker's `reload_weights` takes the weights to load (vLLM >= 0.32's in-place reload)."""
-    import inspect
-
     reload = getattr(getattr(worker, "model_runner", None), "reload_weights", None)
     if not callable(reload) or not callable(getattr(worker, "reload_weights", None)):
         return False
@@ -245,8 +245,6 @@ def check_platform(rollout_cfg, cuda: bool | None = None) -> None:
     """Refuse, before any model loads, the engine settings that need CUDA when there is none (ConfigError).
     On CPU, `rollout.vllm_gpu_memory_utilization` has no effect: the KV cache is `VLLM_CPU_KVCACHE_SPACE`
     GiB."""
-    from regroup.config import ConfigError
-
     if rollout_cfg.vllm_enable_sleep_mode and not (has_cuda() if cuda is None else cuda):
         raise ConfigError(SLEEP_NEEDS_CUDA)
 
@@ -325,8 +323,6 @@ class VLLMSampler:
             enable_sleep_mode = rollout_cfg.vllm_enable_sleep_mode
         self.sleep_mode = bool(enable_sleep_mode)
         if self.sleep_mode and not has_cuda():
-            from regroup.config import ConfigError
-
             raise ConfigError(SLEEP_NEEDS_CUDA)
         if llm is None:
             _set_launcher_env()

@@ -38,10 +38,16 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import signal
+import socket
+import subprocess
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
 
 from regroup.net.client import RequestError, request_json
 from regroup.net.redact import check_key_env_name
@@ -72,8 +78,6 @@ def save_weights_folder(model, folder: Path) -> int:
     """Write `model`'s weights (HF checkpoint names; LoRA merged, then unmerged) into `folder` as
     `model.safetensors`, atomically: written under a temporary name beside it, then renamed into place.
     Returns the number of tensors written."""
-    from safetensors.torch import save_file
-
     tensors: dict = {}
 
     def collect(pairs):
@@ -175,8 +179,6 @@ class VLLMServerSampler:
 
     def _sync_nccl(self, model) -> None:
         """vLLM's NCCL weight transfer (trainer side = rank 0, the server's workers after it)."""
-        import torch
-
         if not torch.cuda.is_available():
             raise ServerError("rollout.vllm_server_sync=nccl needs CUDA GPUs; on CPU use rollout.vllm_server_sync=reload")
         if self._nccl is None:
@@ -246,12 +248,12 @@ class VLLMServerSampler:
 
 def _nccl_engine(sampler: VLLMServerSampler, model):
     """vLLM's trainer-side NCCL engine over HTTP (the documented weight-transfer API); the learner is rank 0."""
-    import socket
-
     try:
-        from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
-        from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
-        from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo, NCCLTrainerWeightTransferEngine
+        # optional (vllm): the server's NCCL sync only
+        from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource  # optional (vllm)
+        from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient  # optional (vllm)
+        from vllm.distributed.weight_transfer.nccl_engine import (  # optional (vllm)
+            NCCLTrainerInitInfo, NCCLTrainerWeightTransferEngine)
     except ImportError as e:
         raise ServerError(f"rollout.vllm_server_sync=nccl needs vLLM importable in the learner's process ({e})") from None
     if sampler._key:
@@ -292,8 +294,6 @@ def serve_command(model_dir: str, *, python: str, host: str = "127.0.0.1", port:
                   dtype: str = "auto", extra_args: list[str] | tuple = ()) -> list[str]:
     """The command line of a vLLM OpenAI server that this backend can drive: processed (temperature-scaled)
     log-probs, and eager mode on CPU (no compile wait). The key is never on it (see `serve_env`)."""
-    import torch
-
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--host", host,
            "--port", str(port), "--dtype", dtype, "--logprobs-mode", "processed_logprobs",
            "--worker-extension-cls", WORKER_EXTENSION]
@@ -329,8 +329,6 @@ class LocalServer:
     def __init__(self, model_dir: str, *, python: str, port: int | None = None, api_key_env: str | None = None,
                  max_model_len: int = 512, dtype: str = "float32", start_timeout_s: float = 600.0,
                  log_path: str | None = None, extra_args: list[str] | tuple = (), env: dict | None = None):
-        import socket
-
         if port is None:
             with socket.socket() as s:
                 s.bind(("127.0.0.1", 0))
@@ -347,8 +345,6 @@ class LocalServer:
         self.start_seconds: float | None = None
 
     def __enter__(self) -> LocalServer:
-        import subprocess
-
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115 - closed in stop
         self._log = out
         t0 = time.monotonic()
@@ -386,9 +382,6 @@ class LocalServer:
     def stop(self) -> None:
         """End the server's whole process group (the API process and its engine core): SIGTERM, up to
         20 s for a clean exit, then SIGKILL for whatever is left."""
-        import signal
-        import subprocess
-
         if self.proc is not None:
             for sig in (signal.SIGTERM, signal.SIGKILL):
                 try:
