@@ -175,6 +175,7 @@ def test_judge_failing_half_the_time_and_going_down(tiny_model_dir, tmp_path, mo
             tiny_model_dir, tmp_path, "dagrpo.yaml", f"train.steps={steps}", "mask.scorer.name=judge",
             f"mask.scorer.base_url={srv.base_url}", f"mask.scorer.api_key_env={KEY_ENV}",
             f"mask.scorer.timeout_s={timeout_s}", "mask.scorer.max_retries=2", "mask.scorer.concurrency=32",
+            "mask.scorer.structured=none",  # the fake judge answers in the paper's free-text "SCORE: n" form
             "anchors.max_tokens=64",  # the references are longer than the 16 generated tokens
         )
         stage = next(s for s in trainer.recipe.stages if s.name == "mask")
