@@ -27,7 +27,7 @@ PAIRS = [("ta_grpo", "grpo_matched"), ("dagrpo", "grpo")]
 
 def trainer_for(recipe: str, model_dir: str, run_dir: Path, steps: int, extra: list[str]):
     from regroup.config import load_config
-    from regroup.demo import DemoSettings, recipe_overrides
+    from regroup.experiments.demo import DemoSettings, recipe_overrides
     from regroup.trainer import Trainer
 
     overrides = recipe_overrides(recipe, DemoSettings(steps=steps, samples_per_step=128)) + [

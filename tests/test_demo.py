@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 
-from regroup.demo import DemoSettings, recipe_overrides, run_demo
+from regroup.experiments.demo import DemoSettings, recipe_overrides, run_demo
 
 
 def test_every_recipe_gets_the_same_sample_budget():

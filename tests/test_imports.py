@@ -123,6 +123,16 @@ def test_the_import_graph_sees_imports_inside_functions(tmp_path):
     assert cycles(import_graph(pkg)) == [{"regroup.a", "regroup.b"}]
 
 
+def test_the_library_core_never_imports_the_experiment_harness():
+    """regroup.experiments (demo, study, study page) uses the library; of the core, only the CLI's `demo` and
+    `study` commands reach it (lazily), so `src/regroup` reads, and imports, without it."""
+    graph = import_graph()
+    assert any(m.startswith("regroup.experiments.") for m in graph), "the harness moved: update this test"
+    core = {m: deps for m, deps in graph.items() if not m.startswith("regroup.experiments") and m != "regroup.cli"}
+    reaching = sorted(m for m, deps in core.items() if any(d.startswith("regroup.experiments") for d in deps))
+    assert reaching == [], reaching
+
+
 def test_no_new_import_cycle_counting_function_level_imports():
     found = cycles(import_graph())
     assert [c for c in found if c not in KNOWN_CYCLES] == [], "new import cycles"

@@ -23,7 +23,7 @@ def test_wheel_install_finds_its_recipes(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
                    check=True, capture_output=True, timeout=600)
     script = (
-        "import regroup, regroup.demo as d; from regroup.config import load_config\n"
+        "import regroup, regroup.experiments.demo as d; from regroup.config import load_config\n"
         "assert regroup.__file__.startswith(%r), regroup.__file__\n"
         "cfg = load_config('dagrpo_ta'); assert cfg.recipe == 'dagrpo_ta' and cfg.ta.enabled and cfg.anchors.enabled\n"
         "assert (d.CONFIG_DIR / 'grpo.yaml').is_file() and (d.CONFIG_DIR / 'paper' / 'dagrpo_both.yaml').is_file()\n"

@@ -15,7 +15,7 @@ import pytest
 from regroup.config import load_config
 from regroup.report import claims as C
 from regroup.report.claims import ArmResult, Claim
-from regroup.study import (
+from regroup.experiments.study import (
     ARMS, ARMS_BY_NAME, CLAIMS, CONFIG_DIR, QUICK, Regime, StudySettings, StudyTask, arm_overrides, choose_regime, plan,
     run_study,
 )
@@ -234,7 +234,7 @@ def test_budgets_per_protocol_by_hand():
 
 
 def test_the_default_study_is_sized_for_90_minutes_and_quick_for_5():
-    from regroup.study import DEFAULT_ARMS, estimate_seconds
+    from regroup.experiments.study import DEFAULT_ARMS, estimate_seconds
 
     default = [ARMS_BY_NAME[n] for n in DEFAULT_ARMS]
     assert {"grpo_drgrpo", "grpo_kl", "ta_grpo_author", "grpo_author_steps", "dagrpo_mask_pair"} <= set(DEFAULT_ARMS)
@@ -299,15 +299,15 @@ def test_rename_only_rephrasings_keep_numbers_order_and_answer():
 def test_step_mix_tasks_generate_only_those_steps():
     from regroup.tasks import get_task
 
-    hard = get_task("regroup.study:steps_3_4_task")
+    hard = get_task("regroup.experiments.study:steps_3_4_task")
     assert {p.difficulty for p in hard.generate(200, seed=1)} == {"steps=3", "steps=4"}
-    assert {p.difficulty for p in get_task("regroup.study:steps_4_task").generate(50, seed=1)} == {"steps=4"}
-    rules = get_task("regroup.study:steps_3_4_task").rephrase(hard.generate(1, seed=2)[0], 3, random.Random(0))
+    assert {p.difficulty for p in get_task("regroup.experiments.study:steps_4_task").generate(50, seed=1)} == {"steps=4"}
+    rules = get_task("regroup.experiments.study:steps_3_4_task").rephrase(hard.generate(1, seed=2)[0], 3, random.Random(0))
     assert len(rules) == 3  # the hard task keeps the full rule rephraser
 
 
 def test_sparse_regime_takes_the_first_candidate_reaching_the_threshold(monkeypatch, tmp_path):
-    import regroup.study as study
+    import regroup.experiments.study as study
 
     shares = iter([0.31, 0.62])
     warmed = []
@@ -415,7 +415,7 @@ def test_study_every_arm_on_a_toy_model(tiny_model_dir, tmp_path, one_thread):
 def test_quick_study_runs(tmp_path, monkeypatch, one_thread):
     monkeypatch.chdir(tmp_path)  # the quick warm-up goes to ./runs/warmup-quick
     html = run_study(quick=True, out_root=str(tmp_path / "runs"), log=lambda m: None)
-    from regroup.study import DEFAULT_ARMS
+    from regroup.experiments.study import DEFAULT_ARMS
 
     _check_outputs(html, list(DEFAULT_ARMS), QUICK.seeds)
 
@@ -424,13 +424,13 @@ def test_cli_has_a_study_subcommand(monkeypatch, tmp_path):
     from regroup import cli
 
     calls = []
-    monkeypatch.setattr("regroup.study.run_study", lambda **kw: calls.append(kw) or tmp_path / "study.html")
+    monkeypatch.setattr("regroup.experiments.study.run_study", lambda **kw: calls.append(kw) or tmp_path / "study.html")
     assert cli.main(["study", "--quick", "--out", str(tmp_path)]) == 0
     assert calls and calls[0]["quick"] is True and calls[0]["out_root"] == str(tmp_path)
 
 
 def test_sampled_uniform_share_undoes_the_dynamic_filter():
-    from regroup.study import SAMPLED_UNIFORM, with_sampled_uniform
+    from regroup.experiments.study import SAMPLED_UNIFORM, with_sampled_uniform
 
     # dynamic sampling: 3 of 8 groups seen were informative; its kept batch has no uniform group left
     assert with_sampled_uniform({"groups/uniform_frac": 0.0, "dynamic/informative_frac": 0.375})[SAMPLED_UNIFORM] \
@@ -452,7 +452,7 @@ def boxed_file(tmp_path):
 
 
 def test_real_model_arms_load_and_validate(tiny_model_dir, boxed_file, tmp_path):
-    from regroup.study_real import REAL_ARMS, RealSettings, real_arm_config
+    from regroup.experiments.study_real import REAL_ARMS, RealSettings, real_arm_config
 
     s = RealSettings(model_dir=tiny_model_dir, train_file=boxed_file)
     cfgs = {a.name: real_arm_config(a, s, 1, 40, tmp_path / a.name) for a in REAL_ARMS}
@@ -473,7 +473,7 @@ def test_sft_on_references_learns_the_references_and_saves_a_plain_model(tiny_mo
     from transformers import AutoModelForCausalLM
 
     from regroup.data import load_problems
-    from regroup.study_real import REAL_ARMS_BY_NAME, RealSettings, real_arm_config, sft_on_references
+    from regroup.experiments.study_real import REAL_ARMS_BY_NAME, RealSettings, real_arm_config, sft_on_references
 
     s = RealSettings(model_dir=tiny_model_dir, train_file=boxed_file)
     cfg = real_arm_config(REAL_ARMS_BY_NAME["sft_grpo"], s, 0, 40, tmp_path / "run",)

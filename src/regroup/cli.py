@@ -273,7 +273,7 @@ def cmd_rephrase(args) -> int:
 
 # ------------------------------------------------------------------------------------- demo, report
 def cmd_demo(args) -> int:
-    from regroup.demo import run_demo  # heavy (transformers, matplotlib): the experiment harness
+    from regroup.experiments.demo import run_demo  # heavy (transformers, matplotlib): the experiment harness
 
     report = run_demo(quick=args.quick, seeds=args.seeds, out_root=args.out, recipes=args.recipes, log=_log)
     print(f"report: {report}")
@@ -281,12 +281,12 @@ def cmd_demo(args) -> int:
 
 
 def cmd_study(args) -> int:
-    from regroup.study import (ARMS_BY_NAME, DEFAULT_ARMS, QUICK, StudySettings,  # heavy (transformers, matplotlib):
+    from regroup.experiments.study import (ARMS_BY_NAME, DEFAULT_ARMS, QUICK, StudySettings,  # heavy (transformers, matplotlib):
                                estimate_seconds, run_study, study_plan)  # the experiment harness, this command only
 
     arms = tuple(a.strip() for a in args.arms.split(",") if a.strip()) if args.arms else None
     if args.real:
-        from regroup.study_real import REAL_ARMS_BY_NAME, RealSettings, real_arm_config, run_real_study  # heavy, as above
+        from regroup.experiments.study_real import REAL_ARMS_BY_NAME, RealSettings, real_arm_config, run_real_study  # heavy, as above
 
         unknown = [a for a in arms or () if a not in REAL_ARMS_BY_NAME]
         if unknown:
@@ -383,7 +383,7 @@ def _rewriter_name(text: str) -> str:
 
 
 def _recipe_list(text: str) -> str:
-    from regroup.demo import RECIPES  # heavy (transformers, matplotlib): only `demo --recipes` reads it
+    from regroup.experiments.demo import RECIPES  # heavy (transformers, matplotlib): only `demo --recipes` reads it
 
     names = [n.strip() for n in text.split(",") if n.strip()]
     unknown = [n for n in names if n not in RECIPES]
@@ -505,7 +505,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="runs")
     p.add_argument("--arms", default=None, help="comma-separated subset of the arms (default: the default arms)")
     p.add_argument("--real", action="store_true", help="the real-model study (SmolLM2-135M, LoRA): hours; see "
-                                                      "regroup.study_real")
+                                                      "regroup.experiments.study_real")
     p.add_argument("--dry-run", action="store_true", help="print the plan (arms, claims, estimate) and validate; run nothing")
     p.set_defaults(fn=cmd_study)
 

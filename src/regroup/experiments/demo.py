@@ -28,7 +28,7 @@ from regroup.trainer import Trainer
 from regroup.warmup import WarmupConfig, warmup
 
 RECIPES = ["grpo", "grpo_matched", "ta_grpo", "dagrpo", "dagrpo_ta"]
-CONFIG_DIR = Path(__file__).resolve().parent / "configs"  # package data: found from a wheel install too
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"  # package data: found from a wheel install too
 
 
 @dataclass

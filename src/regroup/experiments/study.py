@@ -49,7 +49,7 @@ from transformers import AutoModelForCausalLM
 
 from regroup.checkpoint import list_checkpoints
 from regroup.config import load_config
-from regroup.demo import DemoSettings, evaluate_model
+from regroup.experiments.demo import DemoSettings, evaluate_model
 from regroup.eval.benchmarks import DECODING
 from regroup.eval.runner import evaluate
 from regroup.heldout import heldout_problems
@@ -58,7 +58,7 @@ from regroup.models.load import load_tokenizer
 from regroup.report import build_report
 from regroup.report.claims import ALPHA, ArmResult, Claim, judge_all, per_seed_mean
 from regroup.report.runs import load_run, read_metrics
-from regroup.report.study_page import write_study_page
+from regroup.experiments.study_page import write_study_page
 from regroup.report.summary import last_step, wall_time_s
 from regroup.rundir import claim_run_dir, new_run_dir
 from regroup.tasks import get_task
@@ -66,7 +66,7 @@ from regroup.tasks.arithmetic import ArithmeticConfig, ArithmeticTask, apply_tra
 from regroup.trainer import Trainer
 from regroup.warmup import WarmupConfig, warmup
 
-CONFIG_DIR = Path(__file__).resolve().parent / "configs"  # package data: found from a wheel install too
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"  # package data: found from a wheel install too
 N_VARIANTS = 3  # TA-GRPO's N in configs/ta_grpo.yaml and dagrpo_ta.yaml
 
 
@@ -120,9 +120,9 @@ def steps_4_rename_only_task() -> StudyTask:
 
 
 TASK_NAMES = {  # (step mix, rename only) -> data.task
-    ("1-4", False): "arithmetic", ("1-4", True): "regroup.study:rename_only_task",
-    ("3-4", False): "regroup.study:steps_3_4_task", ("3-4", True): "regroup.study:steps_3_4_rename_only_task",
-    ("4", False): "regroup.study:steps_4_task", ("4", True): "regroup.study:steps_4_rename_only_task",
+    ("1-4", False): "arithmetic", ("1-4", True): "regroup.experiments.study:rename_only_task",
+    ("3-4", False): "regroup.experiments.study:steps_3_4_task", ("3-4", True): "regroup.experiments.study:steps_3_4_rename_only_task",
+    ("4", False): "regroup.experiments.study:steps_4_task", ("4", True): "regroup.experiments.study:steps_4_rename_only_task",
 }
 
 

@@ -46,7 +46,7 @@ from regroup.rundir import claim_run_dir, new_run_dir
 from regroup.trainer import Trainer
 from regroup.warmup import _batches
 
-EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples"  # a source checkout's examples/
+EXAMPLES_DIR = Path(__file__).resolve().parents[3] / "examples"  # a source checkout's examples/
 
 
 @dataclass
