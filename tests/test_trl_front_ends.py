@@ -66,6 +66,13 @@ CASES = {
     "dagrpo_ta": ("dagrpo_ta", ["grpo.num_generations=2", *MASKS], 2),
     "dagrpo_mask_only": ("dagrpo_mask_only", ["grpo.num_generations=4", *MASKS], 4),
     "gspo": ("grpo", ["grpo.num_generations=4", "grpo.importance_level=sequence", "grpo.beta=0.01"], 4),
+    # the registered loss variants and the pair mask: one loss, whichever front-end runs it
+    "cispo": ("grpo", ["grpo.num_generations=4", "grpo.policy_loss=cispo", "grpo.cispo_clip_max=1.2"], 4),
+    "sapo_low_var_kl": ("grpo", ["grpo.num_generations=4", "grpo.policy_loss=sapo", "grpo.beta=0.01",
+                                 "grpo.kl_estimator=low_var_kl"], 4),
+    "gmpo_anchors": ("dagrpo", ["grpo.num_generations=4", "grpo.policy_loss=gmpo", *MASKS], 4),
+    "entropy_bonus": ("grpo", ["grpo.num_generations=4", "grpo.entropy_coef=0.01"], 4),
+    "pair_mask": ("dagrpo_mask_only", ["grpo.num_generations=4", "mask.unit=pair", *MASKS], 4),
     "overlong": ("grpo", ["grpo.num_generations=4", "overlong.soft_punish=true", "overlong.filter=true",
                           "overlong.buffer=8", "grpo.loss_agg=seq_mean_token_mean"], 4),
 }
@@ -134,7 +141,7 @@ def test_both_front_ends_agree_on_one_batch(tiny_model_dir, tmp_path, case):
     for s in sampled:
         firsts.setdefault(s.group_id, s.problem)
     nb = StepBatch(step=0, problems=list(firsts.values()), group_ids=list(firsts))
-    run_stages(native.recipe.stages, nb, native.ctx)
+    stage_metrics = run_stages(native.recipe.stages, nb, native.ctx)
     captured = {}
 
     def capture(loss_total):  # the native update's optimizer step, minus the step
@@ -161,8 +168,10 @@ def test_both_front_ends_agree_on_one_batch(tiny_model_dir, tmp_path, case):
     assert native.recipe.loss == trl.recipe.loss  # one LossSpec (GSPO: ratio_level="sequence" on both)
     if "anchors" in native.recipe.names:
         assert any(s.is_anchor for s in tb.samples)
-    if "mask" in native.recipe.names:
+    if "mask" in native.recipe.names and cfg.mask.unit == "sample":
         assert (tb.weights == 0).any() and (tb.weights == 1).any()  # some masked, some kept
+    if "mask" in native.recipe.names and cfg.mask.unit == "pair":  # pair terms move advantages, not weights
+        assert tb.weights is None and stage_metrics["mask/pair_frac"] > 0
     if case == "overlong":
         assert tb.weights is not None and (tb.weights == 0).any()  # some response was cut and filtered
 

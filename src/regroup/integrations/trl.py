@@ -357,7 +357,8 @@ class RegroupGRPOTrainer(GRPOTrainer):
             max_completion_length=self.max_completion_length or logits_to_keep)
         loss_inputs = LossInputs(advantages=inputs["advantages"], loss_mask=mask, ref_logps=inputs.get("ref_per_token_logps"),
                                  sample_weight=inputs.get(SAMPLE_WEIGHT), anchor_token_mask=inputs.get(ANCHOR_MASK),
-                                 is_weight=is_weight)
+                                 is_weight=is_weight,
+                                 entropy=entropies if self.recipe.loss.needs_entropy else None)  # [B, T], with grad
         loss, m = policy_loss(logps, old, loss_inputs, self.recipe.loss, LossTotals(**totals))
         if self.aux_loss_enabled:
             normalizer = self.current_gradient_accumulation_steps if training else 1.0
