@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from regroup.recipes import build_reward_fn
 from regroup.rewards import pop_counts, score_many
 from regroup.rewards.deadline import DeadlineReward, UserRewardError
+from regroup.tasks.base import Problem
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-PROBLEM = SimpleNamespace(id="q", question="?", answer="1", solution=None)
+PROBLEM = Problem(id="q", question="?", answer="1")  # what the trainer passes; it crosses to the worker as JSON
 
 
 def test_a_hanging_reward_is_killed_scored_none_and_counted():

@@ -2,8 +2,9 @@
 checker, and a call that does not return within `timeout_s` is killed and scored None (unscored,
 counted as `timeout`), so a reward that never returns cannot hang training.
 
-The child imports the function by its dotted name (nothing is pickled but the arguments, sent by the
-parent) and answers one length-prefixed JSON reply per request on a private pipe; whatever the function
+The child imports the function by its dotted name and reads one length-prefixed JSON request (the
+response and `Problem.to_dict()`) and answers one JSON reply per request on a private pipe: nothing is
+pickled either way; whatever the function
 prints goes to stderr. A timed-out or crashed worker is replaced before the next call.
 """
 
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import select
 import struct
 import subprocess
@@ -27,7 +27,7 @@ from regroup.rewards.counts import RewardCounts
 COUNTS = ("checked", "timeout", "restarts")
 
 _CHILD = r"""
-import json, numbers, os, pickle, struct, sys, traceback
+import json, numbers, os, struct, sys, traceback
 channel = os.fdopen(os.dup(1), "wb", buffering=0)
 os.dup2(2, 1)
 sys.stdout = sys.stderr
@@ -43,6 +43,7 @@ def send(obj):
     channel.write(struct.pack(">I", len(data)) + data)
 try:
     from regroup.registry import load_dotted
+    from regroup.tasks.base import Problem
     fn = load_dotted(sys.argv[1])
 except BaseException as exc:
     send({"fatal": f"{type(exc).__name__}: {exc}"})
@@ -53,7 +54,8 @@ while True:
     head = stdin.read(4)
     if len(head) < 4:
         break
-    response, problem = pickle.loads(stdin.read(struct.unpack(">I", head)[0]))
+    request = json.loads(stdin.read(struct.unpack(">I", head)[0]))
+    response, problem = request["response"], Problem.from_dict(request["problem"])
     try:
         send({"value": fn(response, problem)})
     except BaseException as exc:
@@ -86,7 +88,7 @@ class _Child:
         self._finalizer = weakref.finalize(self, _kill, self.proc)
 
     def send(self, obj: Any) -> None:
-        data = pickle.dumps(obj)
+        data = json.dumps(obj).encode()
         try:
             self.proc.stdin.write(struct.pack(">I", len(data)) + data)
         except (BrokenPipeError, OSError):
@@ -156,8 +158,8 @@ class DeadlineReward:
         child = self._ready_child()
         self._counts.add("checked")
         try:
-            child.send((response, problem))
-        except (pickle.PicklingError, TypeError, AttributeError) as e:
+            child.send({"response": response, "problem": problem.to_dict()})
+        except (TypeError, ValueError, AttributeError) as e:  # not a Problem, or meta that is not JSON
             raise UserRewardError(f"reward {self.name}: its arguments cannot be sent to the worker ({e})") from None
         reply = child.read(time.monotonic() + self.timeout_s)
         if reply is None or reply.get("died"):
