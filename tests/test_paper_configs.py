@@ -78,7 +78,8 @@ def test_dagrpo_arms_follow_the_paper_and_luffy(tiny_model_dir, data_file):
             (0.999, 0.01, "constant", 0)
         assert (cfg.data.max_prompt_tokens, cfg.rollout.max_new_tokens) == (1024, 8192)
     text = (PAPER / "dagrpo_base.yaml").read_text()
-    assert "Qwen2.5-Math-7B" in text and "entropy_coeff 0.001" in text  # the one setting not expressible here
+    assert "Qwen2.5-Math-7B" in text
+    assert all(cfg.grpo.entropy_coef == 0.001 for cfg in arms.values())  # LUFFY's entropy_coeff
     on = {name: (cfg.mask.enabled, cfg.mask.unit, cfg.anchors.enabled) for name, cfg in arms.items()}
     assert on == {"dagrpo_grpo": (False, "sample", False), "dagrpo_grpo_std": (False, "sample", False),
                   "dagrpo_mask_only": (True, "sample", False), "dagrpo_mask_pair": (True, "pair", False),
