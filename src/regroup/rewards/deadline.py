@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import struct
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from typing import Any
 
 from regroup.errors import ConfigError
 from regroup.rewards.counts import RewardCounts
+from regroup.rewards.math_verify import read_chunk
 
 COUNTS = ("checked", "timeout", "restarts")
 
@@ -104,13 +104,9 @@ class _Child:
                     reply = json.loads(self._buffer[4 : 4 + size])  # JSON back: the parent unpickles nothing
                     self._buffer = self._buffer[4 + size :]
                     return reply
-            left = deadline - time.monotonic()
-            if left <= 0:
+            chunk = read_chunk(fd, deadline)
+            if chunk is None:
                 return None
-            readable, _, _ = select.select([fd], [], [], left)
-            if not readable:
-                return None
-            chunk = os.read(fd, 1 << 16)
             if not chunk:
                 return {"died": True}
             self._buffer += chunk

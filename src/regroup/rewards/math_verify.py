@@ -96,6 +96,18 @@ def extract_after_marker(text: str, marker: str) -> str | None:
     return None
 
 
+def read_chunk(fd: int, deadline: float) -> bytes | None:
+    """What a worker's pipe has, waiting until `deadline` (time.monotonic): None at the deadline, b"" when
+    the worker exited. The math checker's and the user rewards' workers (`rewards.deadline`) read with it."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        return None
+    readable, _, _ = select.select([fd], [], [], left)
+    if not readable:
+        return None
+    return os.read(fd, 1 << 16)
+
+
 class _WorkerDied(Exception):
     pass
 
@@ -132,13 +144,9 @@ class _Worker:
         assert self.proc.stdout is not None
         fd = self.proc.stdout.fileno()
         while b"\n" not in self._buffer:
-            left = deadline - time.monotonic()
-            if left <= 0:
+            chunk = read_chunk(fd, deadline)
+            if chunk is None:
                 return None
-            readable, _, _ = select.select([fd], [], [], left)
-            if not readable:
-                return None
-            chunk = os.read(fd, 65536)
             if not chunk:
                 raise _WorkerDied("math-verify worker exited")
             self._buffer += chunk
