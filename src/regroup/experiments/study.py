@@ -13,7 +13,7 @@ Every arm (DEFAULT_ARMS of ARMS) trains from the regime's start with each seed, 
 held-out problems (pass@1/8/32 from `eval_samples` samples at T = 1, and pass@1/8 from
 `paper_eval_samples` samples at each paper's decoding settings), and the claims (CLAIMS, fixed here with
 their margins before any run; `plan.json` records them first) are judged by `regroup.report.claims`
-(t-tests, Holm over the family). Budgets per protocol (PROTOCOLS): GRPO sees `questions` distinct
+(t-tests, Holm within each paper's family of verdicts). Budgets per protocol (PROTOCOLS): GRPO sees `questions` distinct
 questions for `epochs` epochs (`steps = questions · epochs / prompts_per_step`); "equal questions" arms
 (TA-GRPO as in its paper, grpo_matched) draw the same questions at the same steps and generate (N+1)·G
 per question; "equal samples" arms generate as many samples per step as GRPO; "authors' protocol"
@@ -261,8 +261,8 @@ SAMPLED_UNIFORM = "groups/sampled_uniform_frac"
 MATCH_MARGIN = 0.02
 """Non-inferiority margin of the "matches 2.5x data" claim: 2 points of pass@1, fixed before any run."""
 
-# The family of claims, fixed in code before the run (every verdict of a study is Holm-corrected over
-# all of them that ran; ALPHA in regroup.report.claims). Claims on arms not run give "not run".
+# The claims, fixed in code before the run (the verdicts of each paper's claims, over both regimes, are
+# one Holm family: `Claim.paper`; ALPHA in regroup.report.claims). Claims on arms not run give "not run".
 CLAIMS = [
     Claim("TA-GRPO", "Pooling rephrasings leaves fewer uniform-reward groups than GRPO", "ta_grpo", "grpo",
           SAMPLED_UNIFORM, direction=-1),
@@ -569,7 +569,7 @@ def measured_budget(run_dirs: list[Path]) -> dict:
 def study_plan(s: StudySettings, arms: Sequence[Arm]) -> dict:
     """What a study commits to before its first run: arms, claims (with margins), the level, the cost estimate."""
     ran = {a.name for a in arms}
-    return {"alpha": ALPHA, "correction": "Holm over every verdict (claims x regimes) with a p-value",
+    return {"alpha": ALPHA, "correction": "Holm within each family: the verdicts (claims x regimes) of one Claim.paper with a p-value",
             "arms": [asdict(a) for a in arms], "settings": {**asdict(s), "steps": s.steps, "ks": s.ks},
             "claims": [{**asdict(c), "runs": c.arm in ran and c.against in ran and (c.reference is None or c.reference in ran)}
                        for c in CLAIMS],

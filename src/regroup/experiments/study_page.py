@@ -196,7 +196,7 @@ def write_study_page(study_dir: Path, s: Any, arms: Sequence[Any], regimes: Sequ
             "seeds are the independent replications); training metrics paired over seeds, S − 1 df. p: the claim's "
             "own test (two-sided for 'better' claims; for 'matches', twice the smaller of: the larger of the "
             "non-inferiority p at the stated margin and the one-sided p that the extra data helps, and the p that "
-            f"it falls short by more than the margin). p (Holm): adjusted over every verdict above; a verdict is "
+            f"it falls short by more than the margin). p (Holm): adjusted over the verdicts of the same paper (its family: every regime); a verdict is "
             f"'supported' or 'contradicted' only when p (Holm) < {ALPHA}; 'inconclusive' means this study could not "
             "tell, not that the arms are equal. Claims, margins and arms were fixed in code before the run (plan.json).")
     html = [f"<!doctype html><html lang=en><head><meta charset=utf-8><title>regroup study</title><style>{CSS}"

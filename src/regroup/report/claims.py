@@ -10,8 +10,11 @@ Tests (fixed in code before a run: the claims, their margins and the level ALPHA
   extra-data arm must beat the reference (H0: gain <= 0, one-sided): the larger of the two p's (an
   intersection-union test); against it, "falls short by more than m" (H0: Δ >= −m). The claim's p is
   twice the smaller of the two directions' p, as a two-sided test is, so one p per claim enters Holm.
-Every verdict of a study (claims × regimes) is one family: Holm's step-down correction
-(`regroup.report.stats.holm`) gives the adjusted p that decides, and both p's are reported.
+A family is every verdict (claims × regimes) of one `Claim.paper` ("TA-GRPO", "DaGRPO", "study control"):
+Holm's step-down correction (`regroup.report.stats.holm`) within it gives the adjusted p that decides,
+and both p's are reported. Per paper, not per study: a paper's verdicts answer one question (does its
+method do what it says), and with 5 seeds (4 df) one family of ~46 tests would need |t| ≈ 8.4 at the
+first Holm step, ~18 tests per paper need |t| ≈ 6.6. Decided before the issue-25 run, not after it.
 
 Standard errors. pass@k differences are paired over problems and seeds; their SE is
 `√(var_s(D_s)/S + var_p(d̄_p)/P)` (D_s seed s's mean difference over problems, d̄_p problem p's mean
@@ -292,9 +295,14 @@ def _decide(v: Verdict, p: float, alpha: float = ALPHA) -> Verdict:
 def judge_all(claims: Sequence[Claim], results: Mapping[str, Mapping[str, ArmResult]],
               alpha: float = ALPHA) -> list[Verdict]:
     """Every claim in every regime of `results` (regime -> arm -> ArmResult), claims outer, regimes inner;
-    verdicts decided at Holm-adjusted p over all of them (one family)."""
+    verdicts decided at Holm-adjusted p within each family: the verdicts of the claims that share a
+    `Claim.paper` (every regime), so each family's chance of any false verdict is held at `alpha`."""
     raw = [judge(c, regime, arms) for c in claims for regime, arms in results.items()]
-    adjusted = holm([v.p for v in raw])
+    adjusted: list[float | None] = [None] * len(raw)
+    for paper in dict.fromkeys(c.paper for c in claims):
+        members = [i for i, v in enumerate(raw) if v.claim.paper == paper]
+        for i, p in zip(members, holm([raw[i].p for i in members])):
+            adjusted[i] = p
     return [v if p is None else _decide(replace(v, p_adjusted=p), p, alpha) for v, p in zip(raw, adjusted)]
 
 
