@@ -364,9 +364,12 @@ def test_train_refuses_sleep_mode_on_cpu_in_one_line(monkeypatch, tmp_path, caps
 def test_cpu_engines_run_eager(fake_vllm, tmp_path, monkeypatch):
     sampler = make_sampler(fake_vllm, tmp_path, sleep=False)
     assert "enforce_eager" not in sampler.llm.kwargs  # CUDA: vLLM's own default (CUDA graphs)
+    assert "enable_chunked_prefill" not in sampler.llm.kwargs
     monkeypatch.setattr("regroup.rollout.vllm.has_cuda", lambda: False)
     sampler = make_sampler(fake_vllm, tmp_path, sleep=False)
     assert sampler.llm.kwargs["enforce_eager"] is True
+    # CPU generators cannot be rewound after a partial prefill (tests/real_engine/test_eval_cli.py)
+    assert sampler.llm.kwargs["enable_chunked_prefill"] is False
     from regroup.config import ConfigError
 
     with pytest.raises(ConfigError, match="needs CUDA"):

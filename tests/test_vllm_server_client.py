@@ -220,6 +220,7 @@ def test_missing_key_variable_and_bad_url_are_refused(tiny_model, monkeypatch):
 
 def test_serve_command_keeps_the_key_off_the_command_line(monkeypatch):
     monkeypatch.setenv(KEY_ENV, KEY)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
     cmd = serve_command("/models/m", python="/venv/bin/python", port=8123, max_model_len=512)
     env = serve_env(KEY_ENV, base={})
     assert cmd[:3] == ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
@@ -227,6 +228,7 @@ def test_serve_command_keeps_the_key_off_the_command_line(monkeypatch):
     assert cmd[cmd.index("--worker-extension-cls") + 1] == "regroup.rollout.vllm_worker.WeightReloadExtension"
     assert cmd[cmd.index("--port") + 1] == "8123" and cmd[cmd.index("--max-model-len") + 1] == "512"
     assert KEY not in " ".join(cmd)
+    assert "--no-enable-chunked-prefill" in cmd and "--enforce-eager" in cmd  # CPU
     assert env["VLLM_API_KEY"] == KEY and env["VLLM_SERVER_DEV_MODE"] == "1"
     assert "VLLM_API_KEY" not in serve_env(None, base={})
 

