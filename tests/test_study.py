@@ -499,3 +499,36 @@ def test_study_dry_run_prints_the_plan_and_runs_nothing(tmp_path, capsys):
     assert plan["alpha"] == C.ALPHA and len(plan["claims"]) == len(CLAIMS) and plan["estimated_seconds"] <= 90 * 60
     assert not any(tmp_path.iterdir())
     assert cli.main(["study", "--arms", "grpo,nosuch", "--dry-run"]) == 2
+
+
+def test_real_summary_pairs_arms_over_problems_and_seeds_from_split_studies(tmp_path, capsys):
+    from regroup.experiments.study_real import read_real_results, summarize_real
+
+    def write(bench_dir, counts, truncated):
+        bench_dir.mkdir(parents=True)
+        (bench_dir / "per_problem.jsonl").write_text("".join(
+            json.dumps({"id": f"p{i}", "correct": c, "n": 4}) + "\n" for i, c in enumerate(counts)))
+        (bench_dir / "summary.json").write_text(json.dumps({"truncated_frac": truncated}))
+
+    a, b = tmp_path / "a", tmp_path / "b"  # seed 0 in one process (with the start), seed 1 in another
+    write(a / "len40" / "start" / "heldout", [0, 0], 0.5)
+    write(a / "len40" / "grpo-s0" / "eval" / "heldout", [1, 0], 0.25)
+    write(a / "len40" / "dagrpo_anchor-s0" / "eval" / "heldout", [2, 2], 0.0)
+    write(b / "len40" / "grpo-s1" / "eval" / "heldout", [0, 1], 0.5)
+    write(b / "len40" / "dagrpo_anchor-s1" / "eval" / "heldout", [4, 2], 0.0)
+    arms, truncated = read_real_results([a, b], 40)
+    assert set(arms) == {"start", "grpo", "dagrpo_anchor"} and set(arms["start"].per_problem) == {0, 1}
+    assert truncated["grpo"] == [0.25, 0.5]
+    table = summarize_real([a, b], 40).splitlines()
+    row = next(line for line in table if line.startswith("| dagrpo_anchor"))
+    # pass@1 per (seed, problem): anchor [[.5, .5], [1, .5]] mean 0.625; grpo [[.25, 0], [0, .25]] mean 0.125;
+    # Δ vs grpo: D = [[.25, .5], [1, .25]]: mean 0.5; seed means [.375, .625] var 1/32, problem means
+    # [.625, .375] var 1/32: SE = √(1/64 + 1/64) = 0.177; df 1, t 12.706: CI 0.5 ± 2.25
+    assert "| 2 | 62.5 % |" in row and "+50.0 ± 17.7 [-174.6, +274.6]" in row and row.endswith("| 0 % |")
+    assert "+62.5 ±" in row  # vs the start's 0
+    assert next(line for line in table if line.startswith("| start")).endswith("| 50 % |")
+    from regroup.cli import main
+
+    assert main(["study", "--real", "--summarize", str(a), str(b)]) == 0
+    assert main(["study", "--real", "--summarize", str(tmp_path / "missing")]) == 2
+    assert "## max_new_tokens 40" in capsys.readouterr().out

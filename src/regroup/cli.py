@@ -291,7 +291,19 @@ def cmd_study(args) -> int:
         unknown = [a for a in arms or () if a not in REAL_ARMS_BY_NAME]
         if unknown:
             raise ConfigError(f"--arms: unknown real-model arm(s) {unknown}; available: {', '.join(REAL_ARMS_BY_NAME)}")
-        s = RealSettings(arms=arms)
+        if args.summarize:  # join (split) real-model studies into one table per length
+            from regroup.experiments.study_real import summarize_real  # heavy, as above
+
+            dirs = [Path(d) for d in args.summarize]
+            missing = [str(d) for d in dirs if not d.is_dir()]
+            if missing:
+                raise ConfigError(f"--summarize: no such study folder {missing}")
+            lengths = sorted({int(p.name[3:]) for d in dirs for p in d.glob("len*") if p.name[3:].isdigit()})
+            for length in lengths:
+                print(f"## max_new_tokens {length}\n\n{summarize_real(dirs, length)}\n")
+            return 0
+        s = RealSettings(arms=arms, **{k: v for k, v in (("seeds", args.seeds), ("first_seed", args.first_seed),
+                                                          ("lengths", args.lengths)) if v is not None})
         if args.dry_run:  # every arm's config validates, before any model loads
             for name in arms or REAL_ARMS_BY_NAME:
                 for length in s.lengths:
@@ -373,6 +385,15 @@ def _number(kind, rule_text: str):
         return value
 
     return parse
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    """An argparse type: comma-separated integers >= 1, e.g. "40,512"."""
+    parse = _number(int, "count")
+    values = tuple(parse(t.strip()) for t in text.split(",") if t.strip())
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+    return values
 
 
 def _rewriter_name(text: str) -> str:
@@ -507,6 +528,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--real", action="store_true", help="the real-model study (SmolLM2-135M, LoRA): hours; see "
                                                       "regroup.experiments.study_real")
     p.add_argument("--dry-run", action="store_true", help="print the plan (arms, claims, estimate) and validate; run nothing")
+    p.add_argument("--seeds", type=_number(int, "count"), default=None, help="--real: seeds per arm (default 3)")
+    p.add_argument("--first-seed", type=_number(int, "zero_or_more"), default=None,
+                   help="--real: the first seed (split one study over processes; join them with --summarize)")
+    p.add_argument("--lengths", type=_int_list, default=None, help="--real: comma-separated rollout.max_new_tokens (default 40)")
+    p.add_argument("--summarize", nargs="+", metavar="DIR", default=None,
+                   help="--real: print the pass@1 table of these real-study folders (paired over problems and seeds)")
     p.set_defaults(fn=cmd_study)
 
     p = sub.add_parser("report", parents=[common], help="build report.html / report.md from finished runs")

@@ -36,12 +36,13 @@ from pathlib import Path
 import torch
 
 from regroup.checkpoint import list_checkpoints
-from regroup.config import ConfigError, load_config
+from regroup.config import load_config
 from regroup.data import load_problems
 from regroup.errors import ConfigError
 from regroup.eval.runner import run_eval_cli
 from regroup.models.load import load_policy, load_tokenizer
 from regroup.models.prompting import build_prompter, encode_response
+from regroup.report.claims import ArmResult, compare_pass_at_k, confidence_interval, mean_pass_at_k
 from regroup.rundir import claim_run_dir, new_run_dir
 from regroup.trainer import Trainer
 from regroup.warmup import _batches
@@ -195,3 +196,58 @@ def run_real_study(s: RealSettings, out_root: str = "runs", log=print) -> Path:
                 log(f"real study len {length} {arm.name} seed {seed}: {summary}")
                 (study_dir / "real_study.json").write_text(json.dumps(records, indent=2, default=str))
     return study_dir
+
+
+# ------------------------------------------------------------------------------------------ summary
+def _per_problem(path: Path) -> dict[str, tuple[int, int]]:
+    """problem id -> (correct, n) from an evaluation's per_problem.jsonl."""
+    rows = (json.loads(line) for line in path.read_text().splitlines() if line.strip())
+    return {str(r["id"]): (int(r["correct"]), int(r["n"])) for r in rows}
+
+
+def read_real_results(study_dirs: list[Path], length: int) -> tuple[dict[str, ArmResult], dict[str, list[float]]]:
+    """(arm -> ArmResult at T = 1, arm -> truncated share per seed) of every `len<length>` run in
+    `study_dirs` (a study split over processes by `first_seed`); "start" has the start's evaluation under
+    every seed any arm ran (one evaluation: the start does not depend on a training seed)."""
+    arms: dict[str, ArmResult] = {}
+    truncated: dict[str, list[float]] = {}
+    start = None
+    for study_dir in study_dirs:
+        root = Path(study_dir) / f"len{length}"
+        if (root / "start" / "heldout" / "per_problem.jsonl").is_file():
+            start = root / "start" / "heldout"
+        for bench in sorted(root.glob("*-s*/eval/heldout")):
+            name, _, seed = bench.parent.parent.name.rpartition("-s")
+            arms.setdefault(name, ArmResult()).per_problem[int(seed)] = _per_problem(bench / "per_problem.jsonl")
+            truncated.setdefault(name, []).append(json.loads((bench / "summary.json").read_text())["truncated_frac"])
+    if start is not None:
+        counts = _per_problem(start / "per_problem.jsonl")
+        seeds = sorted({s for a in arms.values() for s in a.per_problem})
+        arms["start"] = ArmResult(per_problem={s: counts for s in seeds})
+        truncated["start"] = [json.loads((start / "summary.json").read_text())["truncated_frac"]]
+    return arms, truncated
+
+
+def summarize_real(study_dirs: list[Path], length: int, against: tuple[str, ...] = ("start", "grpo", "sft_grpo")) -> str:
+    """A markdown table: each arm's pass@1 (± SE over seeds and problems) and its paired Δ against each
+    arm of `against` (± SE, 95 % CI, S − 1 df: `regroup.report.claims.compare_pass_at_k`), with the
+    truncated share at `length`."""
+    arms, truncated = read_real_results(study_dirs, length)
+    order = ["start"] + [a.name for a in REAL_ARMS if a.name in arms] + sorted(set(arms) - {"start"} - set(REAL_ARMS_BY_NAME))
+    head = ["arm", "seeds", "pass@1", *[f"Δ vs {b}" for b in against if b in arms], f"cut at {length} tokens"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name in (n for n in order if n in arms):
+        own = mean_pass_at_k(arms[name], 1)
+        cells = [name, "1 (eval)" if name == "start" else str(len(arms[name].per_problem)),
+                 f"{100 * own.delta:.1f} %" if own.delta is not None else "—"]
+        for other in (b for b in against if b in arms):
+            c = compare_pass_at_k(arms[name], arms[other], 1) if other != name else None
+            ci = confidence_interval(c) if c is not None else None
+            if c is None or c.delta is None or c.se is None or name == "start":
+                cells.append("—")
+            else:
+                cells.append(f"{100 * c.delta:+.1f} ± {100 * c.se:.1f}" + (f" [{100 * ci[0]:+.1f}, {100 * ci[1]:+.1f}]" if ci else ""))
+        shares = truncated.get(name, [])
+        cells.append(f"{100 * sum(shares) / len(shares):.0f} %" if shares else "—")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
