@@ -532,3 +532,4 @@ def test_real_summary_pairs_arms_over_problems_and_seeds_from_split_studies(tmp_
     assert main(["study", "--real", "--summarize", str(a), str(b)]) == 0
     assert main(["study", "--real", "--summarize", str(tmp_path / "missing")]) == 2
     assert "## max_new_tokens 40" in capsys.readouterr().out
+    assert main(["study", "--seeds", "3", "--dry-run"]) == 2  # the miniature study's size is fixed in code

@@ -312,6 +312,10 @@ def cmd_study(args) -> int:
             return 0
         print(f"real-model study: {run_real_study(s, out_root=args.out, log=_log)}")
         return 0
+    real_only = [flag for flag, value in (("--seeds", args.seeds), ("--first-seed", args.first_seed),
+                                          ("--lengths", args.lengths), ("--summarize", args.summarize)) if value is not None]
+    if real_only:
+        raise ConfigError(f"{', '.join(real_only)}: only with --real (the miniature study's size is fixed in code)")
     unknown = [a for a in arms or () if a not in ARMS_BY_NAME]
     if unknown:
         raise ConfigError(f"--arms: unknown study arm(s) {unknown}; available: {', '.join(ARMS_BY_NAME)}")
