@@ -1,5 +1,4 @@
-"""`regroup study --real`: the papers' mechanisms on a real model (SmolLM2-135M-Instruct, LoRA), defined
-here and sized, not yet run (issue 25, item 6).
+"""`regroup study --real`: the papers' mechanisms on a real model (SmolLM2-135M-Instruct, LoRA).
 
 Arms (REAL_ARMS), each from the shipped examples on the built-in training problems with boxed
 references (`regroup data prepare arithmetic_boxed`), reward `math`, the same seeds and steps:
@@ -17,13 +16,16 @@ Each arm is evaluated on `eval_problems` held-out built-in problems (`arithmetic
 training question) x `eval_samples` at T = 1 with the math checker, as the run prompts; pass@1 is
 compared per problem with GRPO's (paired over problems and seeds, `regroup.report.claims`). The
 truncated share at `max_new_tokens` is recorded with every evaluation; `lengths` runs the study at
-each length given (40 as shipped, and one where fewer than 10 % are cut, to be measured first).
+each length given (default 40, the examples' length).
 
-Budget (stated, not measured for this design): the README's one SmolLM2 run took 20 min of training
-for 30 steps of 16 samples at 40 tokens and 3-5.5 min per evaluation of 64 x 4 samples, on 2 shared
-CPU cores. 5 arms x 3 seeds = 15 runs of ~24 min plus the start's evaluation: ~6 h per length at 40
-tokens on this machine; a longer length costs about proportionally more generation. On one GPU with
-vLLM rollouts it should be minutes per run; measure 2 steps first (`train.steps=2`).
+Budget, measured on 2 shared CPU cores (2026-12-01, one torch thread per process, the HF sampler):
+a 30-step run at 40 tokens takes 6-10 min with its evaluation (11-19 s per step of 16 samples,
+depending on what else runs), so 5 arms x 3 seeds is ~2 h of one core; `--first-seed` splits the seeds
+over processes and `--summarize` joins their folders into one table. The truncated share of the
+starting model at T = 1 (64 x 4 samples; at 40 tokens by the HF sampler, at 320 and 512 by
+`regroup eval --backend vllm`) is 76 % at 40, 21 % at 320 and 17 % at 512 tokens (the cut samples read
+ramble on without reaching an answer), while its pass@1 stays 0.8 % at all three: no length up to 512
+gets it under 10 %, and a longer length costs about proportionally more generation and update.
 """
 
 from __future__ import annotations
