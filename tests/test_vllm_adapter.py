@@ -368,7 +368,7 @@ def test_cpu_engines_run_eager(fake_vllm, tmp_path, monkeypatch):
     monkeypatch.setattr("regroup.rollout.vllm.has_cuda", lambda: False)
     sampler = make_sampler(fake_vllm, tmp_path, sleep=False)
     assert sampler.llm.kwargs["enforce_eager"] is True
-    # CPU generators cannot be rewound after a partial prefill (tests/real_engine/test_eval_cli.py)
+    # CPU generators cannot be rewound after a partial prefill (docs/scaling.md, "vLLM on CPU")
     assert sampler.llm.kwargs["enable_chunked_prefill"] is False
     from regroup.config import ConfigError
 
