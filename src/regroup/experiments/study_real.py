@@ -19,9 +19,9 @@ truncated share at `max_new_tokens` is recorded with every evaluation; `lengths`
 each length given (default 40, the examples' length).
 
 Budget, measured on 2 shared CPU cores (2026-12-01, one torch thread per process, the HF sampler):
-a 30-step run at 40 tokens takes 6-10 min with its evaluation (11-19 s per step of 16 samples,
-depending on what else runs), so 5 arms x 3 seeds is ~2 h of one core; `--first-seed` splits the seeds
-over processes and `--summarize` joins their folders into one table. The truncated share of the
+a 30-step run at 40 tokens took 6-8 min with its evaluation (5.7-16.4 s per step of 16 samples, by arm
+and load), and 5 arms x 3 seeds 94 min on two processes (~103 min of one core); `--first-seed` splits
+the seeds over processes and `--summarize` joins their folders into one table (README: the results). The truncated share of the
 starting model at T = 1 (64 x 4 samples; at 40 tokens by the HF sampler, at 320 and 512 by
 `regroup eval --backend vllm`) is 76 % at 40, 21 % at 320 and 17 % at 512 tokens (the cut samples read
 ramble on without reaching an answer), while its pass@1 stays 0.8 % at all three: no length up to 512
