@@ -28,7 +28,8 @@ pytestmark = pytest.mark.reliability
 ENV = "REGROUP_TEST_BOUNDS_KEY"
 KEY = "sk-fake-bounds-key"
 MSG = [{"role": "user", "content": "hello"}]
-WIDE = 15.0  # seconds: far above every deadline below, far below what the faulty servers would take
+WIDE = 45.0  # seconds: 30x and more the deadlines below (a loaded CI machine), far below what the faulty
+#               servers would take (a trickle ~150 s, a hang 300 s); the counted events carry the rest
 
 
 @pytest.fixture()
@@ -74,14 +75,14 @@ def test_trickling_attempts_are_retried_within_the_one_deadline(server):
 
 
 def test_a_hung_server_costs_one_deadline_per_request_in_a_batch(server):
-    server.responder = lambda body: Hang(60)
+    server.responder = lambda body: Hang(300)
     client = client_for(server, timeout_s=1.0, concurrency=8)
     t0 = time.monotonic()
     results = client.complete_many([[{"role": "user", "content": str(i)}] for i in range(8)])
     elapsed = time.monotonic() - t0
     assert [r.error_kind for r in results] == ["deadline"] * 8
     assert client.stats["deadline_hits"] == 8 and client.stats["requests"] == 8
-    assert elapsed < WIDE  # concurrent: ~1 s, not 8 (and never the 60 s the server hangs)
+    assert elapsed < WIDE  # ~1 s concurrently; never the 300 s the server hangs
 
 
 @pytest.mark.parametrize("announce", [True, False])
@@ -118,7 +119,8 @@ def test_a_retry_after_past_the_deadline_ends_the_call_at_once(server):
     r = client.complete(MSG)
     assert (r.ok, r.error_kind, r.attempts) == (False, "deadline", 1)
     assert r.error.startswith("HTTP 429") and "no time left to retry" in r.error
-    assert server.n_requests == 1 and time.monotonic() - t0 < WIDE
+    # one request, and no 100 s wait: 60 s is a margin no loaded machine needs, and still below the wait
+    assert server.n_requests == 1 and time.monotonic() - t0 < 60.0
     st = client.stats
     assert (st["retry_after_waits"], st["retry_after_capped"], st["deadline_hits"], st["retries"]) == (1, 1, 1, 0)
 
