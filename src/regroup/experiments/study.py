@@ -519,7 +519,8 @@ def with_sampled_uniform(record: dict) -> dict:
     return record
 
 
-def _read_counts(path: Path) -> dict[str, tuple[int, int]]:
+def read_counts(path: Path) -> dict[str, tuple[int, int]]:
+    """problem id -> (correct, n) from an evaluation's per_problem.jsonl."""
     counts = {}
     with open(path) as f:
         for line in f:
@@ -534,10 +535,10 @@ def read_arm_result(run_dirs: list[Path]) -> ArmResult:
     for d in run_dirs:
         run = load_run(str(d))
         seed = int(run.seed)
-        result.per_problem[seed] = _read_counts(d / "eval" / "per_problem.jsonl")
+        result.per_problem[seed] = read_counts(d / "eval" / "per_problem.jsonl")
         for other in sorted(d.glob("eval_*/per_problem.jsonl")):
             if other.parent.name != "eval_before":
-                result.protocols.setdefault(other.parent.name[len("eval_"):], {})[seed] = _read_counts(other)
+                result.protocols.setdefault(other.parent.name[len("eval_"):], {})[seed] = read_counts(other)
         records = [with_sampled_uniform(m) for m in run.metrics]
         result.mechanisms[seed] = {k: v for k in MECHANISMS if (v := per_seed_mean(records, k)) is not None}
     return result

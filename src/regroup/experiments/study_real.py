@@ -23,7 +23,7 @@ a 30-step run at 40 tokens took 6-8 min with its evaluation (5.7-16.4 s per step
 and load), and 5 arms x 3 seeds 94 min on two processes (~103 min of one core); `--first-seed` splits
 the seeds over processes and `--summarize` joins their folders into one table (README: the results). The truncated share of the
 starting model at T = 1 (64 x 4 samples; at 40 tokens by the HF sampler, at 320 and 512 by
-`regroup eval --backend vllm`) is 76 % at 40, 21 % at 320 and 17 % at 512 tokens (the cut samples read
+`regroup eval --backend vllm`) is 76 % at 40, 21 % at 320 and 17 % at 512 tokens (the cut samples that were read
 ramble on without reaching an answer), while its pass@1 stays 0.8 % at all three: no length up to 512
 gets it under 10 %, and a longer length costs about proportionally more generation and update.
 """
@@ -42,6 +42,7 @@ from regroup.config import load_config
 from regroup.data import load_problems
 from regroup.errors import ConfigError
 from regroup.eval.runner import run_eval_cli
+from regroup.experiments.study import read_counts
 from regroup.models.load import load_policy, load_tokenizer
 from regroup.models.prompting import build_prompter, encode_response
 from regroup.report.claims import ArmResult, compare_pass_at_k, confidence_interval, mean_pass_at_k
@@ -201,12 +202,6 @@ def run_real_study(s: RealSettings, out_root: str = "runs", log=print) -> Path:
 
 
 # ------------------------------------------------------------------------------------------ summary
-def _per_problem(path: Path) -> dict[str, tuple[int, int]]:
-    """problem id -> (correct, n) from an evaluation's per_problem.jsonl."""
-    rows = (json.loads(line) for line in path.read_text().splitlines() if line.strip())
-    return {str(r["id"]): (int(r["correct"]), int(r["n"])) for r in rows}
-
-
 def read_real_results(study_dirs: list[Path], length: int) -> tuple[dict[str, ArmResult], dict[str, list[float]]]:
     """(arm -> ArmResult at T = 1, arm -> truncated share per seed) of every `len<length>` run in
     `study_dirs` (a study split over processes by `first_seed`); "start" has the start's evaluation under
@@ -220,10 +215,10 @@ def read_real_results(study_dirs: list[Path], length: int) -> tuple[dict[str, Ar
             start = root / "start" / "heldout"
         for bench in sorted(root.glob("*-s*/eval/heldout")):
             name, _, seed = bench.parent.parent.name.rpartition("-s")
-            arms.setdefault(name, ArmResult()).per_problem[int(seed)] = _per_problem(bench / "per_problem.jsonl")
+            arms.setdefault(name, ArmResult()).per_problem[int(seed)] = read_counts(bench / "per_problem.jsonl")
             truncated.setdefault(name, []).append(json.loads((bench / "summary.json").read_text())["truncated_frac"])
     if start is not None:
-        counts = _per_problem(start / "per_problem.jsonl")
+        counts = read_counts(start / "per_problem.jsonl")
         seeds = sorted({s for a in arms.values() for s in a.per_problem})
         arms["start"] = ArmResult(per_problem={s: counts for s in seeds})
         truncated["start"] = [json.loads((start / "summary.json").read_text())["truncated_frac"]]
