@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
-# verl's loss code, the oracle of tests/test_verl_equality.py, in a venv of its own (verl 0.9.1 pins
+# verl's loss code, the oracle of tests/equality/test_verl.py, in a venv of its own (verl 0.9.1 pins
 # transformers < 5.11): verl without its dependencies, plus the few that its core_algos imports.
 VERL_VENV ?= .venv-verl
 VERL_STAMP := $(VERL_VENV)/.installed

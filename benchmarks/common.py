@@ -23,5 +23,3 @@ def benchmark_model_dir(tmp: Path) -> tuple[str, str]:
 
 def median(values: list[float]) -> float:
     return statistics.median(values)
-
-

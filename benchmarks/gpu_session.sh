@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One lent GPU session's checks (issue 15), as a single command that ends inside its time limit:
-#   1. the shared-prefix equality test (tests/test_logprobs.py) on CUDA, fp32, where SDPA runs other kernels;
+#   1. the shared-prefix equality test (tests/models/test_logprobs.py) on CUDA, fp32, where SDPA runs other kernels;
 #   2. benchmarks/gpu_throughput.py on the Qwen3-0.6B shape, bf16, GRPO and TA-GRPO, shared prefix on and off;
 #   3. the colocated vLLM backend's CUDA-only checks (tests/real_engine/test_cuda.py: bf16 push read back,
 #      sleep mode, tokens/s) -- only where vLLM is already installed: the lent machine cannot install it.
@@ -22,7 +22,7 @@ export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TOKEN
   python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name(0))"
 } 2>&1 | tee "$OUT/env.txt"
 
-REGROUP_TEST_DEVICE=cuda timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_logprobs.py \
+REGROUP_TEST_DEVICE=cuda timeout 120 python3 -m pytest -q -p no:cacheprovider tests/models/test_logprobs.py \
   -k shared_prefix_equals_padded_forward 2>&1 | tail -n 25 | tee "$OUT/shared_prefix_cuda.txt"
 
 timeout "${GPU_BENCH_TIMEOUT:-360}" python3 benchmarks/gpu_throughput.py --out "$OUT/gpu_throughput.json" \

@@ -75,11 +75,20 @@ def build_model_dir(size: Size, out: Path, device: str) -> int:
 
     tokenizer = build_tokenizer()
     config = Qwen3Config(
-        vocab_size=size.vocab, hidden_size=size.hidden, num_hidden_layers=size.layers,
-        num_attention_heads=size.heads, num_key_value_heads=size.kv_heads, head_dim=size.head_dim,
-        intermediate_size=size.ffn, max_position_embeddings=4096, tie_word_embeddings=True,
-        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
-        rope_theta=1_000_000.0, dtype=size.dtype,
+        vocab_size=size.vocab,
+        hidden_size=size.hidden,
+        num_hidden_layers=size.layers,
+        num_attention_heads=size.heads,
+        num_key_value_heads=size.kv_heads,
+        head_dim=size.head_dim,
+        intermediate_size=size.ffn,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+        rope_theta=1_000_000.0,
+        dtype=size.dtype,
     )
     torch.manual_seed(0)
     with torch.device(device):  # initialising 0.6B parameters on the GPU takes seconds, on a CPU a minute
@@ -93,23 +102,43 @@ def build_model_dir(size: Size, out: Path, device: str) -> int:
 
 def make_trainer(recipe: str, rephrasings: int, size: Size, model_dir: Path, run_dir: Path, shared_prefix: bool = True):
 
-    from regroup.config import load_config
-    from regroup.trainer import Trainer
+    from regroup.train.run_config import load_config
+    from regroup.train.trainer import Trainer
 
     per_question = size.generations * (rephrasings + 1)
     overrides = [
-        f"model.path={model_dir}", f"model.dtype={size.dtype}", f"run_dir={run_dir}", "data.num_train=2000",
+        f"model.path={model_dir}",
+        f"model.dtype={size.dtype}",
+        f"run_dir={run_dir}",
+        "data.num_train=2000",
         f"grpo.prompts_per_step={max(1, size.samples_per_step // per_question)}",
-        f"grpo.num_generations={size.generations}", f"grpo.micro_batch_size={size.micro_batch_size}",
-        f"rollout.max_new_tokens={size.max_new_tokens}", f"rollout.batch_size={size.samples_per_step}",
-        "train.steps=1000", "train.checkpoint_every=0", "train.progress=false",
-        "diagnostics.diversity_every=0", "diagnostics.grad_conflict_every=0", f"grpo.shared_prefix={shared_prefix}",
+        f"grpo.num_generations={size.generations}",
+        f"grpo.micro_batch_size={size.micro_batch_size}",
+        f"rollout.max_new_tokens={size.max_new_tokens}",
+        f"rollout.batch_size={size.samples_per_step}",
+        "train.steps=1000",
+        "train.checkpoint_every=0",
+        "train.progress=false",
+        "diagnostics.diversity_every=0",
+        "diagnostics.grad_conflict_every=0",
+        f"grpo.shared_prefix={shared_prefix}",
     ]
     return Trainer.from_config(load_config(ROOT / "configs" / f"{recipe}.yaml", overrides), run_dir, log=lambda m: None)
 
 
-def measure_recipe(recipe: str, rephrasings: int, size: Size, model_dir: Path, run_dir: Path, params: int,
-                   steps: int, warmup: int, peak_flops: float | None, with_vllm: bool, shared_prefix: bool = True) -> dict:
+def measure_recipe(
+    recipe: str,
+    rephrasings: int,
+    size: Size,
+    model_dir: Path,
+    run_dir: Path,
+    params: int,
+    steps: int,
+    warmup: int,
+    peak_flops: float | None,
+    with_vllm: bool,
+    shared_prefix: bool = True,
+) -> dict:
     """Median rollout and update throughput over `steps` timed Trainer steps."""
     cuda = torch.cuda.is_available()
     if cuda:
@@ -131,13 +160,24 @@ def measure_recipe(recipe: str, rephrasings: int, size: Size, model_dir: Path, r
     for step in range(warmup + steps):
         m = trainer.train_step(step)
         if step >= warmup:
-            rows.append({"rollout_s": m["time/rollout"], "update_s": m["time/update"], "generated": m["tokens/generated"],
-                         "prompt_tokens": seen["prompt_tokens"], "update_tokens": seen["update_tokens"]})
+            rows.append(
+                {
+                    "rollout_s": m["time/rollout"],
+                    "update_s": m["time/update"],
+                    "generated": m["tokens/generated"],
+                    "prompt_tokens": seen["prompt_tokens"],
+                    "update_tokens": seen["update_tokens"],
+                }
+            )
     med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
     rollout_flops = 2 * params * (med["prompt_tokens"] + med["generated"])
     update_flops = (6 + (2 if beta > 0 else 0)) * params * med["update_tokens"]
     result = {
-        "recipe": recipe, "samples_per_step": len(seen["prompts"]), "beta": beta, "shared_prefix": shared_prefix, **med,
+        "recipe": recipe,
+        "samples_per_step": len(seen["prompts"]),
+        "beta": beta,
+        "shared_prefix": shared_prefix,
+        **med,
         "rollout_backend": trainer.cfg.rollout.backend,
         "rollout_tokens_per_s": med["generated"] / med["rollout_s"],
         "rollout_tflops": rollout_flops / med["rollout_s"] / 1e12,
@@ -160,8 +200,9 @@ def measure_vllm(trainer, prompts: list[list[int]], size: Size, params: int, pea
     from regroup.rollout.base import SamplingParams
     from regroup.rollout.vllm import VLLMSampler
 
-    sampler = VLLMSampler(trainer.acc.unwrap_model(trainer.model), trainer.tokenizer, trainer.cfg.rollout,
-                          enable_sleep_mode=False)
+    sampler = VLLMSampler(
+        trainer.acc.unwrap_model(trainer.model), trainer.tokenizer, trainer.cfg.rollout, enable_sleep_mode=False
+    )
     sampler.sync_weights(trainer.acc.unwrap_model(trainer.model))
     params_s = SamplingParams(trainer.cfg.rollout.temperature, trainer.cfg.rollout.top_p, size.max_new_tokens, n=1)
     sampler.generate(prompts, params_s, seed=1)
@@ -172,8 +213,13 @@ def measure_vllm(trainer, prompts: list[list[int]], size: Size, params: int, pea
     del sampler
     gc.collect()
     tflops = 2 * params * (sum(map(len, prompts)) + generated) / seconds / 1e12
-    return {"rollout_s": seconds, "generated": generated, "rollout_tokens_per_s": generated / seconds,
-            "rollout_tflops": tflops, "rollout_mfu": tflops * 1e12 / peak_flops if peak_flops else None}
+    return {
+        "rollout_s": seconds,
+        "generated": generated,
+        "rollout_tokens_per_s": generated / seconds,
+        "rollout_tflops": tflops,
+        "rollout_mfu": tflops * 1e12 / peak_flops if peak_flops else None,
+    }
 
 
 def _vllm_usable() -> bool:
@@ -188,19 +234,27 @@ def format_table(report: dict) -> str:
     def pct(x):
         return "-" if x is None else f"{100 * x:.1f}%"
 
-    lines = [f"{'recipe':8s} {'sampler':8s} {'prefix':6s} {'rollout tok/s':>14s} {'rollout MFU':>12s} "
-             f"{'train tok/s':>12s} {'train MFU':>10s} {'step s':>8s} {'peak GiB':>9s}"]
+    lines = [
+        f"{'recipe':8s} {'sampler':8s} {'prefix':6s} {'rollout tok/s':>14s} {'rollout MFU':>12s} "
+        f"{'train tok/s':>12s} {'train MFU':>10s} {'step s':>8s} {'peak GiB':>9s}"
+    ]
     for r in report["results"]:
         prefix = "shared" if r.get("shared_prefix", True) else "padded"
-        lines.append(f"{r['recipe']:8s} {r['rollout_backend']:8s} {prefix:6s} {r['rollout_tokens_per_s']:14,.0f} "
-                     f"{pct(r['rollout_mfu']):>12s} {r['train_tokens_per_s']:12,.0f} {pct(r['train_mfu']):>10s} {r['step_s']:8.2f} "
-                     + ("        -" if r.get("peak_memory_gib") is None else f"{r['peak_memory_gib']:9.1f}"))
+        lines.append(
+            f"{r['recipe']:8s} {r['rollout_backend']:8s} {prefix:6s} {r['rollout_tokens_per_s']:14,.0f} "
+            f"{pct(r['rollout_mfu']):>12s} {r['train_tokens_per_s']:12,.0f} {pct(r['train_mfu']):>10s} {r['step_s']:8.2f} "
+            + ("        -" if r.get("peak_memory_gib") is None else f"{r['peak_memory_gib']:9.1f}")
+        )
         if "vllm" in r:
             v = r["vllm"]
-            lines.append(f"{r['recipe']:8s} {'vllm':8s} {'-':6s} {v['rollout_tokens_per_s']:14,.0f} {pct(v['rollout_mfu']):>12s}")
+            lines.append(
+                f"{r['recipe']:8s} {'vllm':8s} {'-':6s} {v['rollout_tokens_per_s']:14,.0f} {pct(v['rollout_mfu']):>12s}"
+            )
     peak = report["peak_tflops"]
-    lines.append(f"params {report['params'] / 1e6:.1f}M, {report['dtype']} on {report['device']}; "
-                 + (f"MFU against a peak of {peak:g} TFLOP/s" if peak else "no MFU (no peak given for this device)"))
+    lines.append(
+        f"params {report['params'] / 1e6:.1f}M, {report['dtype']} on {report['device']}; "
+        + (f"MFU against a peak of {peak:g} TFLOP/s" if peak else "no MFU (no peak given for this device)")
+    )
     return "\n".join(lines)
 
 
@@ -211,10 +265,16 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--steps", type=int, default=3, help="timed steps per recipe")
     parser.add_argument("--warmup-steps", type=int, default=1, help="untimed steps per recipe first")
     parser.add_argument("--recipes", default="grpo,ta_grpo")
-    parser.add_argument("--peak-tflops", type=float, default=None,
-                        help=f"peak for MFU (default: {H200_BF16_DENSE_TFLOPS:g}, H200 bf16 dense, on CUDA; none on CPU)")
+    parser.add_argument(
+        "--peak-tflops",
+        type=float,
+        default=None,
+        help=f"peak for MFU (default: {H200_BF16_DENSE_TFLOPS:g}, H200 bf16 dense, on CUDA; none on CPU)",
+    )
     parser.add_argument("--no-vllm", action="store_true", help="skip the vLLM sampler even if installed")
-    parser.add_argument("--shared-prefix", default="on", help="on | off | on,off: the update's shared prefix (grpo.shared_prefix)")
+    parser.add_argument(
+        "--shared-prefix", default="on", help="on | off | on,off: the update's shared prefix (grpo.shared_prefix)"
+    )
     args = parser.parse_args(argv)
     prefix_modes = [{"on": True, "off": False}[m] for m in args.shared_prefix.split(",")]
 
@@ -240,9 +300,21 @@ def main(argv: list[str] | None = None) -> dict:
         for i, (recipe, shared) in enumerate(runs):
             # vLLM once: its rollout speed does not depend on the recipe, and a second engine in the same
             # process may not find the GPU memory the first one still holds.
-            results.append(measure_recipe(recipe, RECIPES[recipe], size, model_dir, Path(tmp) / f"{recipe}-{i}", params,
-                                          args.steps, args.warmup_steps, peak * 1e12 if peak else None,
-                                          with_vllm and i == 0, shared))
+            results.append(
+                measure_recipe(
+                    recipe,
+                    RECIPES[recipe],
+                    size,
+                    model_dir,
+                    Path(tmp) / f"{recipe}-{i}",
+                    params,
+                    args.steps,
+                    args.warmup_steps,
+                    peak * 1e12 if peak else None,
+                    with_vllm and i == 0,
+                    shared,
+                )
+            )
             if cuda:
                 torch.cuda.empty_cache()
             # after every run, so a run cut off by a time limit still leaves the finished ones
@@ -253,15 +325,24 @@ def main(argv: list[str] | None = None) -> dict:
     return report
 
 
-def _report(args, size: Size, params: int, peak: float | None, cuda: bool, with_vllm: bool, results: list[dict],
-            start: float) -> dict:
+def _report(
+    args, size: Size, params: int, peak: float | None, cuda: bool, with_vllm: bool, results: list[dict], start: float
+) -> dict:
     return {
-        "size": args.size, "shape": asdict(size), "params": params, "dtype": size.dtype,
-        "device": torch.cuda.get_device_name(0) if cuda else "cpu", "peak_tflops": peak,
-        "flops": {"rollout": "2*params*(prompt+generated tokens)",
-                  "update": "6*params*update tokens (+2*params*update tokens for the reference forward when beta>0)"},
+        "size": args.size,
+        "shape": asdict(size),
+        "params": params,
+        "dtype": size.dtype,
+        "device": torch.cuda.get_device_name(0) if cuda else "cpu",
+        "peak_tflops": peak,
+        "flops": {
+            "rollout": "2*params*(prompt+generated tokens)",
+            "update": "6*params*update tokens (+2*params*update tokens for the reference forward when beta>0)",
+        },
         "vllm": "measured" if with_vllm else "not measured (vLLM not installed, no CUDA, or --no-vllm)",
-        "steps": args.steps, "warmup_steps": args.warmup_steps, "results": results,
+        "steps": args.steps,
+        "warmup_steps": args.warmup_steps,
+        "results": results,
         "wall_s": time.perf_counter() - start,
     }
 

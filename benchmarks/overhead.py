@@ -26,13 +26,18 @@ PAIRS = [("ta_grpo", "grpo_matched"), ("dagrpo", "grpo")]
 
 
 def trainer_for(recipe: str, model_dir: str, run_dir: Path, steps: int, extra: list[str]):
-    from regroup.config import load_config
     from regroup.experiments.demo import DemoSettings, recipe_overrides
-    from regroup.trainer import Trainer
+    from regroup.train.run_config import load_config
+    from regroup.train.trainer import Trainer
 
     overrides = recipe_overrides(recipe, DemoSettings(steps=steps, samples_per_step=128)) + [
-        f"model.path={model_dir}", f"run_dir={run_dir}", "train.checkpoint_every=0", "train.progress=false",
-        "diagnostics.diversity_every=0", "data.num_train=4000", *extra,
+        f"model.path={model_dir}",
+        f"run_dir={run_dir}",
+        "train.checkpoint_every=0",
+        "train.progress=false",
+        "diagnostics.diversity_every=0",
+        "data.num_train=4000",
+        *extra,
     ]
     return Trainer.from_config(load_config(ROOT / "configs" / f"{recipe}.yaml", overrides), run_dir, log=lambda m: None)
 
@@ -59,11 +64,15 @@ def compare(variant: str, baseline: str, model_dir: str, tmp: Path, steps: int, 
     for name in (variant, baseline):
         # Where the step goes: the median of each timed phase; the rest is the trainer's own bookkeeping.
         parts = ", ".join(f"{key.split('/')[1]} {median(v):.3f}" for key, v in sorted(phases[name].items()))
-        print(f"  {name:14s} median {1e3 * median(per_token[name]):.3f} ms per generated token, "
-              f"{median(per_step[name]):.3f} s per step of 128 samples, "
-              f"{median(tokens[name]):.0f} generated tokens; phases (s) and share of rows the update forwarded: {parts}")
-    print(f"ratio {variant}/{baseline} = {ratio:.3f} per generated token, "
-          f"{median(per_step[variant]) / median(per_step[baseline]):.3f} per step")
+        print(
+            f"  {name:14s} median {1e3 * median(per_token[name]):.3f} ms per generated token, "
+            f"{median(per_step[name]):.3f} s per step of 128 samples, "
+            f"{median(tokens[name]):.0f} generated tokens; phases (s) and share of rows the update forwarded: {parts}"
+        )
+    print(
+        f"ratio {variant}/{baseline} = {ratio:.3f} per generated token, "
+        f"{median(per_step[variant]) / median(per_step[baseline]):.3f} per step"
+    )
     return ratio
 
 
@@ -77,15 +86,18 @@ def judge_throughput(requests: int = 512, concurrency: int = 32) -> float:
 
     os.environ["REGROUP_BENCH_KEY"] = "sk-bench"
     with FakeOpenAI(api_key="sk-bench", responder=lambda body: "The steps are valid.\nSCORE: 7") as server:
-        scorer = build_scorer("judge", base_url=server.base_url, model="judge", api_key_env="REGROUP_BENCH_KEY",
-                              concurrency=concurrency)
+        scorer = build_scorer(
+            "judge", base_url=server.base_url, model="judge", api_key_env="REGROUP_BENCH_KEY", concurrency=concurrency
+        )
         items = [ScoreItem(question=f"q{i}", response=f"r{i}", reference="ref") for i in range(requests)]
         t0 = time.perf_counter()
         scores = scorer.score_batch(items)
         seconds = time.perf_counter() - t0
     assert all(s == 7.0 for s in scores)
     rate = requests / seconds
-    print(f"judge scorer: {requests} responses at {concurrency} concurrent requests in {seconds:.2f} s = {rate:.0f} scored/s")
+    print(
+        f"judge scorer: {requests} responses at {concurrency} concurrent requests in {seconds:.2f} s = {rate:.0f} scored/s"
+    )
     return rate
 
 
@@ -104,7 +116,9 @@ def main() -> None:
     print(f"model: {desc}; 128 samples per step; {args.steps} measured steps after {args.skip}")
     for pair in args.pairs.split(","):
         variant, baseline = pair.split(":")
-        compare(variant, baseline, model_dir, tmp, args.steps, args.skip, [f"train.threads={args.threads}", *args.overrides])
+        compare(
+            variant, baseline, model_dir, tmp, args.steps, args.skip, [f"train.threads={args.threads}", *args.overrides]
+        )
     if args.judge:
         judge_throughput()
 

@@ -24,10 +24,10 @@ from common import benchmark_model_dir  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 PARTS = {  # label: (file suffix, function name) whose cumulative time is the part
     "rollout (sampler.generate)": ("rollout/hf.py", "generate"),
-    "update forward (response_logps)": ("regroup/logprobs.py", "response_logps"),
+    "update forward (response_logps)": ("regroup/models/logprobs.py", "response_logps"),
     "update backward (accelerator.backward)": ("accelerate/accelerator.py", "backward"),
-    "optimizer step + clip": ("regroup/trainer.py", "_optimizer_step"),
-    "whole step (train_step)": ("regroup/trainer.py", "train_step"),
+    "optimizer step + clip": ("regroup/train/trainer.py", "_optimizer_step"),
+    "whole step (train_step)": ("regroup/train/trainer.py", "train_step"),
 }
 
 
@@ -38,17 +38,32 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    from regroup.config import load_config
-    from regroup.trainer import Trainer
+    from regroup.train.run_config import load_config
+    from regroup.train.trainer import Trainer
 
     tmp = Path(tempfile.mkdtemp(prefix="regroup-profile-"))
     model_dir, desc = benchmark_model_dir(tmp / "model")
-    cfg = load_config(ROOT / "configs" / "grpo.yaml", [
-        f"model.path={model_dir}", f"run_dir={tmp / 'run'}", "grpo.prompts_per_step=4", "grpo.num_generations=8",
-        "rollout.max_new_tokens=32", "grpo.micro_batch_size=32", "grpo.beta=0.0", "grpo.loss_agg=token_mean",
-        "optim.lr=1e-4", f"train.steps={args.steps + 1}", "train.checkpoint_every=0", "train.progress=false",
-        "diagnostics.diversity_every=0", "data.num_train=2000", f"train.threads={args.threads}", *args.overrides,
-    ])
+    cfg = load_config(
+        ROOT / "configs" / "grpo.yaml",
+        [
+            f"model.path={model_dir}",
+            f"run_dir={tmp / 'run'}",
+            "grpo.prompts_per_step=4",
+            "grpo.num_generations=8",
+            "rollout.max_new_tokens=32",
+            "grpo.micro_batch_size=32",
+            "grpo.beta=0.0",
+            "grpo.loss_agg=token_mean",
+            "optim.lr=1e-4",
+            f"train.steps={args.steps + 1}",
+            "train.checkpoint_every=0",
+            "train.progress=false",
+            "diagnostics.diversity_every=0",
+            "data.num_train=2000",
+            f"train.threads={args.threads}",
+            *args.overrides,
+        ],
+    )
     trainer = Trainer.from_config(cfg, tmp / "run", log=lambda m: None)
     trainer.train_step(0)
     profiler = cProfile.Profile()

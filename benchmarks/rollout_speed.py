@@ -41,10 +41,12 @@ def main() -> None:
     model, tok = AutoModelForCausalLM.from_pretrained(model_dir).eval(), load_tokenizer(model_dir)
     prompts = [encode_prompt(tok, p.question) for p in get_task("arithmetic").generate(args.prompts, seed=0)]
     params = SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens, n=args.n)
-    samplers = {"lean decoder (hf)": HFSampler(model, tok),
-                "lean, rows kept": HFSampler(model, tok, drop_finished=False),
-                "HF forward loop": HFSampler(model, tok, use_fast=False),
-                "model.generate": HFGenerateSampler(model, tok)}
+    samplers = {
+        "lean decoder (hf)": HFSampler(model, tok),
+        "lean, rows kept": HFSampler(model, tok, drop_finished=False),
+        "HF forward loop": HFSampler(model, tok, use_fast=False),
+        "model.generate": HFGenerateSampler(model, tok),
+    }
     rates = {name: [] for name in samplers}
     for repeat in range(args.repeats + 1):
         for name, sampler in samplers.items():

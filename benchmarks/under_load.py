@@ -1,9 +1,9 @@
 """The warm-up's seconds per step, quiet and beside busy processes, per thread setting (issue 24, item 7).
 
-Each setting runs the warm-up's own training step (regroup.warmup: the tiny model, batch 32) in a fresh
+Each setting runs the warm-up's own training step (regroup.train.warmup: the tiny model, batch 32) in a fresh
 process, so the OpenMP settings apply from import: `default` (no OMP_* variables, torch's default
 threads), `active` (OMP_WAIT_POLICY=ACTIVE, the spinning that oversubscribes), and `regroup` (what
-`import regroup` now chooses: regroup.threads). "busy" starts `--busy` pure-Python spinning processes
+`import regroup` now chooses: regroup.runtime.threads). "busy" starts `--busy` pure-Python spinning processes
 first (CPU-bound, one core each) and stops them after.
 
     PYTHONPATH=src python benchmarks/under_load.py --steps 20 --busy 3
@@ -30,12 +30,12 @@ SETTINGS = {
 
 STEP_CODE = r"""
 import json, random, sys, time
-import regroup  # chooses the OpenMP wait policy and torch threads (regroup.threads) unless told otherwise
+import regroup  # chooses the OpenMP wait policy and torch threads (regroup.runtime.threads) unless told otherwise
 import torch
 from regroup.models.prompting import encode_prompt, encode_response
 from regroup.models.tiny import build_model, build_tokenizer
 from regroup.tasks import get_task
-from regroup.warmup import WarmupConfig, _batches
+from regroup.train.warmup import WarmupConfig, _batches
 steps = int(sys.argv[1])
 cfg = WarmupConfig()
 tok = build_tokenizer()
@@ -62,8 +62,9 @@ def run_setting(name: str, steps: int) -> dict:
     if SETTINGS[name] is not None:
         env.update(SETTINGS[name])
         env["REGROUP_THREADS"] = "off"  # regroup leaves the OpenMP settings alone
-    out = subprocess.run([sys.executable, "-c", STEP_CODE, str(steps)], env=env, capture_output=True, text=True,
-                         timeout=3600)
+    out = subprocess.run(
+        [sys.executable, "-c", STEP_CODE, str(steps)], env=env, capture_output=True, text=True, timeout=3600
+    )
     if out.returncode != 0:
         raise SystemExit(out.stderr[-2000:])
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -86,8 +87,11 @@ def main() -> None:
             for name in args.settings.split(","):
                 got = run_setting(name, args.steps)
                 per_step = statistics.median(got["times"][2:])
-                print(f"{condition:5s} {name:8s} threads={got['threads']} median {per_step:.3f} s/step "
-                      f"(min {min(got['times'][2:]):.3f}, max {max(got['times'][2:]):.3f})", flush=True)
+                print(
+                    f"{condition:5s} {name:8s} threads={got['threads']} median {per_step:.3f} s/step "
+                    f"(min {min(got['times'][2:]):.3f}, max {max(got['times'][2:]):.3f})",
+                    flush=True,
+                )
         finally:
             for p in spinners:
                 p.kill()

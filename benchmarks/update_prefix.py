@@ -32,9 +32,19 @@ def build_model(size: str, device: str):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     hidden, layers, heads, kv, head_dim, ffn, vocab, dtype = SIZES[size]
-    config = Qwen3Config(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-                         num_key_value_heads=kv, head_dim=head_dim, intermediate_size=ffn, max_position_embeddings=4096,
-                         tie_word_embeddings=True, pad_token_id=0, eos_token_id=1)
+    config = Qwen3Config(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        head_dim=head_dim,
+        intermediate_size=ffn,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        pad_token_id=0,
+        eos_token_id=1,
+    )
     torch.manual_seed(0)
     with torch.device(device):
         model = Qwen3ForCausalLM(config).to(getattr(torch, dtype))
@@ -50,14 +60,24 @@ def build_batch(prompts: int, group: int, response_tokens: int, vocab: int):
         prompt = torch.randint(5, vocab, (int(torch.randint(60, 121, (1,), generator=gen)),), generator=gen).tolist()
         for _ in range(group):
             response = torch.randint(5, vocab, (response_tokens,), generator=gen).tolist()
-            samples.append(Sample(group_id=q, question_id=str(q), variant=0, is_anchor=False, prompt_ids=prompt,
-                                  ratio_prompt_ids=prompt, response_ids=response, response_text=""))
+            samples.append(
+                Sample(
+                    group_id=q,
+                    question_id=str(q),
+                    variant=0,
+                    is_anchor=False,
+                    prompt_ids=prompt,
+                    ratio_prompt_ids=prompt,
+                    response_ids=response,
+                    response_text="",
+                )
+            )
     return collate(samples, pad_id=0)
 
 
 def one_pass(model, batch, micro: int, shared: bool, device: str) -> float:
     from regroup.batch import RolloutBatch
-    from regroup.logprobs import response_logps
+    from regroup.models.logprobs import response_logps
 
     if device == "cuda":
         torch.cuda.synchronize()
@@ -93,7 +113,11 @@ def main(argv=None) -> dict:
                 seconds = one_pass(model, batch, micro, shared, device)
                 if i >= 2:
                     times[shared].append(seconds)
-        row = {"micro_batch": micro, "shared_s": statistics.median(times[True]), "padded_s": statistics.median(times[False])}
+        row = {
+            "micro_batch": micro,
+            "shared_s": statistics.median(times[True]),
+            "padded_s": statistics.median(times[False]),
+        }
         row["padded_over_shared"] = row["padded_s"] / row["shared_s"]
         if device == "cuda":
             torch.cuda.reset_peak_memory_stats()
@@ -105,8 +129,18 @@ def main(argv=None) -> dict:
         rows.append(row)
         print(json.dumps(row), flush=True)
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({"size": args.size, "device": device, "samples": len(batch),
-                                               "response_tokens": args.response_tokens, "rows": rows}, indent=2))
+        Path(args.out).write_text(
+            json.dumps(
+                {
+                    "size": args.size,
+                    "device": device,
+                    "samples": len(batch),
+                    "response_tokens": args.response_tokens,
+                    "rows": rows,
+                },
+                indent=2,
+            )
+        )
     if args.profile and device == "cuda":
         from torch.profiler import ProfilerActivity, profile
 

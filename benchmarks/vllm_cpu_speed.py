@@ -27,7 +27,7 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from regroup.config import RolloutConfig
+    from regroup.config.schema import RolloutConfig
     from regroup.rollout.base import SamplingParams
     from regroup.rollout.vllm import VLLMSampler
 
@@ -37,9 +37,15 @@ def main() -> None:
     start = time.perf_counter()
     sampler = VLLMSampler(model, tokenizer, RolloutConfig(backend="vllm", vllm_max_model_len=256))
     started = time.perf_counter() - start
-    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": f"What is {i} + {i + 3}?"}],
-                                             add_generation_prompt=True, tokenize=True, return_dict=False)
-               for i in range(args.prompts)]
+    prompts = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": f"What is {i} + {i + 3}?"}],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+        )
+        for i in range(args.prompts)
+    ]
     params = SamplingParams(1.0, 1.0, args.tokens, n=args.n)
     sampler.generate(prompts[:1], SamplingParams(1.0, 1.0, 4, n=1), seed=0)  # warm-up
     start = time.perf_counter()
@@ -49,11 +55,23 @@ def main() -> None:
     start = time.perf_counter()
     sampler.sync_weights(model)
     push = time.perf_counter() - start
-    print(json.dumps({"start_s": round(started, 1), "generate_s": round(seconds, 2), "tokens": tokens,
-                      "tokens_per_s": round(tokens / seconds, 1), "push_s": round(push, 2), "dtype": args.dtype,
-                      "rows": args.prompts * args.n, "bind": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto"),
-                      "kv_gib": os.environ["VLLM_CPU_KVCACHE_SPACE"], "load_before": load_before,
-                      "load_after": os.getloadavg()}))
+    print(
+        json.dumps(
+            {
+                "start_s": round(started, 1),
+                "generate_s": round(seconds, 2),
+                "tokens": tokens,
+                "tokens_per_s": round(tokens / seconds, 1),
+                "push_s": round(push, 2),
+                "dtype": args.dtype,
+                "rows": args.prompts * args.n,
+                "bind": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto"),
+                "kv_gib": os.environ["VLLM_CPU_KVCACHE_SPACE"],
+                "load_before": load_before,
+                "load_after": os.getloadavg(),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -93,22 +93,45 @@ def child_trl(args) -> dict:
 
     batch = args.prompts * args.generations
     trl_args = GRPOConfig(
-        output_dir=tempfile.mkdtemp(prefix="trl-smollm2-"), per_device_train_batch_size=batch,
-        num_generations=args.generations, gradient_accumulation_steps=1, max_completion_length=args.new_tokens,
-        temperature=1.0, top_p=1.0, beta=0.0, loss_type="dapo", learning_rate=LR,
-        max_steps=args.steps + args.warmup_steps, bf16=False, use_cpu=True, report_to=[], logging_steps=1,
-        save_strategy="no", seed=0, dataloader_num_workers=0,
+        output_dir=tempfile.mkdtemp(prefix="trl-smollm2-"),
+        per_device_train_batch_size=batch,
+        num_generations=args.generations,
+        gradient_accumulation_steps=1,
+        max_completion_length=args.new_tokens,
+        temperature=1.0,
+        top_p=1.0,
+        beta=0.0,
+        loss_type="dapo",
+        learning_rate=LR,
+        max_steps=args.steps + args.warmup_steps,
+        bf16=False,
+        use_cpu=True,
+        report_to=[],
+        logging_steps=1,
+        save_strategy="no",
+        seed=0,
+        dataloader_num_workers=0,
     )
     peft_config = None
     if args.finetune_one == "lora":
         from peft import LoraConfig
 
-        peft_config = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
-                                 task_type="CAUSAL_LM")
+        peft_config = LoraConfig(
+            r=16,
+            lora_alpha=32,
+            lora_dropout=0.0,
+            target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+            task_type="CAUSAL_LM",
+        )
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": p.question}]} for p in problems])
-    trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32),
-                          reward_funcs=reward, args=trl_args, train_dataset=dataset,
-                          processing_class=AutoTokenizer.from_pretrained(args.model_dir), peft_config=peft_config)
+    trainer = GRPOTrainer(
+        model=AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32),
+        reward_funcs=reward,
+        args=trl_args,
+        train_dataset=dataset,
+        processing_class=AutoTokenizer.from_pretrained(args.model_dir),
+        peft_config=peft_config,
+    )
     times: list[float] = []
 
     class Timer(TrainerCallback):
@@ -127,20 +150,34 @@ def child_trl(args) -> dict:
 def child_regroup(args) -> dict:
     import torch
 
-    from regroup.config import load_config
-    from regroup.trainer import Trainer
+    from regroup.train.run_config import load_config
+    from regroup.train.trainer import Trainer
 
     torch.set_num_threads(args.threads)
     run = Path(tempfile.mkdtemp(prefix="regroup-smollm2-"))
-    cfg = load_config(REPO / "configs" / "grpo.yaml", [
-        f"model.path={args.model_dir}", f"model.lora.enabled={'true' if args.finetune_one == 'lora' else 'false'}",
-        f"run_dir={run}", f"grpo.prompts_per_step={args.prompts}", f"grpo.num_generations={args.generations}",
-        f"rollout.max_new_tokens={args.new_tokens}", "rollout.backend=hf",
-        f"grpo.micro_batch_size={args.prompts * args.generations}", "grpo.beta=0.0", "grpo.loss_agg=token_mean",
-        f"optim.lr={LR}", "optim.warmup_steps=0", f"train.steps={args.steps + args.warmup_steps}",
-        "train.checkpoint_every=0", "train.progress=false", "diagnostics.diversity_every=0", "data.num_train=2000",
-        f"train.threads={args.threads}",
-    ])
+    cfg = load_config(
+        REPO / "configs" / "grpo.yaml",
+        [
+            f"model.path={args.model_dir}",
+            f"model.lora.enabled={'true' if args.finetune_one == 'lora' else 'false'}",
+            f"run_dir={run}",
+            f"grpo.prompts_per_step={args.prompts}",
+            f"grpo.num_generations={args.generations}",
+            f"rollout.max_new_tokens={args.new_tokens}",
+            "rollout.backend=hf",
+            f"grpo.micro_batch_size={args.prompts * args.generations}",
+            "grpo.beta=0.0",
+            "grpo.loss_agg=token_mean",
+            f"optim.lr={LR}",
+            "optim.warmup_steps=0",
+            f"train.steps={args.steps + args.warmup_steps}",
+            "train.checkpoint_every=0",
+            "train.progress=false",
+            "diagnostics.diversity_every=0",
+            "data.num_train=2000",
+            f"train.threads={args.threads}",
+        ],
+    )
     trainer = Trainer.from_config(cfg, run, log=lambda m: None)
     times, lengths = [], []
     for step in range(args.steps + args.warmup_steps):
@@ -165,8 +202,10 @@ def child_builtin(args) -> dict:
     model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32).eval()
     sampler = HFSampler(model, AutoTokenizer.from_pretrained(args.model_dir))
     params = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=args.new_tokens)
-    return _timed(lambda r: [len(c.token_ids) for c in sampler.generate(rows, params, seed=[s + r for s in seeds])],
-                  args.rollout_repeats)
+    return _timed(
+        lambda r: [len(c.token_ids) for c in sampler.generate(rows, params, seed=[s + r for s in seeds])],
+        args.rollout_repeats,
+    )
 
 
 def child_vllm(args) -> dict:
@@ -180,8 +219,12 @@ def child_vllm(args) -> dict:
     llm = vllm.LLM(model=args.model_dir, dtype="float32", max_model_len=512, enforce_eager=True, seed=0)
 
     def once(r):
-        params = [vllm.SamplingParams(n=1, temperature=1.0, top_p=1.0, max_tokens=args.new_tokens, seed=s + r,
-                                      detokenize=False) for s in seeds]
+        params = [
+            vllm.SamplingParams(
+                n=1, temperature=1.0, top_p=1.0, max_tokens=args.new_tokens, seed=s + r, detokenize=False
+            )
+            for s in seeds
+        ]
         outs = llm.generate([{"prompt_token_ids": p} for p in rows], sampling_params=params, use_tqdm=False)
         return [len(o.outputs[0].token_ids) for o in outs]
 
@@ -217,12 +260,19 @@ def server_rollout(args, rows, seeds) -> dict:
     model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
     with LocalServer(args.model_dir, python=args.vllm_python, env=env) as server:
-        cfg = types.SimpleNamespace(vllm_server_url=server.url, vllm_server_api_key_env=None, vllm_server_timeout_s=600.0,
-                                    vllm_server_sync="reload", vllm_server_sync_dir=None)
+        cfg = types.SimpleNamespace(
+            vllm_server_url=server.url,
+            vllm_server_api_key_env=None,
+            vllm_server_timeout_s=600.0,
+            vllm_server_sync="reload",
+            vllm_server_sync_dir=None,
+        )
         sampler = VLLMServerSampler(model, tokenizer, cfg)
         params = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=args.new_tokens)
-        result = _timed(lambda r: [len(c.token_ids) for c in sampler.generate(rows, params, seed=[s + r for s in seeds])],
-                        args.rollout_repeats)
+        result = _timed(
+            lambda r: [len(c.token_ids) for c in sampler.generate(rows, params, seed=[s + r for s in seeds])],
+            args.rollout_repeats,
+        )
         for _ in range(2):
             sampler.sync_weights(model)
         result["sync_s"] = sampler.sync_times
@@ -233,10 +283,29 @@ def server_rollout(args, rows, seeds) -> dict:
 
 # ------------------------------------------------------------------------------------------- driver
 def run_child(args, python: str, child: str, extra: list[str], env: dict | None = None) -> dict:
-    cmd = [python, str(Path(__file__).resolve()), "--child", child, "--model-dir", args.model_dir,
-           "--steps", str(args.steps), "--warmup-steps", str(args.warmup_steps), "--prompts", str(args.prompts),
-           "--generations", str(args.generations), "--new-tokens", str(args.new_tokens), "--threads", str(args.threads),
-           "--rollout-repeats", str(args.rollout_repeats), *extra]
+    cmd = [
+        python,
+        str(Path(__file__).resolve()),
+        "--child",
+        child,
+        "--model-dir",
+        args.model_dir,
+        "--steps",
+        str(args.steps),
+        "--warmup-steps",
+        str(args.warmup_steps),
+        "--prompts",
+        str(args.prompts),
+        "--generations",
+        str(args.generations),
+        "--new-tokens",
+        str(args.new_tokens),
+        "--threads",
+        str(args.threads),
+        "--rollout-repeats",
+        str(args.rollout_repeats),
+        *extra,
+    ]
     load_before = load_average()
     t0 = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -257,28 +326,43 @@ def median(values):
 def main(argv) -> None:
     args = parse(argv)
     if args.child:
-        out = {"trl": child_trl, "regroup": child_regroup, "builtin": child_builtin, "vllm": child_vllm}[args.child](args)
+        out = {"trl": child_trl, "regroup": child_regroup, "builtin": child_builtin, "vllm": child_vllm}[args.child](
+            args
+        )
         out["peak_rss_mib"] = peak_rss_mib()
         print(json.dumps(out))
         return
     if not Path(args.model_dir, "config.json").is_file():
-        raise SystemExit(f"--model-dir {args.model_dir}: no SmolLM2 folder (regroup model fetch smollm2 --out models/smollm2)")
+        raise SystemExit(
+            f"--model-dir {args.model_dir}: no SmolLM2 folder (regroup model fetch smollm2 --out models/smollm2)"
+        )
     src = str(REPO / "src")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH", "")) if p),
-           "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
-    print(f"date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; SmolLM2-135M-Instruct ({args.model_dir}); "
-          f"{args.prompts} prompts x {args.generations} samples x {args.new_tokens} new tokens; {args.threads} threads")
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH", "")) if p),
+        "OMP_NUM_THREADS": str(args.threads),
+        "MKL_NUM_THREADS": str(args.threads),
+    }
+    print(
+        f"date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; SmolLM2-135M-Instruct ({args.model_dir}); "
+        f"{args.prompts} prompts x {args.generations} samples x {args.new_tokens} new tokens; {args.threads} threads"
+    )
     if not args.skip_race:
-        print("\n| fine-tuning | side | median step s | steps | mean response tokens | peak RSS MiB | load before / after |")
+        print(
+            "\n| fine-tuning | side | median step s | steps | mean response tokens | peak RSS MiB | load before / after |"
+        )
         print("|---|---|---|---|---|---|---|")
         for mode in args.finetune.split(","):
             medians = {}
             for side in ("trl", "regroup"):
                 r = run_child(args, sys.executable, side, ["--finetune-one", mode], env)
-                measured = r["step_s"][args.warmup_steps:]
+                measured = r["step_s"][args.warmup_steps :]
                 medians[side] = median(measured)
-                print(f"| {mode} | {side} | {medians[side]:.2f} | {len(measured)} | {r['mean_length']:.1f} | "
-                      f"{r['peak_rss_mib']:.0f} | {r['load_before']} / {r['load_after']} |", flush=True)
+                print(
+                    f"| {mode} | {side} | {medians[side]:.2f} | {len(measured)} | {r['mean_length']:.1f} | "
+                    f"{r['peak_rss_mib']:.0f} | {r['load_before']} / {r['load_after']} |",
+                    flush=True,
+                )
             print(f"| {mode} | regroup/TRL | {medians['regroup'] / medians['trl']:.2f} | | | | |", flush=True)
     if args.skip_rollout:
         return
@@ -293,27 +377,38 @@ def main(argv) -> None:
     seeds = list(range(len(rows)))
     prompt_file = Path(tempfile.mkdtemp(prefix="rollout-")) / "rows.json"
     prompt_file.write_text(json.dumps([rows, seeds]))
-    print(f"\nrollout: {len(rows)} rows ({args.prompts} prompts x {args.generations}), <= {args.new_tokens} new tokens, T = 1")
+    print(
+        f"\nrollout: {len(rows)} rows ({args.prompts} prompts x {args.generations}), <= {args.new_tokens} new tokens, T = 1"
+    )
     print("| sampler | median tokens/s | repeats | mean response tokens | peak RSS MiB | load before / after |")
     print("|---|---|---|---|---|---|")
     results = {}
-    for name, python, child in (("regroup built-in (hf)", sys.executable, "builtin"),
-                                ("vLLM-CPU in-process", args.vllm_python, "vllm")):
+    for name, python, child in (
+        ("regroup built-in (hf)", sys.executable, "builtin"),
+        ("vLLM-CPU in-process", args.vllm_python, "vllm"),
+    ):
         if child == "vllm" and not Path(python).is_file():
             print(f"| {name} | not run: no {python} | | | | |")
             continue
         r = run_child(args, python, child, ["--prompt-file", str(prompt_file)], env)
         results[child] = median(r["tokens_per_s"])
         label = f"{name} {r.get('vllm', '')}".strip()
-        print(f"| {label} | {results[child]:.1f} | {len(r['tokens_per_s'])} | {r['mean_length']:.1f} | "
-              f"{r['peak_rss_mib']:.0f} | {r['load_before']} / {r['load_after']} |", flush=True)
+        print(
+            f"| {label} | {results[child]:.1f} | {len(r['tokens_per_s'])} | {r['mean_length']:.1f} | "
+            f"{r['peak_rss_mib']:.0f} | {r['load_before']} / {r['load_after']} |",
+            flush=True,
+        )
     if Path(args.vllm_python).is_file():
         load_before = load_average()
         r = server_rollout(args, rows, seeds)
         results["server"] = median(r["tokens_per_s"])
-        print(f"| vLLM server via rollout.backend=vllm_server | {results['server']:.1f} | {len(r['tokens_per_s'])} | "
-              f"{r['mean_length']:.1f} | (server: another process) | {load_before} / {load_average()} |")
-        print(f"server start {r['start_s']:.0f} s; weight sync (reload) s: {', '.join(f'{t:.2f}' for t in r['sync_s'])}")
+        print(
+            f"| vLLM server via rollout.backend=vllm_server | {results['server']:.1f} | {len(r['tokens_per_s'])} | "
+            f"{r['mean_length']:.1f} | (server: another process) | {load_before} / {load_average()} |"
+        )
+        print(
+            f"server start {r['start_s']:.0f} s; weight sync (reload) s: {', '.join(f'{t:.2f}' for t in r['sync_s'])}"
+        )
     if "builtin" in results and "vllm" in results:
         faster = "vLLM-CPU" if results["vllm"] > results["builtin"] else "the built-in sampler"
         print(f"\n{faster} is faster here: vLLM/built-in tokens/s = {results['vllm'] / results['builtin']:.2f}")

@@ -1,4 +1,4 @@
-"""One process of the multi-process equality test (`tests/test_distributed.py`).
+"""One process of the multi-process equality test (`tests/distributed/test_ddp.py`).
 
 Run by `accelerate launch ... tests/_dist_worker.py MODEL_DIR RUN_DIR OUT_DIR [overrides ...]` (or
 imported, for the 1-process reference). Trains a few steps with the Trainer and writes
@@ -24,22 +24,38 @@ def digit_reward(response: str, problem) -> float:
 
 def make_config(model_dir: str, run_dir: str, recipe: str = "grpo.yaml", overrides: tuple[str, ...] = ()):
     """The small run both the 1- and the 2-process side train (4 groups of 4, 12 tokens, 3 steps)."""
-    from regroup.config import load_config
+    from regroup.train.run_config import load_config
 
-    return load_config(CONFIGS / recipe, [
-        f"model.path={model_dir}", f"run_dir={run_dir}", "data.num_train=64", "grpo.prompts_per_step=4",
-        "grpo.num_generations=4", "rollout.max_new_tokens=12", "train.steps=3", "train.checkpoint_every=0",
-        "train.progress=false", "diagnostics.diversity_every=0", "optim.warmup_steps=1", "optim.lr=1e-3",
-        "rewards=[_dist_worker:digit_reward]", "train.threads=1", *overrides,
-    ])
+    return load_config(
+        CONFIGS / recipe,
+        [
+            f"model.path={model_dir}",
+            f"run_dir={run_dir}",
+            "data.num_train=64",
+            "grpo.prompts_per_step=4",
+            "grpo.num_generations=4",
+            "rollout.max_new_tokens=12",
+            "train.steps=3",
+            "train.checkpoint_every=0",
+            "train.progress=false",
+            "diagnostics.diversity_every=0",
+            "optim.warmup_steps=1",
+            "optim.lr=1e-3",
+            "rewards=[_dist_worker:digit_reward]",
+            "train.threads=1",
+            *overrides,
+        ],
+    )
 
 
 def main(argv: list[str]) -> None:
     model_dir, run_dir, out_dir, recipe, *overrides = argv
     sys.path.insert(0, str(Path(__file__).resolve().parent))  # so `_dist_worker:digit_reward` imports
-    from regroup.trainer import Trainer
+    from regroup.train.trainer import Trainer
 
-    trainer = Trainer.from_config(make_config(model_dir, run_dir, recipe, tuple(overrides)), run_dir, log=lambda m: None)
+    trainer = Trainer.from_config(
+        make_config(model_dir, run_dir, recipe, tuple(overrides)), run_dir, log=lambda m: None
+    )
     local, reduced = [], []
     reduce = trainer._reduce_metrics
 
@@ -58,9 +74,14 @@ def main(argv: list[str]) -> None:
     probe_out = reduce(probe)
     acc = trainer.acc
     record = {
-        "rank": trainer.rank, "world": trainer.world, "distributed_type": str(acc.distributed_type),
-        "backend": str(getattr(acc.state, "backend", None)), "logger_enabled": trainer.logger.enabled,
-        "local": local, "reduced": reduced, "probe": probe_out,
+        "rank": trainer.rank,
+        "world": trainer.world,
+        "distributed_type": str(acc.distributed_type),
+        "backend": str(getattr(acc.state, "backend", None)),
+        "logger_enabled": trainer.logger.enabled,
+        "local": local,
+        "reduced": reduced,
+        "probe": probe_out,
     }
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     (Path(out_dir) / f"rank{trainer.rank}.json").write_text(json.dumps(record))

@@ -1,4 +1,4 @@
-"""One process of the frozen-rank test (`tests/test_distributed.py::test_frozen_rank_stops_the_other`).
+"""One process of the frozen-rank test (`tests/distributed/test_ddp.py::test_frozen_rank_stops_the_other`).
 
 Run by `accelerate launch ... tests/_freeze_worker.py MODEL_DIR RUN_DIR OUT_DIR TIMEOUT_S`. Rank 1 writes
 its pid and stops itself (SIGSTOP) after the first step; rank 0 goes on into the next step's collectives
@@ -20,11 +20,15 @@ def main(argv: list[str]) -> None:
     model_dir, run_dir, out_dir, timeout_s = argv
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import _dist_worker
-    from regroup.cli import user_error
-    from regroup.trainer import Trainer
 
-    cfg = _dist_worker.make_config(model_dir, run_dir, overrides=(f"train.collective_timeout_s={timeout_s}", "train.steps=3",
-                                                                   "rewards.timeout_s=0"))
+    from regroup.cli import user_error
+    from regroup.train.trainer import Trainer
+
+    cfg = _dist_worker.make_config(
+        model_dir,
+        run_dir,
+        overrides=(f"train.collective_timeout_s={timeout_s}", "train.steps=3", "rewards.timeout_s=0"),
+    )
     trainer = Trainer.from_config(cfg, run_dir, log=lambda m: None)
     out = Path(out_dir)
     stopped_at = []
@@ -55,8 +59,11 @@ def main(argv: list[str]) -> None:
         trainer.train(on_step=on_step)
         record = {"finished": True}
     except Exception as exc:  # noqa: BLE001 - the test reads what the CLI would print
-        record = {"line": user_error(exc), "error": f"{type(exc).__name__}: {exc}"[:2000],
-                  "waited_s": time.monotonic() - stopped_at[0] if stopped_at else None}
+        record = {
+            "line": user_error(exc),
+            "error": f"{type(exc).__name__}: {exc}"[:2000],
+            "waited_s": time.monotonic() - stopped_at[0] if stopped_at else None,
+        }
     if trainer.rank == 0:
         (out / "rank0.json").write_text(json.dumps(record))
     os._exit(3 if "line" in record else 0)

@@ -1,4 +1,4 @@
-"""One process of `tests/test_sharded.py`: FSDP2 (torch `fully_shard`) over gloo on CPU, 2 processes.
+"""One process of `tests/runtime/test_sharded.py`: FSDP2 (torch `fully_shard`) over gloo on CPU, 2 processes.
 
 accelerate runs FSDP only on accelerators, so the model is sharded with torch's own `fully_shard` and
 the Accelerator is told it runs FSDP (its FSDP2 code paths are plain torch.distributed calls that work
@@ -20,12 +20,20 @@ def main(out_dir: str) -> None:
 
     from regroup.models.tiny import TinyModelConfig, build_model, build_tokenizer
     from regroup.rollout.vllm import push_weights
-    from regroup.sharded import full_parameters, is_sharded, load_training_state, save_model_weights, save_training_state
+    from regroup.runtime.sharded import (
+        full_parameters,
+        is_sharded,
+        load_training_state,
+        save_model_weights,
+        save_training_state,
+    )
 
     out = Path(out_dir)
     acc = Accelerator(cpu=True)
     tokenizer = build_tokenizer()
-    model = build_model(tokenizer, TinyModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64), seed=0)
+    model = build_model(
+        tokenizer, TinyModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64), seed=0
+    )
     for layer in model.model.layers:
         fully_shard(layer)
     fully_shard(model)
@@ -44,8 +52,10 @@ def main(out_dir: str) -> None:
         optimizer.zero_grad()
 
     train_step()
-    report = {"sharded": is_sharded(acc),
-              "local_rows": int(model.model.layers[0].self_attn.q_proj.weight.data.to_local().shape[0])}
+    report = {
+        "sharded": is_sharded(acc),
+        "local_rows": int(model.model.layers[0].self_attn.q_proj.weight.data.to_local().shape[0]),
+    }
     full = {name: tensor.clone() for name, tensor in full_parameters(model)}
     pushed = {}
     push_weights(model, lambda weights: pushed.update({n: t.clone() for n, t in weights}))

@@ -1,4 +1,4 @@
-"""User rewards for tests/test_reward_deadline.py, imported by dotted name (`_user_rewards:NAME`)."""
+"""User rewards for tests/rewards/test_deadline.py, imported by dotted name (`_user_rewards:NAME`)."""
 
 import os
 import time

@@ -15,7 +15,9 @@ def tiny_model_dir(tmp_path_factory):
 
     path = tmp_path_factory.mktemp("tiny-model")
     tokenizer = build_tokenizer()
-    model = build_model(tokenizer, TinyModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64), seed=0)
+    model = build_model(
+        tokenizer, TinyModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64), seed=0
+    )
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return str(path)

@@ -185,8 +185,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._hang_up()
         elif isinstance(action, Trickle):
             payload = completion_json(action.content)
-            raw = (f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
-                   f"Connection: close\r\n\r\n").encode() + payload
+            raw = (
+                f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
+                f"Connection: close\r\n\r\n"
+            ).encode() + payload
             start = len(raw) - len(payload) if action.headers_first else 0
             try:
                 if start:
@@ -335,10 +337,13 @@ class FakeOpenAI:
         out = self.responder(body)
         return out if not isinstance(out, str) else Answer(out)
 
-    def _record(self, path: str, body: dict[str, Any] | None, auth_ok: bool, action: Action,
-                authorization: str | None = None) -> None:
+    def _record(
+        self, path: str, body: dict[str, Any] | None, auth_ok: bool, action: Action, authorization: str | None = None
+    ) -> None:
         with self._lock:
-            rec = Recorded(len(self.requests), path, body, auth_ok, type(action).__name__, time.monotonic(), authorization)
+            rec = Recorded(
+                len(self.requests), path, body, auth_ok, type(action).__name__, time.monotonic(), authorization
+            )
             self.requests.append(rec)
 
     @property

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from regroup.cli import main
-from regroup.data import save_problems
+from regroup.data.load import save_problems
 from regroup.tasks import get_task
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -19,12 +19,12 @@ def test_config_lists_every_key(capsys):
 
 
 def test_bad_config_fails_before_loading_anything(tmp_path, capsys, monkeypatch):
-    import regroup.trainer
+    import regroup.train.trainer
 
     def boom(*a, **k):
         raise AssertionError("the trainer must not be built for a bad config")
 
-    monkeypatch.setattr(regroup.trainer, "Trainer", boom)
+    monkeypatch.setattr(regroup.train.trainer, "Trainer", boom)
     code = main(["train", "--config", str(CONFIGS / "grpo.yaml"), "grpo.num_generations=two"])
     assert code == 2
     assert "grpo.num_generations" in capsys.readouterr().err
@@ -33,9 +33,20 @@ def test_bad_config_fails_before_loading_anything(tmp_path, capsys, monkeypatch)
 
 def test_train_and_resume_from_the_command_line(tiny_model_dir, tmp_path):
     run = tmp_path / "run"
-    args = ["train", "--config", str(CONFIGS / "grpo.yaml"), f"model.path={tiny_model_dir}", f"run_dir={run}",
-            "data.num_train=32", "grpo.prompts_per_step=2", "grpo.num_generations=2", "rollout.max_new_tokens=8",
-            "train.steps=2", "train.progress=false", "diagnostics.diversity_every=0"]
+    args = [
+        "train",
+        "--config",
+        str(CONFIGS / "grpo.yaml"),
+        f"model.path={tiny_model_dir}",
+        f"run_dir={run}",
+        "data.num_train=32",
+        "grpo.prompts_per_step=2",
+        "grpo.num_generations=2",
+        "rollout.max_new_tokens=8",
+        "train.steps=2",
+        "train.progress=false",
+        "diagnostics.diversity_every=0",
+    ]
     assert main(args) == 0
     assert [json.loads(l)["step"] for l in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2]
     # resume with a longer budget continues from step 2
@@ -49,8 +60,28 @@ def test_rephrase_and_eval_commands(tiny_model_dir, tmp_path, capsys):
     assert main(["rephrase", "--data", str(data), "--out", str(tmp_path / "ta.jsonl"), "--n", "2"]) == 0
     rows = [json.loads(l) for l in (tmp_path / "ta.jsonl").read_text().splitlines()]
     assert all(len(r["variants"]) == 2 for r in rows)
-    assert main(["eval", "--model", tiny_model_dir, "--data", str(data), "--n", "2", "--k", "1,2",
-                 "--max-new-tokens", "6", "--checker", "task", "--out", str(tmp_path / "ev")]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--model",
+                tiny_model_dir,
+                "--data",
+                str(data),
+                "--n",
+                "2",
+                "--k",
+                "1,2",
+                "--max-new-tokens",
+                "6",
+                "--checker",
+                "task",
+                "--out",
+                str(tmp_path / "ev"),
+            ]
+        )
+        == 0
+    )
     assert "average" in capsys.readouterr().out
     assert (tmp_path / "ev" / "summary.json").exists()
 

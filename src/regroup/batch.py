@@ -67,7 +67,7 @@ class RolloutBatch:
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
-    def select(self, index: torch.Tensor | slice) -> "RolloutBatch":
+    def select(self, index: torch.Tensor | slice) -> RolloutBatch:
         """Rows `index` of every tensor (used for micro-batches)."""
         return RolloutBatch(**{k: v[index] for k, v in self.__dict__.items()})
 
@@ -101,7 +101,9 @@ def collate(samples: list[Sample], pad_id: int, completion_length: int | None = 
         sampled_mask=sampled,
         behaviour_logps=behaviour,
         has_behaviour_logps=torch.tensor([s.behaviour_logps is not None for s in samples]),
-        rewards=torch.tensor([nan if s.reward is None or not math.isfinite(s.reward) else s.reward for s in samples], dtype=torch.float32),
+        rewards=torch.tensor(
+            [nan if s.reward is None or not math.isfinite(s.reward) else s.reward for s in samples], dtype=torch.float32
+        ),
         group_ids=torch.tensor([s.group_id for s in samples], dtype=torch.long),
         is_anchor=torch.tensor([s.is_anchor for s in samples], dtype=torch.bool),
     )

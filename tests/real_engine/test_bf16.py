@@ -5,9 +5,18 @@ from __future__ import annotations
 
 import pytest
 import torch
+from real_vllm import (
+    QUESTIONS,
+    chat_prompts,
+    close_engine,
+    learner_logps,
+    learner_state,
+    logp_differences,
+    max_weight_difference,
+    sample,
+    start_engine,
+)
 
-from real_vllm import (QUESTIONS, chat_prompts, close_engine, learner_logps, learner_state, logp_differences, sample,
-                       max_weight_difference, start_engine)
 from regroup.algo.ratios import truncated_is_weight
 
 pytestmark = pytest.mark.slow  # the real engine: minutes on 2 cores
@@ -27,8 +36,16 @@ def test_bf16_logprobs_and_tis_weights(bf16, figures):
     behaviour = torch.cat([torch.tensor(c.logps) for c in completions])
     learner = torch.cat([learner_logps(model, prompts[c.prompt_index], c.token_ids) for c in completions])
     weights = truncated_is_weight(learner, behaviour, cap=2.0)
-    figures["bf16 |logp vLLM - learner|"] = {"tokens": diff.numel(), "max": float(diff.max()), "mean": float(diff.mean())}
-    figures["bf16 TIS weight (cap 2)"] = {"min": float(weights.min()), "mean": float(weights.mean()), "max": float(weights.max())}
+    figures["bf16 |logp vLLM - learner|"] = {
+        "tokens": diff.numel(),
+        "max": float(diff.max()),
+        "mean": float(diff.mean()),
+    }
+    figures["bf16 TIS weight (cap 2)"] = {
+        "min": float(weights.min()),
+        "mean": float(weights.mean()),
+        "max": float(weights.max()),
+    }
     # bf16 kernels differ (oneDNN / AMX vs torch's matmul): agreement to a bf16 tolerance, not to fp32's
     assert float(diff.mean()) < 0.1 and float(diff.max()) < 1.0
 

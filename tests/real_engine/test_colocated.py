@@ -11,12 +11,23 @@ import types
 
 import pytest
 import torch
+from real_vllm import (
+    QUESTIONS,
+    chat_prompts,
+    close_engine,
+    learner_logps,
+    learner_state,
+    logp_differences,
+    make_sampler,
+    max_weight_difference,
+    sample,
+    share_engine,
+    smollm2_config,
+    start_engine,
+)
 
-from real_vllm import (QUESTIONS, chat_prompts, close_engine, learner_logps, learner_state, logp_differences,
-                       make_sampler, max_weight_difference, sample, share_engine, smollm2_config, start_engine)
 from regroup.algo.ratios import truncated_is_weight
 from regroup.rollout.vllm import push_weights, request_seeds
-
 
 pytestmark = pytest.mark.slow  # the real engine: minutes on 2 cores
 
@@ -24,8 +35,9 @@ pytestmark = pytest.mark.slow  # the real engine: minutes on 2 cores
 @pytest.fixture(scope="module")
 def fp32(smollm2_dir, figures):
     sampler, model, tokenizer = start_engine(smollm2_dir, torch.float32, figures, "fp32, SmolLM2")
-    yield types.SimpleNamespace(llm=sampler.llm, model=model, tokenizer=tokenizer, dir=smollm2_dir,
-                                prompts=chat_prompts(tokenizer, QUESTIONS))
+    yield types.SimpleNamespace(
+        llm=sampler.llm, model=model, tokenizer=tokenizer, dir=smollm2_dir, prompts=chat_prompts(tokenizer, QUESTIONS)
+    )
     close_engine(sampler)
 
 
@@ -36,8 +48,16 @@ def test_behaviour_logprobs_agree_with_the_learner_fp32(fp32, figures):
     behaviour = torch.cat([torch.tensor(c.logps) for c in completions])
     learner = torch.cat([learner_logps(fp32.model, fp32.prompts[c.prompt_index], c.token_ids) for c in completions])
     weights = truncated_is_weight(learner, behaviour, cap=2.0)
-    figures["fp32 |logp vLLM - learner|"] = {"tokens": diff.numel(), "max": float(diff.max()), "mean": float(diff.mean())}
-    figures["fp32 TIS weight (cap 2)"] = {"min": float(weights.min()), "mean": float(weights.mean()), "max": float(weights.max())}
+    figures["fp32 |logp vLLM - learner|"] = {
+        "tokens": diff.numel(),
+        "max": float(diff.max()),
+        "mean": float(diff.mean()),
+    }
+    figures["fp32 TIS weight (cap 2)"] = {
+        "min": float(weights.min()),
+        "mean": float(weights.mean()),
+        "max": float(weights.max()),
+    }
     assert diff.numel() >= 16 and float(diff.max()) < 1e-3
 
 
@@ -49,17 +69,28 @@ def test_processed_logprobs_come_after_top_p_renormalisation(fp32, figures):
     after = logp_differences(fp32.model, fp32.prompts, completions, temperature=0.8, top_p=0.6)
     before = logp_differences(fp32.model, fp32.prompts, completions, temperature=0.8, top_p=1.0)
     figures["top_p=0.6 T=0.8 |vLLM - learner after top-p|"] = {"max": float(after.max()), "mean": float(after.mean())}
-    figures["top_p=0.6 T=0.8 |vLLM - learner before top-p|"] = {"max": float(before.max()), "mean": float(before.mean())}
+    figures["top_p=0.6 T=0.8 |vLLM - learner before top-p|"] = {
+        "max": float(before.max()),
+        "mean": float(before.mean()),
+    }
     assert float(after.max()) < 1e-3
     assert float(before.max()) > 0.05 and float(before.mean()) > 20 * float(after.mean())
 
 
 def test_training_step_samples_with_the_configs_settings_then_pushes(fp32, tmp_path, monkeypatch, figures):
-    from regroup.trainer import Trainer
+    from regroup.train.trainer import Trainer
 
     share_engine(monkeypatch, fp32.llm)
-    cfg = smollm2_config(fp32.dir, tmp_path / "run", "rollout.temperature=0.9", "rollout.top_p=0.95",
-                         "rollout.max_new_tokens=6", "seed=7", "rollout.tis_cap=2", "model.lora.enabled=false")
+    cfg = smollm2_config(
+        fp32.dir,
+        tmp_path / "run",
+        "rollout.temperature=0.9",
+        "rollout.top_p=0.95",
+        "rollout.max_new_tokens=6",
+        "seed=7",
+        "rollout.tis_cap=2",
+        "model.lora.enabled=false",
+    )
     trainer = Trainer.from_config(cfg, tmp_path / "run", log=lambda *a: None)
     requests, is_weights = [], []
     real_generate, real_is_weight = trainer.sampler.llm.generate, trainer._is_weight
@@ -70,15 +101,20 @@ def test_training_step_samples_with_the_configs_settings_then_pushes(fp32, tmp_p
 
     def spy_is_weight(old, part):
         weight = real_is_weight(old, part)
-        is_weights.append((old.detach(), part.behaviour_logps, (part.completion_mask > 0) & part.sampled_mask.bool(), weight))
+        is_weights.append(
+            (old.detach(), part.behaviour_logps, (part.completion_mask > 0) & part.sampled_mask.bool(), weight)
+        )
         return weight
 
     seeds = []
     real_sampler_generate = trainer.sampler.generate
     monkeypatch.setattr(trainer.sampler.llm, "generate", spy_generate)
     monkeypatch.setattr(trainer, "_is_weight", spy_is_weight)
-    monkeypatch.setattr(trainer.sampler, "generate", lambda p, params, seed=None: seeds.append((len(p), seed)) or
-                        real_sampler_generate(p, params, seed))
+    monkeypatch.setattr(
+        trainer.sampler,
+        "generate",
+        lambda p, params, seed=None: seeds.append((len(p), seed)) or real_sampler_generate(p, params, seed),
+    )
     metrics = trainer.train_step(0)
     assert math.isfinite(metrics["loss"])
     assert requests, "the step did not sample through vLLM"
@@ -89,8 +125,11 @@ def test_training_step_samples_with_the_configs_settings_then_pushes(fp32, tmp_p
     old, behaviour, mask, weight = is_weights[0]
     scored = mask & behaviour.isfinite() & (behaviour != 0)
     figures["training step T=0.9 top_p=0.95: TIS weight"] = {
-        "tokens": int(scored.sum()), "min": float(weight[scored].min()), "mean": float(weight[scored].mean()),
-        "max": float(weight[scored].max())}
+        "tokens": int(scored.sum()),
+        "min": float(weight[scored].min()),
+        "mean": float(weight[scored].mean()),
+        "max": float(weight[scored].max()),
+    }
     assert 0 < float(weight[scored].min()) and float(weight[scored].max()) <= 2.0
     # after the step the engine holds the updated weights
     worst, where = max_weight_difference(fp32.llm, learner_state(trainer.model))
@@ -133,11 +172,13 @@ def test_weight_push_changes_generation_and_resets_the_prefix_cache(fp32, figure
 
 
 def test_lora_push_merges_pushes_and_unmerges(fp32, figures):
-    from regroup.config import LoraConfig, ModelConfig
+    from regroup.config.schema import LoraConfig, ModelConfig
     from regroup.models.load import load_policy
 
-    policy = load_policy(fp32.dir, ModelConfig(path=fp32.dir, lora=LoraConfig(enabled=True, r=4, alpha=8,
-                                                                               target_modules=["q_proj", "v_proj"])))
+    policy = load_policy(
+        fp32.dir,
+        ModelConfig(path=fp32.dir, lora=LoraConfig(enabled=True, r=4, alpha=8, target_modules=["q_proj", "v_proj"])),
+    )
     params = dict(policy.named_parameters())
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
@@ -157,19 +198,36 @@ def test_lora_push_merges_pushes_and_unmerges(fp32, figures):
 
 @pytest.mark.parametrize("variant", ["ta_grpo", "dagrpo"])
 def test_variant_steps_run_on_the_engine(fp32, tmp_path, monkeypatch, variant):
-    from regroup.trainer import Trainer
+    from regroup.train.trainer import Trainer
 
     share_engine(monkeypatch, fp32.llm)
-    extra = {"ta_grpo": ["recipe=ta_grpo", "ta.enabled=true", "ta.n_variants=1", "ta.rephraser=rules",
-                         "ta.ratio_anchor=original"],
-             "dagrpo": ["recipe=dagrpo", "anchors.enabled=true", "anchors.count=1", "anchors.mode=replace",
-                        "anchors.when=always", "mask.enabled=true", "mask.scorer.name=step",
-                        "rewards=[task]", "rollout.max_new_tokens=40"]}[variant]  # room for the reference solution
+    extra = {
+        "ta_grpo": [
+            "recipe=ta_grpo",
+            "ta.enabled=true",
+            "ta.n_variants=1",
+            "ta.rephraser=rules",
+            "ta.ratio_anchor=original",
+        ],
+        "dagrpo": [
+            "recipe=dagrpo",
+            "anchors.enabled=true",
+            "anchors.count=1",
+            "anchors.mode=replace",
+            "anchors.when=always",
+            "mask.enabled=true",
+            "mask.scorer.name=step",
+            "rewards=[task]",
+            "rollout.max_new_tokens=40",
+        ],
+    }[variant]  # room for the reference solution
     cfg = smollm2_config(fp32.dir, tmp_path / "run", *extra)
     trainer = Trainer.from_config(cfg, tmp_path / "run", log=lambda *a: None)
     calls = []
     real = trainer.sampler.generate
-    monkeypatch.setattr(trainer.sampler, "generate", lambda p, params, seed=None: calls.append(len(p)) or real(p, params, seed))
+    monkeypatch.setattr(
+        trainer.sampler, "generate", lambda p, params, seed=None: calls.append(len(p)) or real(p, params, seed)
+    )
     metrics = trainer.train_step(0)
     assert calls and math.isfinite(metrics["loss"])
     if variant == "ta_grpo":
@@ -180,16 +238,17 @@ def test_variant_steps_run_on_the_engine(fp32, tmp_path, monkeypatch, variant):
 
 
 def test_a_vllm_run_resumes_exactly(fp32, tmp_path, monkeypatch, figures):
-    """"Exactly", measured: after resuming from the step-1 checkpoint, step 2 samples the same tokens (same
+    """ "Exactly", measured: after resuming from the step-1 checkpoint, step 2 samples the same tokens (same
     seeds, same weights pushed, same batch) and ends with the same learner weights as the run that never
     stopped."""
-    from regroup.trainer import Trainer
+    from regroup.train.trainer import Trainer
 
     share_engine(monkeypatch, fp32.llm)
 
     def run(run_dir, resume):
-        cfg = smollm2_config(fp32.dir, run_dir, "train.checkpoint_every=1", "train.keep_checkpoints=3",
-                             "rollout.max_new_tokens=4")
+        cfg = smollm2_config(
+            fp32.dir, run_dir, "train.checkpoint_every=1", "train.keep_checkpoints=3", "rollout.max_new_tokens=4"
+        )
         trainer = Trainer.from_config(cfg, run_dir, resume=resume, log=lambda *a: None)
         tokens = []
         real = trainer.sampler.generate
@@ -210,8 +269,16 @@ def test_a_vllm_run_resumes_exactly(fp32, tmp_path, monkeypatch, figures):
     step2_a = [t for t in straight if t[0] == 1]
     step2_b = [t for t in resumed if t[0] == 1]
     assert step2_b and [t[1] for t in step2_a] == [t[1] for t in step2_b]  # the same sampled tokens
-    logp_gap = max((abs(x - y) for a, b in zip(step2_a, step2_b) for la, lb in zip(a[2], b[2])
-                    for x, y in zip(la, lb) if not (math.isnan(x) or math.isnan(y))), default=0.0)
+    logp_gap = max(
+        (
+            abs(x - y)
+            for a, b in zip(step2_a, step2_b)
+            for la, lb in zip(a[2], b[2])
+            for x, y in zip(la, lb)
+            if not (math.isnan(x) or math.isnan(y))
+        ),
+        default=0.0,
+    )
     weight_gap = max(float((weights_a[n] - weights_b[n]).abs().max()) for n in weights_a)
     figures["resume: step-2 tokens equal; max |logp| / |weight| gap"] = [True, logp_gap, weight_gap]
     assert weight_gap == 0.0

@@ -9,11 +9,12 @@ import time
 
 import pytest
 import torch
-
 from real_vllm import close_engine, learner_state, logp_differences, max_weight_difference, sample, start_engine
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA-only checks of the colocated vLLM engine")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA-only checks of the colocated vLLM engine"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +30,9 @@ def model_dir(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("qwen3-random")
     tokenizer = build_tokenizer()
-    build_model(tokenizer, TinyModelConfig(hidden_size=512, num_layers=8, num_heads=8, intermediate_size=1536), seed=0
-                ).save_pretrained(out)
+    build_model(
+        tokenizer, TinyModelConfig(hidden_size=512, num_layers=8, num_heads=8, intermediate_size=1536), seed=0
+    ).save_pretrained(out)
     tokenizer.save_pretrained(out)
     return str(out)
 
@@ -47,8 +49,9 @@ def prompts_of(tokenizer, count: int) -> list[list[int]]:
 
 
 def test_bf16_push_tokens_per_s_and_sleep_mode(model_dir, figures):
-    sampler, model, tokenizer = start_engine(model_dir, torch.bfloat16, figures, "bf16, CUDA", device="cuda",
-                                             vllm_gpu_memory_utilization=0.3)
+    sampler, model, tokenizer = start_engine(
+        model_dir, torch.bfloat16, figures, "bf16, CUDA", device="cuda", vllm_gpu_memory_utilization=0.3
+    )
     try:
         perturb(model, 0)
         sampler.sync_weights(model)
@@ -59,14 +62,17 @@ def test_bf16_push_tokens_per_s_and_sleep_mode(model_dir, figures):
         start = time.perf_counter()
         out = sample(sampler, prompts, n=8, max_new_tokens=128, seed=1)
         seconds = time.perf_counter() - start
-        figures["CUDA bf16 tokens/s (32 prompts x 8 x <=128 tokens)"] = round(sum(len(c.token_ids) for c in out) / seconds)
+        figures["CUDA bf16 tokens/s (32 prompts x 8 x <=128 tokens)"] = round(
+            sum(len(c.token_ids) for c in out) / seconds
+        )
         diff = logp_differences(model, prompts[:4], [c for c in out if c.prompt_index < 4])
         figures["CUDA bf16 |logp vLLM - learner|"] = {"max": float(diff.max()), "mean": float(diff.mean())}
     finally:
         close_engine(sampler)
     # sleep mode: asleep between rollouts, weights pushed again at each wake-up
-    sampler, model, tokenizer = start_engine(model_dir, torch.bfloat16, None, device="cuda",
-                                             vllm_gpu_memory_utilization=0.3, vllm_enable_sleep_mode=True)
+    sampler, model, tokenizer = start_engine(
+        model_dir, torch.bfloat16, None, device="cuda", vllm_gpu_memory_utilization=0.3, vllm_enable_sleep_mode=True
+    )
     try:
         assert sampler._asleep
         perturb(model, 1)

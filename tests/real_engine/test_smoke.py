@@ -4,12 +4,10 @@ on the checkpoint it wrote. A few samples of a few tokens: minutes on a loaded 2
 
 from __future__ import annotations
 
-import pytest
-
 import json
 
+import pytest
 from cli_runs import ROOT, regroup, tail, write_problems
-
 
 pytestmark = pytest.mark.slow  # the real engine: minutes on 2 cores
 
@@ -17,10 +15,21 @@ pytestmark = pytest.mark.slow  # the real engine: minutes on 2 cores
 def test_a_colocated_vllm_step_and_a_vllm_eval(smollm2_dir, tmp_path, figures):
     run = tmp_path / "run"
     proc, seconds = regroup(
-        "train", "--config", str(ROOT / "examples" / "smollm2_grpo.yaml"), f"model.path={smollm2_dir}",
-        "rollout.backend=vllm", "rollout.vllm_max_model_len=256", "rollout.max_new_tokens=8", "rollout.tis_cap=2",
-        "grpo.prompts_per_step=2", "grpo.num_generations=2", "train.steps=1", "data.num_train=8",
-        "diagnostics.grad_conflict_every=0", f"run_dir={run}")
+        "train",
+        "--config",
+        str(ROOT / "examples" / "smollm2_grpo.yaml"),
+        f"model.path={smollm2_dir}",
+        "rollout.backend=vllm",
+        "rollout.vllm_max_model_len=256",
+        "rollout.max_new_tokens=8",
+        "rollout.tis_cap=2",
+        "grpo.prompts_per_step=2",
+        "grpo.num_generations=2",
+        "train.steps=1",
+        "data.num_train=8",
+        "diagnostics.grad_conflict_every=0",
+        f"run_dir={run}",
+    )
     assert proc.returncode == 0, tail(proc)
     record = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
     assert record["step"] == 1 and record["tokens/generated"] > 0, record
@@ -28,8 +37,24 @@ def test_a_colocated_vllm_step_and_a_vllm_eval(smollm2_dir, tmp_path, figures):
 
     checkpoint = next((run / "checkpoints").glob("step-*"))
     problems = write_problems(tmp_path / "problems.jsonl")
-    proc, seconds = regroup("eval", "--model", str(checkpoint), "--data", str(problems), "--n", "2", "--k", "1",
-                            "--max-new-tokens", "8", "--no-greedy", "--backend", "vllm", "--out", str(tmp_path / "eval"))
+    proc, seconds = regroup(
+        "eval",
+        "--model",
+        str(checkpoint),
+        "--data",
+        str(problems),
+        "--n",
+        "2",
+        "--k",
+        "1",
+        "--max-new-tokens",
+        "8",
+        "--no-greedy",
+        "--backend",
+        "vllm",
+        "--out",
+        str(tmp_path / "eval"),
+    )
     assert proc.returncode == 0, tail(proc)
     assert (tmp_path / "eval" / "summary.json").is_file()
     figures["smoke: regroup eval --backend vllm, 2 problems x 2 samples x 8 tokens, s"] = round(seconds, 1)

@@ -27,6 +27,7 @@ FIGURES: dict[str, list[str]] = {}
 def finished_run(tiny_model_dir, tmp_path_factory):
     """A finished 2-step run (a checkpoint each step), made in this process through the CLI."""
     import reliability_helpers as h
+
     from regroup.cli import main
 
     run = tmp_path_factory.mktemp("finished") / "run"
@@ -73,8 +74,9 @@ def _count_remote_traffic(request, monkeypatch):
     lines = FIGURES.setdefault(request.node.nodeid, [])
     if servers:
         actions = Counter(r.action for s in servers for r in s.requests)
-        lines.append(f"fake server: {sum(actions.values())} requests received, "
-                     f"by behaviour {dict(sorted(actions.items()))}")
+        lines.append(
+            f"fake server: {sum(actions.values())} requests received, by behaviour {dict(sorted(actions.items()))}"
+        )
     if clients:
         total: Counter[str] = Counter()
         errors: Counter[str] = Counter()

@@ -72,9 +72,9 @@ def install_probe(phase_file: str | os.PathLike) -> Callable[[str], None]:
             os.kill(pid, signal.SIGSTOP)
 
     mark("imports")
-    import regroup.checkpoint as checkpoint_mod
-    import regroup.metrics as metrics_mod
-    import regroup.trainer as trainer_mod
+    import regroup.runtime.checkpoint as checkpoint_mod
+    import regroup.runtime.metrics as metrics_mod
+    import regroup.train.trainer as trainer_mod
 
     fsync_tree = checkpoint_mod._fsync_tree
 
@@ -148,10 +148,21 @@ def landing(phase: str | None) -> str:
 def small_overrides(model_dir, run_dir, *extra: str) -> list[str]:
     """Overrides for a small, single-threaded (so bit-reproducible) run of 6 steps, a checkpoint each step."""
     return [
-        f"model.path={model_dir}", f"run_dir={run_dir}", "data.num_train=64", "grpo.prompts_per_step=4",
-        "grpo.num_generations=4", "rollout.max_new_tokens=16", "train.steps=6", "train.checkpoint_every=1",
-        "train.progress=false", "train.threads=1", "diagnostics.diversity_every=0",
-        "diagnostics.grad_conflict_every=0", "optim.warmup_steps=1", "optim.lr=1e-3", *extra,
+        f"model.path={model_dir}",
+        f"run_dir={run_dir}",
+        "data.num_train=64",
+        "grpo.prompts_per_step=4",
+        "grpo.num_generations=4",
+        "rollout.max_new_tokens=16",
+        "train.steps=6",
+        "train.checkpoint_every=1",
+        "train.progress=false",
+        "train.threads=1",
+        "diagnostics.diversity_every=0",
+        "diagnostics.grad_conflict_every=0",
+        "optim.warmup_steps=1",
+        "optim.lr=1e-3",
+        *extra,
     ]
 
 
@@ -209,9 +220,14 @@ def judge_faults(timeout_s: float, echo: str | None = None) -> dict:
     from fake_openai import Answer, Drop, Malformed, Partial, RateLimit, Slow, Status
 
     faults = {
-        "http_500": Status(500), "http_503": Status(503), "http_429": RateLimit(0.05),
-        "timeout": Slow(timeout_s + 0.3, Answer("SCORE: 1")), "malformed": Malformed(), "partial": Partial(),
-        "drop": Drop(), "garbage": Answer("I would rather not give a score."),
+        "http_500": Status(500),
+        "http_503": Status(503),
+        "http_429": RateLimit(0.05),
+        "timeout": Slow(timeout_s + 0.3, Answer("SCORE: 1")),
+        "malformed": Malformed(),
+        "partial": Partial(),
+        "drop": Drop(),
+        "garbage": Answer("I would rather not give a score."),
     }
     if echo:
         faults["echo_500"] = Status(500, message=f"invalid request (Authorization: Bearer {echo})")
@@ -232,9 +248,17 @@ def rewriter_reply(body: dict):
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a training subprocess: quiet, one thread, this folder importable."""
     env = dict(os.environ)
-    env.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
-                "PYTHONPATH": os.pathsep.join(p for p in [str(HERE), env.get("PYTHONPATH", "")] if p),
-                "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error", "TQDM_DISABLE": "1"})
+    env.update(
+        {
+            "OMP_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+            "PYTHONPATH": os.pathsep.join(p for p in [str(HERE), env.get("PYTHONPATH", "")] if p),
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_VERBOSITY": "error",
+            "TQDM_DISABLE": "1",
+        }
+    )
     env.update(extra or {})
     return env
 
@@ -279,8 +303,16 @@ def finish(proc, argv: list[str], timeout: float = 300.0, killed: bool = False, 
         rc = proc.wait()
     for f in proc._files[:2]:
         f.close()
-    return Proc(argv, rc, proc._files[2].read_text(), proc._files[3].read_text(), killed, landed, tmp or [],
-                time.monotonic() - proc._t0)
+    return Proc(
+        argv,
+        rc,
+        proc._files[2].read_text(),
+        proc._files[3].read_text(),
+        killed,
+        landed,
+        tmp or [],
+        time.monotonic() - proc._t0,
+    )
 
 
 def run(argv: list[str], out_dir: Path, name: str, env: dict | None = None, timeout: float = 300.0) -> Proc:
@@ -297,9 +329,17 @@ def tmp_folders(run_dir: Path) -> list[str]:
         return []
 
 
-def run_and_kill(argv: list[str], out_dir: Path, name: str, run_dir: Path, probe: Path,
-                 trigger: Callable[[list[tuple[float, int, str]], list[str], float], bool],
-                 delay_s: float = 0.0, timeout: float = 300.0, stop_at: str | None = None) -> Proc:
+def run_and_kill(
+    argv: list[str],
+    out_dir: Path,
+    name: str,
+    run_dir: Path,
+    probe: Path,
+    trigger: Callable[[list[tuple[float, int, str]], list[str], float], bool],
+    delay_s: float = 0.0,
+    timeout: float = 300.0,
+    stop_at: str | None = None,
+) -> Proc:
     """Start the probed runner and SIGKILL it `delay_s` after `trigger(phases, tmp_folders, elapsed)` first
     holds (polled every millisecond); if it ends first, it is simply collected. `phases` and `tmp_folders`
     are this process's own (a killed predecessor's temporary folder stays until the next save). With

@@ -28,7 +28,7 @@ from safetensors.torch import load_file
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import reliability_helpers as h  # noqa: E402
 
-from regroup.checkpoint import (  # noqa: E402
+from regroup.runtime.checkpoint import (  # noqa: E402
     CheckpointError,
     latest_valid_checkpoint,
     list_checkpoints,
@@ -178,8 +178,10 @@ def kill_until_done(model_dir, root: Path, kinds: list[str], seed: int, report=p
         check_resume_line(proc, run_dir, before, resuming)
         if proc.killed:
             kills.append(Kill(how, h.landing(proc.landed), proc.tmp_at_kill))
-            report(f"kill {len(kills)}: {how} -> landed in '{proc.landed or 'startup (before the probe)'}'"
-                   f"{' with ' + ','.join(proc.tmp_at_kill) + ' on disk' if proc.tmp_at_kill else ''}")
+            report(
+                f"kill {len(kills)}: {how} -> landed in '{proc.landed or 'startup (before the probe)'}'"
+                f"{' with ' + ','.join(proc.tmp_at_kill) + ' on disk' if proc.tmp_at_kill else ''}"
+            )
             continue
         assert proc.returncode == 0, f"process {n} failed:\n{proc.stderr[-3000:]}"
         return kills
@@ -217,8 +219,18 @@ def test_three_kills_resume_bit_identical(reference, tiny_model_dir, tmp_path, f
 
 @pytest.mark.slow
 def test_twenty_kills_resume_bit_identical(reference, tiny_model_dir, tmp_path, figures):
-    kinds = ["random", "random", "tmp", "update", "rollout", "checkpoint", "resume", "log",
-             "stop:checkpoint-fsync", "stop:log"]
+    kinds = [
+        "random",
+        "random",
+        "tmp",
+        "update",
+        "rollout",
+        "checkpoint",
+        "resume",
+        "log",
+        "stop:checkpoint-fsync",
+        "stop:log",
+    ]
     rng = random.Random(20)
     kills: list[Kill] = []
     chain = 0
@@ -231,8 +243,10 @@ def test_twenty_kills_resume_bit_identical(reference, tiny_model_dir, tmp_path, 
     for k in kills:
         label = k.landed + (" (temporary folder on disk)" if k.tmp_at_kill else "")
         where[label] = where.get(label, 0) + 1
-    figures(f"{len(kills)} kills survived over {chain} runs, each bit-identical to the uninterrupted run; "
-            f"landed in: {json.dumps(where, sort_keys=True)}")
+    figures(
+        f"{len(kills)} kills survived over {chain} runs, each bit-identical to the uninterrupted run; "
+        f"landed in: {json.dumps(where, sort_keys=True)}"
+    )
 
 
 # ------------------------------------------------------------------------------- corrupt checkpoints
@@ -319,11 +333,15 @@ def test_leftovers_of_a_crashed_writer_are_removed_and_never_loaded(tiny_model, 
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step-000002"]
 
 
-@pytest.mark.parametrize("corrupt", [
-    truncate_weights,
-    pytest.param(flip_state_bytes, marks=pytest.mark.slow),
-    pytest.param(delete_manifest, marks=pytest.mark.slow),
-], ids=lambda f: f.__name__)
+@pytest.mark.parametrize(
+    "corrupt",
+    [
+        truncate_weights,
+        pytest.param(flip_state_bytes, marks=pytest.mark.slow),
+        pytest.param(delete_manifest, marks=pytest.mark.slow),
+    ],
+    ids=lambda f: f.__name__,
+)
 def test_resume_cli_skips_a_corrupt_latest_checkpoint(reference, tmp_path, corrupt, figures):
     ref = reference.get()
     run_dir = tmp_path / "run"

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from regroup.data import DataError, load_problems
+from regroup.data.load import DataError, load_problems
 from regroup.tasks.arithmetic import generate, grade, step_score
 from regroup.tasks.base import Problem
 
@@ -22,9 +22,14 @@ pytestmark = pytest.mark.reliability
 
 FUZZ = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
-json_scalars = st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats(allow_nan=True) | st.text(max_size=20)
-json_values = st.recursive(json_scalars, lambda inner: st.lists(inner, max_size=3)
-                           | st.dictionaries(st.text(max_size=5), inner, max_size=3), max_leaves=8)
+json_scalars = (
+    st.none() | st.booleans() | st.integers(-(10**6), 10**6) | st.floats(allow_nan=True) | st.text(max_size=20)
+)
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=8,
+)
 FIELDS = ["id", "question", "answer", "solution", "variants", "difficulty", "meta", "index", "sub_index", "extra"]
 rows = st.lists(
     st.one_of(
@@ -68,6 +73,7 @@ def test_jsonl_rows_of_any_shape(rows, skip):
             return json.dumps(r)
         except ValueError:
             return "{bad"
+
     path = _write("\n".join(dump(r) for r in rows).encode("utf-8", "surrogatepass"), ".jsonl")
     try:
         _load(path, skip)
@@ -86,8 +92,9 @@ def test_json_list_of_any_shape(rows, skip):
 
 
 @FUZZ
-@given(data=st.binary(max_size=300), suffix=st.sampled_from([".jsonl", ".json", ".csv", ".parquet"]),
-       skip=st.booleans())
+@given(
+    data=st.binary(max_size=300), suffix=st.sampled_from([".jsonl", ".json", ".csv", ".parquet"]), skip=st.booleans()
+)
 def test_random_bytes(data, suffix, skip):
     path = _write(data, suffix)
     try:
@@ -168,8 +175,9 @@ def checker():
 latexish = st.text(alphabet="0123456789{}()^\\/+-*.,=xab $", max_size=60)
 
 
-@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                 HealthCheck.too_slow])
+@settings(
+    max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 @given(inner=latexish | st.text(max_size=60), answer=latexish | st.text(max_size=10), boxed=st.booleans())
 def test_math_checker_on_random_text(checker, inner, answer, boxed):
     response = f"\\boxed{{{inner}}}" if boxed else inner
@@ -184,10 +192,11 @@ def test_math_checker_on_random_text(checker, inner, answer, boxed):
 
 # -- every numeric config field with its bad values ---------------------------------------------------
 
+
 def _numeric_cases():
     """(dotted key, bad value as YAML) for every numeric field: nan, ±inf, and the values just past each
     bound of its rule (0 where it must be positive, -1 where it must be >= 0, a huge value past an upper bound)."""
-    from regroup.config import numeric_keys, numeric_rules
+    from regroup.config.schema import numeric_keys, numeric_rules
 
     def text(x: float) -> str:
         return str(int(x)) if float(x).is_integer() and abs(x) < 2**53 else repr(float(x))
@@ -210,7 +219,7 @@ NUMERIC_CASES = _numeric_cases()
 
 
 def test_the_numeric_fuzz_covers_every_field():
-    from regroup.config import numeric_keys
+    from regroup.config.schema import numeric_keys
 
     assert {key for key, _ in NUMERIC_CASES} == set(numeric_keys())
     assert len(NUMERIC_CASES) > 4 * len(numeric_keys())
@@ -218,7 +227,8 @@ def test_the_numeric_fuzz_covers_every_field():
 
 @pytest.mark.parametrize("key, value", NUMERIC_CASES, ids=[f"{k}={v}" for k, v in NUMERIC_CASES])
 def test_every_numeric_field_rejects_its_bad_values(key, value):
-    from regroup.config import ConfigError, load_config
+    from regroup.errors import ConfigError
+    from regroup.train.run_config import load_config
 
     with pytest.raises(ConfigError) as err:
         load_config(None, [f"{key}={value}"])
@@ -228,9 +238,10 @@ def test_every_numeric_field_rejects_its_bad_values(key, value):
 def test_every_numeric_field_accepts_its_bounds():
     """The rules are not stricter than they say: each closed bound itself loads (where no cross-field rule
     forbids it), so the bad values above fail for the right reason."""
-    from regroup.config import load_config, numeric_rules
+    from regroup.config.schema import numeric_rules
+    from regroup.train.run_config import load_config
 
-    cross_field = {"grpo.num_generations": 1, "anchors.count": 2 ** 31 - 1}  # a group of one; count < G
+    cross_field = {"grpo.num_generations": 1, "anchors.count": 2**31 - 1}  # a group of one; count < G
     checked = 0
     for key, rule in numeric_rules().items():
         for bound, is_open in ((rule.low, rule.low_open), (rule.high, rule.high_open)):

@@ -49,7 +49,13 @@ def test_two_thousand_judge_requests_at_64_concurrency(tmp_path, monkeypatch):
     ]
     with FakeOpenAI(api_key=KEY, responder=responder) as srv:
         client = ChatClient(
-            srv.base_url, "judge", api_key_env=ENV, timeout_s=20.0, max_retries=3, backoff_s=0.05, concurrency=CONCURRENCY
+            srv.base_url,
+            "judge",
+            api_key_env=ENV,
+            timeout_s=20.0,
+            max_retries=3,
+            backoff_s=0.05,
+            concurrency=CONCURRENCY,
         )
         judge = JudgeScorer(client, DiskCache(tmp_path / "load.sqlite"))
         tracemalloc.start()

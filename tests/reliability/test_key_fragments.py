@@ -69,7 +69,7 @@ def responder_for(case: str):
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_no_four_characters_of_the_key_in_any_file_or_output(case, tmp_path, monkeypatch, capfd):
-    from regroup.data import save_problems
+    from regroup.data.load import save_problems
     from regroup.rephrase import run_rephrase
     from regroup.tasks.arithmetic import generate
 
@@ -89,9 +89,17 @@ def test_no_four_characters_of_the_key_in_any_file_or_output(case, tmp_path, mon
             rw = OpenAIRephraser(client, DiskCache(run / "cache" / "rw.sqlite"))
             outcomes = rw.rephrase_many([SimpleNamespace(id="a", question="Add 2 and 3.")], 2)
             save_problems(generate(2, seed=0), tmp_path / "in.jsonl")
-            summary = run_rephrase(str(tmp_path / "in.jsonl"), str(run / "aug.jsonl"), 2, "openai",
-                                   base_url=srv.base_url, model="m", api_key_env=ENV,
-                                   cache_dir=str(run / "cache2"), progress=False)
+            summary = run_rephrase(
+                str(tmp_path / "in.jsonl"),
+                str(run / "aug.jsonl"),
+                2,
+                "openai",
+                base_url=srv.base_url,
+                model="m",
+                api_key_env=ENV,
+                cache_dir=str(run / "cache2"),
+                progress=False,
+            )
             assert all(r.auth_ok for r in srv.requests)  # the key really went out
             print(scores, outcomes, summary, judge.stats, client.stats)
             logging.getLogger("regroup.test").warning("outcomes %s", outcomes)
@@ -111,7 +119,8 @@ def test_no_four_characters_of_the_key_in_any_file_or_output(case, tmp_path, mon
         assert len(failures) == 3 and all("***" in error for error, _ in failures.values())
     files = [p for p in run.rglob("*") if p.is_file()]
     assert {"debug.log", "judge.sqlite", "rw.sqlite", "rephrase.sqlite", "aug.jsonl.summary.json"} <= {
-        p.name for p in files}
+        p.name for p in files
+    }
 
     out, err = capfd.readouterr()
     assert not pieces_in(out.encode()) and not pieces_in(err.encode())
@@ -125,8 +134,9 @@ def test_no_four_characters_of_the_key_in_any_file_or_output(case, tmp_path, mon
 
 def test_a_key_in_api_key_env_is_refused_without_being_printed(tmp_path, capfd):
     from regroup.cli import main
-    from regroup.config import ConfigError, load_config
+    from regroup.errors import ConfigError
     from regroup.net.redact import check_key_env_name
+    from regroup.train.run_config import load_config
 
     for field in ("mask.scorer.api_key_env", "ta.api_key_env"):
         with pytest.raises(ConfigError, match=field.replace(".", r"\.")) as info:
@@ -143,8 +153,23 @@ def test_a_key_in_api_key_env_is_refused_without_being_printed(tmp_path, capfd):
         check_key_env_name(good, "f")
 
     (tmp_path / "in.jsonl").write_text('{"id": "a", "question": "Add 2 and 3.", "answer": "5"}\n')
-    code = main(["rephrase", "--data", str(tmp_path / "in.jsonl"), "--out", str(tmp_path / "o.jsonl"),
-                 "--rewriter", "openai", "--base-url", "http://127.0.0.1:9/v1", "--model", "m", "--api-key-env", KEY])
+    code = main(
+        [
+            "rephrase",
+            "--data",
+            str(tmp_path / "in.jsonl"),
+            "--out",
+            str(tmp_path / "o.jsonl"),
+            "--rewriter",
+            "openai",
+            "--base-url",
+            "http://127.0.0.1:9/v1",
+            "--model",
+            "m",
+            "--api-key-env",
+            KEY,
+        ]
+    )
     assert code == 2
     code = main(["train", f"mask.scorer.api_key_env={KEY}", f"run_dir={tmp_path / 'run'}"])
     assert code == 2

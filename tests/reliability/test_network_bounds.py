@@ -56,8 +56,17 @@ def test_a_trickling_server_costs_one_deadline(server, headers_first):
     assert (r.ok, r.error_kind, r.attempts) == (False, "deadline", 1)
     assert "1 s deadline" in r.error
     assert elapsed < WIDE
-    assert client.pop_counts() == {"requests": 1, "calls": 1, "ok": 0, "failures": 1, "retries": 0,
-                                   "retry_after_waits": 0, "retry_after_capped": 0, "deadline_hits": 1, "oversize": 0}
+    assert client.pop_counts() == {
+        "requests": 1,
+        "calls": 1,
+        "ok": 0,
+        "failures": 1,
+        "retries": 0,
+        "retry_after_waits": 0,
+        "retry_after_capped": 0,
+        "deadline_hits": 1,
+        "oversize": 0,
+    }
 
 
 def test_trickling_attempts_are_retried_within_the_one_deadline(server):
@@ -140,7 +149,7 @@ def test_judge_stats_and_pop_counts_report_network_events(server):
 
 def test_rephrase_cli_timeout_bounds_a_trickling_server_and_reports_retries(server, tmp_path, capsys):
     from regroup.cli import main
-    from regroup.data import save_problems
+    from regroup.data.load import save_problems
     from regroup.tasks.arithmetic import generate
 
     server.queue(RateLimit(0.1))  # one Retry-After wait, then every request trickles
@@ -148,9 +157,29 @@ def test_rephrase_cli_timeout_bounds_a_trickling_server_and_reports_retries(serv
     save_problems(generate(2, seed=0), tmp_path / "in.jsonl")
     out = tmp_path / "out.jsonl"
     t0 = time.monotonic()
-    code = main(["rephrase", "--data", str(tmp_path / "in.jsonl"), "--out", str(out), "--n", "1",
-                 "--rewriter", "openai", "--base-url", server.base_url, "--model", "m", "--api-key-env", ENV,
-                 "--timeout", "1", "--concurrency", "2"])
+    code = main(
+        [
+            "rephrase",
+            "--data",
+            str(tmp_path / "in.jsonl"),
+            "--out",
+            str(out),
+            "--n",
+            "1",
+            "--rewriter",
+            "openai",
+            "--base-url",
+            server.base_url,
+            "--model",
+            "m",
+            "--api-key-env",
+            ENV,
+            "--timeout",
+            "1",
+            "--concurrency",
+            "2",
+        ]
+    )
     elapsed = time.monotonic() - t0
     assert code == 0
     assert elapsed < 2 * WIDE  # 2 requests of 1 s each (a trickled reply would take ~150 s)

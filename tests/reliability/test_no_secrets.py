@@ -40,15 +40,32 @@ def test_api_key_in_no_file_output_or_report(tiny_model_dir, tmp_path, figures):
     env = h.child_env({KEY_ENV: KEY})
     common = ("train.steps=2", "train.report_to=[tensorboard]")
     da_dir, ta_dir = tmp_path / "dagrpo", tmp_path / "ta"
-    with FakeOpenAI(api_key=KEY, responder=judge) as judge_srv, \
-            FakeOpenAI(api_key=KEY, responder=h.rewriter_reply) as rw_srv:
+    with (
+        FakeOpenAI(api_key=KEY, responder=judge) as judge_srv,
+        FakeOpenAI(api_key=KEY, responder=h.rewriter_reply) as rw_srv,
+    ):
         # Both runs at once (2 cores): a judged DaGRPO run and a TA-GRPO run with the LLM rewriter.
-        da_args = h.train_args(tiny_model_dir, da_dir, "dagrpo.yaml", *common, "mask.scorer.name=judge",
-                               f"mask.scorer.base_url={judge_srv.base_url}", f"mask.scorer.api_key_env={KEY_ENV}",
-                               "mask.scorer.timeout_s=1.0", "mask.scorer.max_retries=1")
-        ta_args = h.train_args(tiny_model_dir, ta_dir, "ta_grpo.yaml", *common, "ta.rephraser=openai",
-                               f"ta.base_url={rw_srv.base_url}", f"ta.api_key_env={KEY_ENV}",
-                               "grpo.prompts_per_step=2")
+        da_args = h.train_args(
+            tiny_model_dir,
+            da_dir,
+            "dagrpo.yaml",
+            *common,
+            "mask.scorer.name=judge",
+            f"mask.scorer.base_url={judge_srv.base_url}",
+            f"mask.scorer.api_key_env={KEY_ENV}",
+            "mask.scorer.timeout_s=1.0",
+            "mask.scorer.max_retries=1",
+        )
+        ta_args = h.train_args(
+            tiny_model_dir,
+            ta_dir,
+            "ta_grpo.yaml",
+            *common,
+            "ta.rephraser=openai",
+            f"ta.base_url={rw_srv.base_url}",
+            f"ta.api_key_env={KEY_ENV}",
+            "grpo.prompts_per_step=2",
+        )
         da = h.start(da_args, tmp_path / "out", "dagrpo", env=env)
         ta = h.start(ta_args, tmp_path / "out", "ta", env=env)
         da, ta = h.finish(da, da_args), h.finish(ta, ta_args)
@@ -75,6 +92,8 @@ def test_api_key_in_no_file_output_or_report(tiny_model_dir, tmp_path, figures):
     leaks = [leak for d in (da_dir, ta_dir, report_dir, tmp_path / "out") for leak in leaks_in(d)]
     assert not leaks, f"the API key leaked into: {leaks}"
     assert KEY_ENV in (da_dir / "config.yaml").read_text()  # the config names the variable, never its value
-    figures(f"{len(files)} files grepped (2 run folders, report, captured stdout/stderr): key found in none; "
-            f"{len(judged)} judge + {len(rewritten)} rewriter requests carried it; judge replies by kind "
-            f"{dict(sorted(judge.counts.items()))}")
+    figures(
+        f"{len(files)} files grepped (2 run folders, report, captured stdout/stderr): key found in none; "
+        f"{len(judged)} judge + {len(rewritten)} rewriter requests carried it; judge replies by kind "
+        f"{dict(sorted(judge.counts.items()))}"
+    )

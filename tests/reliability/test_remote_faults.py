@@ -80,8 +80,15 @@ class FaultyJudge:
 
 def make_client(srv, **kw):
     # each attempt 0.25 s at most; the whole call (10 retries included) has a 60 s deadline
-    opts = dict(api_key_env=ENV, timeout_s=60.0, attempt_timeout_s=0.25, max_retries=10, backoff_s=0.02,
-                max_backoff_s=0.2, concurrency=8)
+    opts = dict(
+        api_key_env=ENV,
+        timeout_s=60.0,
+        attempt_timeout_s=0.25,
+        max_retries=10,
+        backoff_s=0.02,
+        max_backoff_s=0.2,
+        concurrency=8,
+    )
     opts.update(kw)
     return ChatClient(srv.base_url, "judge", **opts)
 
@@ -114,10 +121,17 @@ def test_judge_fault_sequence_every_item_answered_or_recorded(tmp_path, monkeypa
             assert st["errors"].get(kind, 0) >= 1, (kind, st["errors"])
         assert st["errors"]["http_5xx"] >= len(doomed) * 11  # doomed: 1 + max_retries attempts each
         assert judge.stats == {
-            "scored": n - len(doomed), "failed": len(doomed), "cached": 0,
-            "requests": n, "unparseable": 0, "request_failures": len(doomed),
-            "retries": st["retries"], "retry_after_waits": st["retry_after_waits"], "retry_after_capped": 0,
-            "deadline_hits": 0, "oversize": 0,
+            "scored": n - len(doomed),
+            "failed": len(doomed),
+            "cached": 0,
+            "requests": n,
+            "unparseable": 0,
+            "request_failures": len(doomed),
+            "retries": st["retries"],
+            "retry_after_waits": st["retry_after_waits"],
+            "retry_after_capped": 0,
+            "deadline_hits": 0,
+            "oversize": 0,
         }
         assert st["retry_after_waits"] == st["errors"]["http_429"]  # every 429 of the fake carries Retry-After
 
@@ -219,15 +233,21 @@ def test_api_key_appears_nowhere(tmp_path, monkeypatch, capfd):
             print(client.stats, file=sys.stderr)
 
             # the whole offline job: data in, augmented data, summary and cache out, progress bar on stderr
-            from regroup.data import save_problems
+            from regroup.data.load import save_problems
             from regroup.rephrase import run_rephrase
             from regroup.tasks.arithmetic import generate
 
             save_problems(generate(3, seed=0), tmp_path / "in.jsonl")
             summary = run_rephrase(
-                str(tmp_path / "in.jsonl"), str(tmp_path / "out" / "aug.jsonl"), 2, "openai",
-                base_url=srv.base_url, model="m", api_key_env=ENV,
-                cache_dir=str(tmp_path / "cache2"), progress=True,
+                str(tmp_path / "in.jsonl"),
+                str(tmp_path / "out" / "aug.jsonl"),
+                2,
+                "openai",
+                base_url=srv.base_url,
+                model="m",
+                api_key_env=ENV,
+                cache_dir=str(tmp_path / "cache2"),
+                progress=True,
             )
             print(summary)
         judge.cache.close()

@@ -17,10 +17,10 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import reliability_helpers as h  # noqa: E402
 
-from regroup.checkpoint import latest_valid_checkpoint, list_checkpoints, save_checkpoint, verify_checkpoint  # noqa: E402
 from regroup.cli import main  # noqa: E402
-from regroup.metrics import MetricsFileWarning, MetricsLogger  # noqa: E402
-from regroup.rundir import RunDirError, RunDirLock, claim_run_dir, new_run_dir  # noqa: E402
+from regroup.runtime.checkpoint import latest_valid_checkpoint, list_checkpoints, save_checkpoint, verify_checkpoint  # noqa: E402
+from regroup.runtime.metrics import MetricsFileWarning, MetricsLogger  # noqa: E402
+from regroup.runtime.rundir import RunDirError, RunDirLock, claim_run_dir, new_run_dir  # noqa: E402
 
 pytestmark = pytest.mark.reliability
 
@@ -31,8 +31,11 @@ def steps_logged(run_dir: Path) -> list[int]:
 
 def folder_state(run_dir: Path) -> dict[str, int]:
     """Every file under the run folder (the lock file aside) with its size."""
-    return {p.relative_to(run_dir).as_posix(): p.stat().st_size for p in sorted(run_dir.rglob("*"))
-            if p.is_file() and p.name != ".lock"}
+    return {
+        p.relative_to(run_dir).as_posix(): p.stat().st_size
+        for p in sorted(run_dir.rglob("*"))
+        if p.is_file() and p.name != ".lock"
+    }
 
 
 # --------------------------------------------------------------------------------- fresh over old
@@ -62,10 +65,13 @@ def test_resume_of_a_folder_that_is_not_a_run_is_one_line(tmp_path, capsys):
 
 
 def _hold_lock(run_dir: Path) -> subprocess.Popen:
-    code = ("import sys, time; from regroup.rundir import RunDirLock; RunDirLock(sys.argv[1]).acquire(); "
-            "print('held', flush=True); time.sleep(120)")
-    proc = subprocess.Popen([sys.executable, "-c", code, str(run_dir)], stdout=subprocess.PIPE, text=True,
-                            env=h.child_env())
+    code = (
+        "import sys, time; from regroup.runtime.rundir import RunDirLock; RunDirLock(sys.argv[1]).acquire(); "
+        "print('held', flush=True); time.sleep(120)"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, str(run_dir)], stdout=subprocess.PIPE, text=True, env=h.child_env()
+    )
     assert proc.stdout.readline().strip() == "held"
     return proc
 
@@ -111,8 +117,11 @@ def test_demo_run_names_cannot_collide(tmp_path):
     first = new_run_dir(tmp_path, "demo", stamp="20261130-120000")
     second = new_run_dir(tmp_path, "demo", stamp="20261130-120000")
     third = new_run_dir(tmp_path, "demo", stamp="20261130-120000")
-    assert [first.name, second.name, third.name] == ["demo-20261130-120000", "demo-20261130-120000-2",
-                                                     "demo-20261130-120000-3"]
+    assert [first.name, second.name, third.name] == [
+        "demo-20261130-120000",
+        "demo-20261130-120000-2",
+        "demo-20261130-120000-3",
+    ]
     assert all(p.is_dir() for p in (first, second, third))
 
 

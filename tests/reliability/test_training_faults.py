@@ -21,9 +21,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import reliability_helpers as h  # noqa: E402
 from fake_openai import FakeOpenAI  # noqa: E402  (reliability_helpers put tests/ on the path)
 
-from regroup.config import load_config  # noqa: E402
 from regroup.net import DiskCache  # noqa: E402
-from regroup.trainer import Trainer  # noqa: E402
+from regroup.train.run_config import load_config  # noqa: E402
+from regroup.train.trainer import Trainer  # noqa: E402
 
 pytestmark = pytest.mark.reliability
 
@@ -80,8 +80,10 @@ def test_nan_logits_skip_the_update_and_the_run_finishes(tiny_model_dir, tmp_pat
     assert all(torch.isfinite(v).all() for v in weights(model).values())
     for group in trainer.optimizer.state.values():
         assert all(torch.isfinite(t).all() for t in group.values() if torch.is_tensor(t))
-    figures(f"NaN logits in the updates of steps {sorted(poisoned_steps)} of 5: skipped_nonfinite "
-            f"{[m['skipped_nonfinite'] for m in metrics]}, weights and Adam state finite")
+    figures(
+        f"NaN logits in the updates of steps {sorted(poisoned_steps)} of 5: skipped_nonfinite "
+        f"{[m['skipped_nonfinite'] for m in metrics]}, weights and Adam state finite"
+    )
 
 
 def expected_advantages(rewards: list[float], group_ids: list[int], eps: float = 1e-4) -> list[float]:
@@ -102,8 +104,14 @@ def expected_advantages(rewards: list[float], group_ids: list[int], eps: float =
 def test_unscorable_rewards_get_zero_advantage(tiny_model_dir, tmp_path, figures):
     """`rewards=[reliability_helpers:flaky_reward]` returns NaN, None or inf for half the responses:
     those samples get advantage exactly 0, the others the advantage of their group's scored rewards."""
-    trainer = build(tiny_model_dir, tmp_path, "grpo.yaml", "rewards=[reliability_helpers:flaky_reward]",
-                    "train.steps=3", "grpo.num_generations=6")
+    trainer = build(
+        tiny_model_dir,
+        tmp_path,
+        "grpo.yaml",
+        "rewards=[reliability_helpers:flaky_reward]",
+        "train.steps=3",
+        "grpo.num_generations=6",
+    )
     seen: list[tuple[list, torch.Tensor, torch.Tensor]] = []
     stage = next(s for s in trainer.recipe.stages if s.name == "advantages")
     compute = stage.__call__
@@ -142,8 +150,10 @@ def test_unscorable_rewards_get_zero_advantage(tiny_model_dir, tmp_path, figures
     assert all(torch.isfinite(v).all() for v in after.values())
     assert any(not torch.equal(before[k], after[k]) for k in before), "no update ever happened"
     total = sum(len(samples) for samples, _, _ in seen)
-    figures(f"{unscorable} of {total} rewards NaN/None/inf over 3 steps: all got advantage 0; "
-            f"{nonzero} nonzero advantages match SPEC §1 over the scored rewards; no step skipped")
+    figures(
+        f"{unscorable} of {total} rewards NaN/None/inf over 3 steps: all got advantage 0; "
+        f"{nonzero} nonzero advantages match SPEC §1 over the scored rewards; no step skipped"
+    )
 
 
 # ------------------------------------------------------------------------------ judge failing mid-run
@@ -172,9 +182,16 @@ def test_judge_failing_half_the_time_and_going_down(tiny_model_dir, tmp_path, mo
     monkeypatch.setenv(KEY_ENV, KEY)
     with FakeOpenAI(api_key=KEY, responder=judge) as srv:
         trainer = build(
-            tiny_model_dir, tmp_path, "dagrpo.yaml", f"train.steps={steps}", "mask.scorer.name=judge",
-            f"mask.scorer.base_url={srv.base_url}", f"mask.scorer.api_key_env={KEY_ENV}",
-            f"mask.scorer.timeout_s={timeout_s}", "mask.scorer.max_retries=2", "mask.scorer.concurrency=32",
+            tiny_model_dir,
+            tmp_path,
+            "dagrpo.yaml",
+            f"train.steps={steps}",
+            "mask.scorer.name=judge",
+            f"mask.scorer.base_url={srv.base_url}",
+            f"mask.scorer.api_key_env={KEY_ENV}",
+            f"mask.scorer.timeout_s={timeout_s}",
+            "mask.scorer.max_retries=2",
+            "mask.scorer.concurrency=32",
             "mask.scorer.structured=none",  # the fake judge answers in the paper's free-text "SCORE: n" form
             "anchors.max_tokens=64",  # the references are longer than the 16 generated tokens
         )
@@ -211,9 +228,11 @@ def test_judge_failing_half_the_time_and_going_down(tiny_model_dir, tmp_path, mo
     injected = Counter(r.action for r in requests)
     assert {"Status", "Slow", "Malformed", "Partial", "Drop", "Answer"} <= set(injected)
     assert min(judge.counts[k] for k in judge.faults) > 0, judge.counts
-    figures(f"{steps} steps finished; server down {1.0:g} s after step {down_after}; judge replies by kind "
-            f"{dict(sorted(judge.counts.items()))}; {int(sum(unscored))} samples unscored (all kept, "
-            f"{unscored_with_signal} of them with a nonzero advantage); {masked} scored samples masked")
+    figures(
+        f"{steps} steps finished; server down {1.0:g} s after step {down_after}; judge replies by kind "
+        f"{dict(sorted(judge.counts.items()))}; {int(sum(unscored))} samples unscored (all kept, "
+        f"{unscored_with_signal} of them with a nonzero advantage); {masked} scored samples masked"
+    )
 
     cache_path = tmp_path / "cache" / "judge.sqlite"
     with sqlite3.connect(cache_path) as db:

@@ -17,9 +17,9 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import reliability_helpers as h  # noqa: E402
 
-from regroup.checkpoint import is_disk_full, list_checkpoints  # noqa: E402
 from regroup.cli import main  # noqa: E402
-from regroup.config import ConfigError  # noqa: E402
+from regroup.errors import ConfigError  # noqa: E402
+from regroup.runtime.checkpoint import is_disk_full, list_checkpoints  # noqa: E402
 
 pytestmark = pytest.mark.reliability
 
@@ -35,31 +35,34 @@ def one_line(capsys) -> str:
 @pytest.fixture
 def no_compute(monkeypatch):
     """Fail the test if a run gets as far as building its parts (data, model)."""
-    import regroup.setup
+    import regroup.train.build
 
     def boom(*a, **k):
         raise AssertionError("the run was built: the error came after compute started")
 
-    monkeypatch.setattr(regroup.setup, "build_parts", boom)
+    monkeypatch.setattr(regroup.train.build, "build_parts", boom)
 
 
-@pytest.mark.parametrize("override, key", [
-    # silent wrong training (exit 0 before)
-    ("optim.max_grad_norm=-1", "optim.max_grad_norm"),
-    ("optim.max_grad_norm=0", "optim.max_grad_norm"),
-    ("optim.min_lr_ratio=-5", "optim.min_lr_ratio"),
-    ("optim.lr=.inf", "optim.lr"),
-    ("rollout.temperature=0", "rollout.temperature"),
-    # late tracebacks (after the model loaded, before)
-    ("optim.lr=.nan", "optim.lr"),
-    ("seed=-1", "seed"),
-    ("train.threads=-3", "train.threads"),
-    ("rewards=[]", "rewards"),
-    ("rewards=[nosuch]", "rewards"),
-    ("rewards=[task*nan]", "rewards"),
-    ("mask.delta=.nan", "mask.delta"),
-    ("anchors.gamma=-0.1", "anchors.gamma"),
-])
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        # silent wrong training (exit 0 before)
+        ("optim.max_grad_norm=-1", "optim.max_grad_norm"),
+        ("optim.max_grad_norm=0", "optim.max_grad_norm"),
+        ("optim.min_lr_ratio=-5", "optim.min_lr_ratio"),
+        ("optim.lr=.inf", "optim.lr"),
+        ("rollout.temperature=0", "rollout.temperature"),
+        # late tracebacks (after the model loaded, before)
+        ("optim.lr=.nan", "optim.lr"),
+        ("seed=-1", "seed"),
+        ("train.threads=-3", "train.threads"),
+        ("rewards=[]", "rewards"),
+        ("rewards=[nosuch]", "rewards"),
+        ("rewards=[task*nan]", "rewards"),
+        ("mask.delta=.nan", "mask.delta"),
+        ("anchors.gamma=-0.1", "anchors.gamma"),
+    ],
+)
 def test_bad_values_are_one_line_before_compute(tmp_path, capsys, no_compute, override, key):
     code = main(["train", "--config", str(h.CONFIGS / "grpo.yaml"), f"run_dir={tmp_path / 'run'}", override])
     assert code == 2
@@ -129,12 +132,12 @@ def test_an_unwritable_run_folder_is_one_line(tiny_model_dir, tmp_path, capsys):
 
 def test_a_full_disk_is_named_while_saving_a_checkpoint(tiny_model_dir, tmp_path, capsys, monkeypatch):
     """torch's zip writer reports a full disk as `[enforce fail at inline_container.cc...]`."""
-    import regroup.checkpoint
+    import regroup.runtime.checkpoint
 
     def full(*a, **k):
         raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 3200 vs 3136")
 
-    monkeypatch.setattr(regroup.checkpoint.torch, "save", full)
+    monkeypatch.setattr(regroup.runtime.checkpoint.torch, "save", full)
     run = tmp_path / "run"
     assert main(h.train_args(tiny_model_dir, run, "grpo.yaml", "train.steps=1")) == 2
     line = one_line(capsys)
@@ -177,24 +180,36 @@ def test_real_enospc_is_recognised():
 # ------------------------------------------------------------------------------------ bad arguments
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["eval", "--model", "m", "--data", "d.jsonl", "--k", "1,a"], "argument --k: expected comma-separated positive integers"),
-    (["eval", "--model", "m", "--data", "d.jsonl", "--k", "0"], "argument --k"),
-    (["eval", "--model", "m", "--data", "d.jsonl", "--n", "x"], "argument --n"),
-    (["demo", "--recipes", "x"], "known recipes: grpo, grpo_matched, ta_grpo, dagrpo, dagrpo_ta"),
-    (["demo", "--recipes", "grpo,dagrp"], "did you mean 'dagrpo'?"),
-    (["train", "--nosuch"], "unrecognized arguments: --nosuch"),
-    (["rephrase", "--data", "x"], "the following arguments are required: --out"),
-    (["nosuch"], "invalid choice: 'nosuch'"),
-    (["eval", "--model", "m", "--data", "d.jsonl", "--temperature", "-1"], "argument --temperature: must be a finite number >= 0"),
-    (["eval", "--model", "m", "--data", "d.jsonl", "--top-p", "nan"], "argument --top-p"),
-    (["eval", "--model", "m", "--data", "d.jsonl", "--max-new-tokens", "0"], "argument --max-new-tokens"),
-    (["rephrase", "--data", "x", "--out", "y", "--rewriter", "rule"], "unknown rewriter 'rule' (did you mean 'rules'?)"),
-    (["rephrase", "--data", "x", "--out", "y", "--n", "-1"], "argument --n: must be a finite number >= 0"),
-    (["rephrase", "--data", "x", "--out", "y", "--concurrency", "0"], "argument --concurrency"),
-    (["warmup", "--steps", "-5"], "argument --steps"),
-    (["demo", "--seeds", "0"], "argument --seeds"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["eval", "--model", "m", "--data", "d.jsonl", "--k", "1,a"],
+            "argument --k: expected comma-separated positive integers",
+        ),
+        (["eval", "--model", "m", "--data", "d.jsonl", "--k", "0"], "argument --k"),
+        (["eval", "--model", "m", "--data", "d.jsonl", "--n", "x"], "argument --n"),
+        (["demo", "--recipes", "x"], "known recipes: grpo, grpo_matched, ta_grpo, dagrpo, dagrpo_ta"),
+        (["demo", "--recipes", "grpo,dagrp"], "did you mean 'dagrpo'?"),
+        (["train", "--nosuch"], "unrecognized arguments: --nosuch"),
+        (["rephrase", "--data", "x"], "the following arguments are required: --out"),
+        (["nosuch"], "invalid choice: 'nosuch'"),
+        (
+            ["eval", "--model", "m", "--data", "d.jsonl", "--temperature", "-1"],
+            "argument --temperature: must be a finite number >= 0",
+        ),
+        (["eval", "--model", "m", "--data", "d.jsonl", "--top-p", "nan"], "argument --top-p"),
+        (["eval", "--model", "m", "--data", "d.jsonl", "--max-new-tokens", "0"], "argument --max-new-tokens"),
+        (
+            ["rephrase", "--data", "x", "--out", "y", "--rewriter", "rule"],
+            "unknown rewriter 'rule' (did you mean 'rules'?)",
+        ),
+        (["rephrase", "--data", "x", "--out", "y", "--n", "-1"], "argument --n: must be a finite number >= 0"),
+        (["rephrase", "--data", "x", "--out", "y", "--concurrency", "0"], "argument --concurrency"),
+        (["warmup", "--steps", "-5"], "argument --steps"),
+        (["demo", "--seeds", "0"], "argument --seeds"),
+    ],
+)
 def test_bad_arguments_of_every_subcommand_are_one_line(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(argv)
@@ -204,8 +219,21 @@ def test_bad_arguments_of_every_subcommand_are_one_line(argv, message, capsys):
 
 
 def test_missing_eval_files_are_one_line(tiny_model_dir, tmp_path, capsys):
-    code = main(["eval", "--model", tiny_model_dir, "--data", str(tmp_path / "none.jsonl"), "--n", "1", "--k", "1",
-                 "--out", str(tmp_path / "ev")])
+    code = main(
+        [
+            "eval",
+            "--model",
+            tiny_model_dir,
+            "--data",
+            str(tmp_path / "none.jsonl"),
+            "--n",
+            "1",
+            "--k",
+            "1",
+            "--out",
+            str(tmp_path / "ev"),
+        ]
+    )
     assert code == 2
     line = one_line(capsys)
     assert line.startswith("config error: --data: no such file") and str(tmp_path / "none.jsonl") in line

@@ -4,6 +4,7 @@ Importing the package registers every built-in loss piece (`regroup.registry`: P
 KL_ESTIMATORS, LOSS_TERMS), each where it is defined; `losses.policy_loss` looks them up by name.
 """
 
+from regroup.algo import cispo, entropy, gmpo, kl, sapo  # noqa: F401  (register the built-in loss pieces)
 from regroup.algo.advantages import group_advantages, group_reward_stats
 from regroup.algo.anchors import plain_anchor_pg_loss, shaped_objective, shaped_pg_loss
 from regroup.algo.distinctiveness import distinctiveness_mask, mask_stats
@@ -16,7 +17,6 @@ from regroup.algo.losses import (
     policy_loss,
 )
 from regroup.algo.ratios import clip_ratio, importance_ratio, log_ratio, truncated_is_weight
-from regroup.algo import cispo, entropy, gmpo, kl, sapo  # noqa: F401  (register the built-in loss pieces)
 
 __all__ = [
     "AGG_MODES",

@@ -37,6 +37,8 @@ def cispo_loss(logps: Tensor, old_logps: Tensor, advantages: Tensor, clip_max: f
 
 
 @POLICY_LOSSES.register("cispo")
-def cispo_policy_loss(logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tensor, spec) -> tuple[Tensor, Tensor, Tensor]:
+def cispo_policy_loss(
+    logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tensor, spec
+) -> tuple[Tensor, Tensor, Tensor]:
     """The registered form: ε_max is `spec.cispo_clip_max` (`grpo.cispo_clip_max`)."""
     return cispo_loss(logps, old_logps, advantages, spec.cispo_clip_max)

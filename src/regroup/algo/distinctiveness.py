@@ -27,7 +27,6 @@ from torch import Tensor
 from regroup.algo.stats import dense_group_index, segment_amax, segment_amin
 
 
-
 def _check_inputs(advantages: Tensor, scores: Tensor, group_ids: Tensor, delta: float) -> None:
     if advantages.dim() != 1 or scores.shape != advantages.shape or group_ids.shape != advantages.shape:
         raise ValueError(
@@ -36,6 +35,7 @@ def _check_inputs(advantages: Tensor, scores: Tensor, group_ids: Tensor, delta: 
         )
     if not delta >= 0:
         raise ValueError(f"delta must be >= 0, got {delta}")
+
 
 def distinctiveness_mask(
     advantages: Tensor,
@@ -101,8 +101,10 @@ def pair_masked_advantages(
             continue
         scale = float(ag.abs().max()) if ag.numel() else 0.0
         if abs(float(ag.mean())) > 1e-6 * max(1.0, scale):
-            raise ValueError(f"group {int(g)}: advantages have mean {float(ag.mean()):.3g}, not 0; the pairwise "
-                             "split A_i = (1/G) sum_j (A_i - A_j) needs the group-mean baseline")
+            raise ValueError(
+                f"group {int(g)}: advantages have mean {float(ag.mean()):.3g}, not 0; the pairwise "
+                "split A_i = (1/G) sum_j (A_i - A_j) needs the group-mean baseline"
+            )
         diff = ag[:, None] - ag[None, :]  # [G, G]  A_i − A_j
         gap = sg[:, None] - sg[None, :]  # [G, G]  S_i − S_j
         hi_gap = torch.where(diff > 0, gap, -gap)  # [G, G]  S_hi − S_lo
@@ -113,9 +115,12 @@ def pair_masked_advantages(
         masked += int(drop.sum()) // 2
     total = float(a[~torch.isnan(a)].abs().sum())
     removed = float((a - out)[~torch.isnan(a)].abs().sum())
-    stats = {"pairs": float(pairs), "pairs_masked": float(masked),
-             "frac_pairs_masked": masked / pairs if pairs else 0.0,
-             "adv_l1_removed": removed / total if total > 0 else 0.0}
+    stats = {
+        "pairs": float(pairs),
+        "pairs_masked": float(masked),
+        "frac_pairs_masked": masked / pairs if pairs else 0.0,
+        "adv_l1_removed": removed / total if total > 0 else 0.0,
+    }
     return out.to(advantages.dtype), stats
 
 

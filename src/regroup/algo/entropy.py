@@ -7,7 +7,7 @@ token mean over the whole batch whatever `grpo.loss_agg` is, which is TRL's docu
 entropy regardless of loss_type"). TRL takes that mean per micro-batch; here it is the whole batch's,
 so it does not depend on the micro-batch split (equal to TRL's for one micro-batch).
 
-The entropy must be differentiable, so the trainer asks `regroup.logprobs.response_logps` for it with
+The entropy must be differentiable, so the trainer asks `regroup.models.logprobs.response_logps` for it with
 `entropy_grad=True` only when a term `needs_entropy`; otherwise entropy stays a detached metric.
 """
 

@@ -34,8 +34,10 @@ def gmpo_loss(
     if clip_low < 0 or clip_high < 0:
         raise ValueError(f"GMPO clip bounds must be >= 0, got low={clip_low}, high={clip_high}")
     if logps.shape != old_logps.shape or logps.shape != mask.shape:
-        raise ValueError(f"logps {tuple(logps.shape)}, old_logps {tuple(old_logps.shape)} and mask "
-                         f"{tuple(mask.shape)} must have the same [B, T] shape")
+        raise ValueError(
+            f"logps {tuple(logps.shape)}, old_logps {tuple(old_logps.shape)} and mask "
+            f"{tuple(mask.shape)} must have the same [B, T] shape"
+        )
     m = mask.to(logps.dtype)  # [B, T]
     n = m.sum(-1).clamp(min=1.0)  # [B]
     adv_t = per_token_advantages(advantages, logps).to(logps.dtype)  # [B, 1] or [B, T]
@@ -51,7 +53,9 @@ def gmpo_loss(
 
 
 @POLICY_LOSSES.register("gmpo")
-def gmpo_policy_loss(logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tensor, spec) -> tuple[Tensor, Tensor, Tensor]:
+def gmpo_policy_loss(
+    logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tensor, spec
+) -> tuple[Tensor, Tensor, Tensor]:
     """The registered form: the log-space clip is `spec.gmpo_clip_low` / `_high` (`grpo.gmpo_clip_*`)."""
     return gmpo_loss(logps, old_logps, advantages, mask, spec.gmpo_clip_low, spec.gmpo_clip_high)
 

@@ -20,8 +20,10 @@ from regroup.registry import POLICY_LOSSES
 def sequence_log_ratio(logps: Tensor, old_logps: Tensor, mask: Tensor) -> Tensor:
     """Mean per-token log ratio over each response's `mask` tokens -> [B, 1] (0 for a response with none)."""
     if logps.shape != old_logps.shape or logps.shape != mask.shape:
-        raise ValueError(f"logps {tuple(logps.shape)}, old_logps {tuple(old_logps.shape)} and mask "
-                         f"{tuple(mask.shape)} must have the same [B, T] shape")
+        raise ValueError(
+            f"logps {tuple(logps.shape)}, old_logps {tuple(old_logps.shape)} and mask "
+            f"{tuple(mask.shape)} must have the same [B, T] shape"
+        )
     m = mask.to(logps.dtype)  # [B, T]
     diff = torch.where(mask.bool(), logps - old_logps, torch.zeros_like(logps))  # [B, T]
     return (diff.sum(-1) / m.sum(-1).clamp(min=1.0)).unsqueeze(-1)  # [B, 1]
@@ -52,7 +54,9 @@ def sequence_clipped_pg_loss(
 
 
 @POLICY_LOSSES.register("gspo")
-def gspo_policy_loss(logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tensor, spec) -> tuple[Tensor, Tensor, Tensor]:
+def gspo_policy_loss(
+    logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tensor, spec
+) -> tuple[Tensor, Tensor, Tensor]:
     """The registered GSPO loss: `sequence_clipped_pg_loss` over the `mask` (on-policy) tokens, `spec.eps_*` clip."""
     return sequence_clipped_pg_loss(logps, old_logps, advantages, mask, spec.eps_low, spec.eps_high)
 

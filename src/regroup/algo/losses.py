@@ -47,7 +47,7 @@ def _adv_per_token(advantages: Tensor, logps: Tensor) -> Tensor:
 
 
 def ratio_level_of(policy) -> str:
-    """"sequence" for a policy loss whose ratio is one per response (GSPO, GMPO), else "token"."""
+    """ "sequence" for a policy loss whose ratio is one per response (GSPO, GMPO), else "token"."""
     return getattr(policy, "ratio_level", "token")
 
 
@@ -74,7 +74,9 @@ def clipped_pg_loss(
 
 
 @POLICY_LOSSES.register("ppo_clip")
-def ppo_clip_policy_loss(logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tensor, spec) -> tuple[Tensor, Tensor, Tensor]:
+def ppo_clip_policy_loss(
+    logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tensor, spec
+) -> tuple[Tensor, Tensor, Tensor]:
     """The registered PPO-clip loss (SPEC §1): `clipped_pg_loss` with `spec.eps_low` / `spec.eps_high`."""
     return clipped_pg_loss(logps, old_logps, advantages, spec.eps_low, spec.eps_high)
 
@@ -174,8 +176,10 @@ class LossSpec:
             object.__setattr__(self, "policy", "gspo")  # the older spelling of GSPO
         policy = POLICY_LOSSES.get(self.policy)  # ValueError for an unknown name; imports a dotted path
         if self.ratio_level == "sequence" and ratio_level_of(policy) != "sequence":
-            raise ValueError(f"ratio_level='sequence' is GSPO's sequence ratio; policy {self.policy!r} has a token "
-                             "ratio (use policy 'gspo', or ratio_level 'token')")
+            raise ValueError(
+                f"ratio_level='sequence' is GSPO's sequence ratio; policy {self.policy!r} has a token "
+                "ratio (use policy 'gspo', or ratio_level 'token')"
+            )
         KL_ESTIMATORS.get(self.kl)
         object.__setattr__(self, "terms", tuple((str(n), float(c)) for n, c in self.terms))
         for name, _ in self.terms:
@@ -183,7 +187,7 @@ class LossSpec:
 
     @property
     def policy_ratio_level(self) -> str:
-        """"sequence" when the policy's ratio is one per response (gspo, gmpo), else "token"."""
+        """ "sequence" when the policy's ratio is one per response (gspo, gmpo), else "token"."""
         return ratio_level_of(POLICY_LOSSES.get(self.policy))
 
     @property
@@ -257,7 +261,9 @@ def _policy_term(logps: Tensor, old_eff: Tensor, advantages: Tensor, on_policy: 
     """The spec's policy loss, its outputs checked (a user's loss must return [B, T] tensors)."""
     out = POLICY_LOSSES.get(spec.policy)(logps, old_eff, advantages, on_policy, spec)
     if not (isinstance(out, tuple) and len(out) == 3):
-        raise ValueError(f"policy loss {spec.policy!r} must return (loss, low_clip, high_clip), got {type(out).__name__}")
+        raise ValueError(
+            f"policy loss {spec.policy!r} must return (loss, low_clip, high_clip), got {type(out).__name__}"
+        )
     for part, what in zip(out, ("loss", "low-clip flags", "high-clip flags")):
         if not isinstance(part, Tensor) or part.shape != logps.shape:
             raise ValueError(f"policy loss {spec.policy!r}: its {what} must be a [B, T] = {tuple(logps.shape)} tensor")
@@ -358,14 +364,25 @@ def policy_loss(
                 kl_term = kl_term * weight  # [B, T]
             per_token = per_token + kl_term
 
-    norm = dict(total_tokens=totals.total_tokens, total_sequences=totals.total_sequences,
-                max_completion_length=totals.max_completion_length)
+    norm = dict(
+        total_tokens=totals.total_tokens,
+        total_sequences=totals.total_sequences,
+        max_completion_length=totals.max_completion_length,
+    )
     loss = aggregate(per_token, mask, agg, **norm)
 
     term_values: dict[str, Tensor] = {}
     if spec.terms:
-        t_in = TermInputs(logps=logps, old_logps=old_eff, advantages=advantages, loss_mask=mask, on_policy=on_policy,
-                          entropy=inputs.entropy, ref_logps=ref_logps, totals=totals)
+        t_in = TermInputs(
+            logps=logps,
+            old_logps=old_eff,
+            advantages=advantages,
+            loss_mask=mask,
+            on_policy=on_policy,
+            entropy=inputs.entropy,
+            ref_logps=ref_logps,
+            totals=totals,
+        )
         for name, coef in spec.terms:
             if not coef:
                 continue

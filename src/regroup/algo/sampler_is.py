@@ -41,8 +41,9 @@ def sampler_is_weight(
     if mode not in IS_MODES:
         raise ValueError(f"IS mode must be one of {IS_MODES}, got {mode!r}")
     if old_logps.shape != sampler_logps.shape:
-        raise ValueError(f"sampler_logps shape {tuple(sampler_logps.shape)} does not match old_logps "
-                         f"{tuple(old_logps.shape)}")
+        raise ValueError(
+            f"sampler_logps shape {tuple(sampler_logps.shape)} does not match old_logps {tuple(old_logps.shape)}"
+        )
     if not cap > 0:
         raise ValueError(f"IS cap must be > 0, got {cap}")
     if floor is not None and not floor < cap:

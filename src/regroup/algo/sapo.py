@@ -20,7 +20,9 @@ from regroup.algo.ratios import importance_ratio, per_token_advantages
 from regroup.registry import POLICY_LOSSES
 
 
-def sapo_loss(logps: Tensor, old_logps: Tensor, advantages: Tensor, tau_pos: float, tau_neg: float) -> tuple[Tensor, Tensor, Tensor]:
+def sapo_loss(
+    logps: Tensor, old_logps: Tensor, advantages: Tensor, tau_pos: float, tau_neg: float
+) -> tuple[Tensor, Tensor, Tensor]:
     """Per-token SAPO loss -> (loss [B, T], low [B, T], high [B, T]); nothing is clipped, so both flags are False."""
     if not (tau_pos > 0 and tau_neg > 0):
         raise ValueError(f"SAPO temperatures must be > 0, got tau_pos={tau_pos}, tau_neg={tau_neg}")
@@ -34,6 +36,8 @@ def sapo_loss(logps: Tensor, old_logps: Tensor, advantages: Tensor, tau_pos: flo
 
 
 @POLICY_LOSSES.register("sapo")
-def sapo_policy_loss(logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tensor, spec) -> tuple[Tensor, Tensor, Tensor]:
+def sapo_policy_loss(
+    logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tensor, spec
+) -> tuple[Tensor, Tensor, Tensor]:
     """The registered form: τ_pos / τ_neg are `spec.sapo_temperature_pos` / `_neg` (`grpo.sapo_temperature_*`)."""
     return sapo_loss(logps, old_logps, advantages, spec.sapo_temperature_pos, spec.sapo_temperature_neg)

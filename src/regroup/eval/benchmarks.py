@@ -17,8 +17,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from regroup.data import HubSpec, source_rows
-from regroup.data_prepare import answer_text, first_text
+from regroup.data.load import HubSpec, source_rows
+from regroup.data.prepare import answer_text, first_text
 from regroup.rewards.math_verify import extract_boxed
 from regroup.tasks.base import Problem
 
@@ -104,18 +104,30 @@ def gpqa_row(row: Mapping[str, Any], i: int) -> Problem | None:
     pid = str(row.get("Record ID") or i)
     options = _stable_shuffle([correct.strip(), *(w.strip() for w in wrong)], f"gpqa:{pid}")  # type: ignore[union-attr]
     letter = LETTERS[options.index(correct.strip())]
-    return Problem(id=pid, question=choice_question(question, options), answer=letter,
-                   meta={"num_options": len(options), "choices": options})
+    return Problem(
+        id=pid,
+        question=choice_question(question, options),
+        answer=letter,
+        meta={"num_options": len(options), "choices": options},
+    )
 
 
 def arc_row(row: Mapping[str, Any], i: int) -> Problem | None:
     """ARC (Clark et al.): question, choices {text, label}, answerKey (a letter, or a digit in a few rows)."""
-    question, choices, key = first_text(row, "question"), row.get("choices") or {}, str(row.get("answerKey", "")).strip()
+    question, choices, key = (
+        first_text(row, "question"),
+        row.get("choices") or {},
+        str(row.get("answerKey", "")).strip(),
+    )
     texts, labels = list(choices.get("text") or []), [str(x) for x in choices.get("label") or []]
     if not question or not texts or len(texts) != len(labels) or key not in labels:
         return None
-    return Problem(id=str(row.get("id") or i), question=choice_question(question, texts),
-                   answer=LETTERS[labels.index(key)], meta={"num_options": len(texts), "choices": texts})
+    return Problem(
+        id=str(row.get("id") or i),
+        question=choice_question(question, texts),
+        answer=LETTERS[labels.index(key)],
+        meta={"num_options": len(texts), "choices": texts},
+    )
 
 
 def mmlu_pro_row(row: Mapping[str, Any], i: int) -> Problem | None:
@@ -126,9 +138,13 @@ def mmlu_pro_row(row: Mapping[str, Any], i: int) -> Problem | None:
         index = LETTERS.index(row["answer"].strip())
     if not question or not options or not isinstance(index, int) or not 0 <= index < len(options):
         return None
-    return Problem(id=str(row.get("question_id", i)), question=choice_question(question, options),
-                   answer=LETTERS[index], difficulty=first_text(row, "category"),
-                   meta={"num_options": len(options), "choices": options})
+    return Problem(
+        id=str(row.get("question_id", i)),
+        question=choice_question(question, options),
+        answer=LETTERS[index],
+        difficulty=first_text(row, "category"),
+        meta={"num_options": len(options), "choices": options},
+    )
 
 
 # -------------------------------------------------------------------------------------------- math
@@ -143,8 +159,12 @@ def math_answer_row(row: Mapping[str, Any], i: int) -> Problem | None:
     if not question or not answer:
         return None
     pid = row.get("unique_id") or row.get("id") or row.get("ID") or i
-    return Problem(id=str(pid), question=question, answer=answer,
-                   difficulty=str(row["level"]) if row.get("level") is not None else None)
+    return Problem(
+        id=str(pid),
+        question=question,
+        answer=answer,
+        difficulty=str(row["level"]) if row.get("level") is not None else None,
+    )
 
 
 def olympiad_row(row: Mapping[str, Any], i: int) -> Problem | None:
@@ -158,6 +178,7 @@ def olympiad_row(row: Mapping[str, Any], i: int) -> Problem | None:
 
 
 # ---------------------------------------------------------------------------------------- registry
+
 
 @dataclass(frozen=True)
 class Decoding:
@@ -181,30 +202,87 @@ _AVG32 = Protocol(0.6, 1.0, 32, (1, 32))
 _PASS1 = Protocol(0.6, 1.0, 1, (1,))
 _TA = Protocol(0.6, 0.95, 128, (1, 2, 4, 8, 16, 32, 64, 128))
 
-BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in [
-    Benchmark("math500", HubSpec("HuggingFaceH4/MATH-500", None, "test"), " (fields problem, answer)", "math",
-              math_answer_row, {"dagrpo": _PASS1}),
-    Benchmark("aime24", HubSpec("HuggingFaceH4/aime_2024", None, "train"), " (fields problem, answer)", "math",
-              math_answer_row, {"dagrpo": _AVG32, "ta_grpo": _TA}),
-    Benchmark("aime25", HubSpec("math-ai/aime25", None, "test"), " (fields problem, answer)", "math",
-              math_answer_row, {"dagrpo": _AVG32, "ta_grpo": _TA}),
-    Benchmark("amc23", HubSpec("math-ai/amc23", None, "test"), " (fields question, answer)", "math",
-              math_answer_row, {"dagrpo": _AVG32, "ta_grpo": _TA}),
-    Benchmark("minerva", HubSpec("math-ai/minervamath", None, "test"), " (fields question, answer)", "math",
-              math_answer_row, {"dagrpo": _PASS1, "ta_grpo": _TA}),
-    Benchmark("olympiadbench", HubSpec("Hothan/OlympiadBench", "OE_TO_maths_en_COMP", "train"),
-              " (fields question, final_answer)", "math", olympiad_row, {"dagrpo": _PASS1, "ta_grpo": _TA}),
-    Benchmark("gpqa_diamond", HubSpec("Idavidrein/gpqa", "gpqa_diamond", "train"),
-              " (fields Question, Correct Answer, Incorrect Answer 1-3)", "choice", gpqa_row,
-              {"dagrpo": _PASS1, "ta_grpo": _TA}),
-    Benchmark("arc_c", HubSpec("allenai/ai2_arc", "ARC-Challenge", "test"), " (fields question, choices, answerKey)",
-              "choice", arc_row, {"dagrpo": _PASS1}),
-    Benchmark("mmlu_pro", HubSpec("TIGER-Lab/MMLU-Pro", None, "test"), " (fields question, options, answer_index)",
-              "choice", mmlu_pro_row, {"dagrpo": _PASS1}),
-]}
+BENCHMARKS: dict[str, Benchmark] = {
+    b.name: b
+    for b in [
+        Benchmark(
+            "math500",
+            HubSpec("HuggingFaceH4/MATH-500", None, "test"),
+            " (fields problem, answer)",
+            "math",
+            math_answer_row,
+            {"dagrpo": _PASS1},
+        ),
+        Benchmark(
+            "aime24",
+            HubSpec("HuggingFaceH4/aime_2024", None, "train"),
+            " (fields problem, answer)",
+            "math",
+            math_answer_row,
+            {"dagrpo": _AVG32, "ta_grpo": _TA},
+        ),
+        Benchmark(
+            "aime25",
+            HubSpec("math-ai/aime25", None, "test"),
+            " (fields problem, answer)",
+            "math",
+            math_answer_row,
+            {"dagrpo": _AVG32, "ta_grpo": _TA},
+        ),
+        Benchmark(
+            "amc23",
+            HubSpec("math-ai/amc23", None, "test"),
+            " (fields question, answer)",
+            "math",
+            math_answer_row,
+            {"dagrpo": _AVG32, "ta_grpo": _TA},
+        ),
+        Benchmark(
+            "minerva",
+            HubSpec("math-ai/minervamath", None, "test"),
+            " (fields question, answer)",
+            "math",
+            math_answer_row,
+            {"dagrpo": _PASS1, "ta_grpo": _TA},
+        ),
+        Benchmark(
+            "olympiadbench",
+            HubSpec("Hothan/OlympiadBench", "OE_TO_maths_en_COMP", "train"),
+            " (fields question, final_answer)",
+            "math",
+            olympiad_row,
+            {"dagrpo": _PASS1, "ta_grpo": _TA},
+        ),
+        Benchmark(
+            "gpqa_diamond",
+            HubSpec("Idavidrein/gpqa", "gpqa_diamond", "train"),
+            " (fields Question, Correct Answer, Incorrect Answer 1-3)",
+            "choice",
+            gpqa_row,
+            {"dagrpo": _PASS1, "ta_grpo": _TA},
+        ),
+        Benchmark(
+            "arc_c",
+            HubSpec("allenai/ai2_arc", "ARC-Challenge", "test"),
+            " (fields question, choices, answerKey)",
+            "choice",
+            arc_row,
+            {"dagrpo": _PASS1},
+        ),
+        Benchmark(
+            "mmlu_pro",
+            HubSpec("TIGER-Lab/MMLU-Pro", None, "test"),
+            " (fields question, options, answer_index)",
+            "choice",
+            mmlu_pro_row,
+            {"dagrpo": _PASS1},
+        ),
+    ]
+}
+
 
 def parse_bench_list(spec: str) -> list[str]:
-    """"math500,aime24" -> names, checked against the registry (ValueError naming the unknown ones)."""
+    """ "math500,aime24" -> names, checked against the registry (ValueError naming the unknown ones)."""
     names = [s.strip() for s in spec.split(",") if s.strip()]
     unknown = [n for n in names if n not in BENCHMARKS]
     if unknown or not names:

@@ -7,8 +7,8 @@ sampled with the training sampler at the training temperature, so the number is 
 
 from __future__ import annotations
 
+from regroup.data.heldout import eval_problems  # noqa: F401  (importable from here as before)
 from regroup.eval.runner import evaluate
-from regroup.heldout import eval_problems  # noqa: F401  (importable from here as before)
 
 
 def evaluate_during_training(trainer, problems: list) -> dict[str, float]:
@@ -23,10 +23,22 @@ def evaluate_during_training(trainer, problems: list) -> dict[str, float]:
         return None if value is None else float(value >= threshold)
 
     model = trainer.acc.unwrap_model(trainer.model)
-    result = evaluate(model, trainer.tokenizer, problems, grader, n=cfg.train.eval_n,
-                      ks=sorted({1, cfg.train.eval_n}), temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                      max_new_tokens=cfg.rollout.max_new_tokens, greedy=False, batch_size=cfg.rollout.batch_size,
-                      seed=cfg.seed + trainer.step, progress=False, sampler=trainer.sampler)
+    result = evaluate(
+        model,
+        trainer.tokenizer,
+        problems,
+        grader,
+        n=cfg.train.eval_n,
+        ks=sorted({1, cfg.train.eval_n}),
+        temperature=cfg.rollout.temperature,
+        top_p=cfg.rollout.top_p,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        greedy=False,
+        batch_size=cfg.rollout.batch_size,
+        seed=cfg.seed + trainer.step,
+        progress=False,
+        sampler=trainer.sampler,
+    )
     s = result.summary
     out = {f"eval/pass@{k}": float(v) for k, v in s["pass@k"].items() if v is not None}
     out["eval/mean@n"] = float(s["mean@n"])

@@ -23,19 +23,20 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from regroup.config.fields import read_yaml
+from regroup.config.schema import DataConfig, RewardsConfig, RolloutConfig, read_sections, resolve_config_path
+from regroup.data.load import FieldMap, load_problems
+from regroup.eval.benchmarks import BENCHMARKS, grader_for, load_benchmark, protocol
 from regroup.eval.passk import mean_pass_at_k
 from regroup.io import write_atomic
-from regroup.preflight import check_eval_memory
-from regroup.config import ConfigError, DataConfig, RewardsConfig, RolloutConfig, config_from_dict, load_config
-from regroup.data import FieldMap, load_problems
-from regroup.eval.benchmarks import BENCHMARKS, grader_for, load_benchmark, protocol
 from regroup.models.load import configured_model_path, is_adapter_dir, load_for_inference
+from regroup.models.memory import check_eval_memory
 from regroup.models.prompting import build_prompter, encode_prompt
 from regroup.rewards.math_verify import MathAnswerChecker
 from regroup.rollout.base import SamplingParams
 from regroup.rollout.factory import build_sampler
 from regroup.rollout.hf import HFSampler
-from regroup.rundir import read_saved_config
+from regroup.runtime.rundir import read_saved_config
 from regroup.tasks import get_task
 
 Grader = Callable[[str, Any], "float | None"]
@@ -118,7 +119,9 @@ def summarize(results: Sequence[ProblemResult], ks: Sequence[int], greedy: bool)
         raise ValueError("all problems must have the same number of samples n to summarise pass@k")
     summary: dict[str, Any] = {"num_problems": num, "n": n}
     counts = [r.correct for r in results]
-    summary["pass@k"] = {str(k): float(mean_pass_at_k([(n, c) for c in counts], k)) for k in _check_ks(ks) if k <= n and num}
+    summary["pass@k"] = {
+        str(k): float(mean_pass_at_k([(n, c) for c in counts], k)) for k in _check_ks(ks) if k <= n and num
+    }
     accs = [c / n for c in counts] if n else []
     summary["mean@n"] = float(sum(accs) / num) if num and n else None
     summary["stderr"] = _stderr(accs)
@@ -198,8 +201,9 @@ def evaluate(
     if sampler is None:
         sampler = HFSampler(model, tokenizer, batch_size=batch_size)
 
-    prompts = [prompter.encode(p.question) if prompter is not None else encode_prompt(tokenizer, p.question)
-               for p in problems]
+    prompts = [
+        prompter.encode(p.question) if prompter is not None else encode_prompt(tokenizer, p.question) for p in problems
+    ]
     correct = [0] * len(problems)
     first_text: list[str | None] = [None] * len(problems)
     greedy_ok: list[bool | None] = [None] * len(problems)
@@ -251,8 +255,14 @@ def evaluate(
         for i, p in enumerate(problems)
     ]
     settings = {
-        "n": n, "ks": ks, "temperature": temperature, "top_p": top_p,
-        "max_new_tokens": max_new_tokens, "greedy": greedy, "seed": seed, "correct_threshold": correct_threshold,
+        "n": n,
+        "ks": ks,
+        "temperature": temperature,
+        "top_p": top_p,
+        "max_new_tokens": max_new_tokens,
+        "greedy": greedy,
+        "seed": seed,
+        "correct_threshold": correct_threshold,
     }
     if prompter is not None:
         settings["prompt"] = prompter.describe()
@@ -357,42 +367,53 @@ def run_config_path(model_path: str) -> str | None:
     return candidate if os.path.basename(parent) == "checkpoints" and os.path.isfile(candidate) else None
 
 
-def load_eval_setup(model_path: str, *, dtype: str = "float32", device: str | None = None,
-                    system_prompt: str | None = None, prompt_template: str | None = None,
-                    chat_template: str | None = None, correct_threshold: float | None = None,
-                    config_file: str | None = None) -> EvalSetup:
+EVAL_SECTIONS = ("data", "rewards", "model")
+"""What an evaluation reads of a run's config."""
+
+
+def load_eval_setup(
+    model_path: str,
+    *,
+    dtype: str = "float32",
+    device: str | None = None,
+    system_prompt: str | None = None,
+    prompt_template: str | None = None,
+    chat_template: str | None = None,
+    correct_threshold: float | None = None,
+    config_file: str | None = None,
+) -> EvalSetup:
     """Load `model_path` (HF folder or regroup checkpoint, full or LoRA) with the prompting of its run.
 
     For a checkpoint, `data.system_prompt` / `prompt_template` / `chat_template` and
     `rewards.correct_threshold` come from the run's config.yaml (or from `config_file`, a recipe or
     run config, e.g. to evaluate the starting model as the run will prompt it); explicit arguments
-    override them.
+    override them. Only those sections (and `model`, for a LoRA checkpoint's base) are read
+    (`EVAL_SECTIONS`): nothing the config names is imported, and none of its files need to exist.
     """
     if not os.path.isdir(model_path):
         raise FileNotFoundError(f"model directory not found: {model_path}")
     cfg_path = config_file or run_config_path(model_path)
+    sections = None
     if config_file is not None:
-        cfg = load_config(config_file)
+        sections = read_sections(read_yaml(resolve_config_path(config_file)), str(config_file), *EVAL_SECTIONS)
     elif cfg_path:
-        try:
-            cfg = config_from_dict(read_saved_config(cfg_path))  # invalid YAML or values: one line naming the file
-        except ConfigError as e:
-            raise ConfigError(e if str(e).startswith(cfg_path) else f"{cfg_path}: {e}") from None
-    else:
-        cfg = None
-    data_cfg = cfg.data if cfg is not None else DataConfig()
+        sections = read_sections(read_saved_config(cfg_path), cfg_path, *EVAL_SECTIONS)
+    data_cfg = sections["data"] if sections else DataConfig()
     base_path = None
-    if cfg is not None and cfg.model.path and is_adapter_dir(model_path):
-        base_path = configured_model_path(cfg.model)  # a LoRA checkpoint's base (GGUF: the cached conversion)
+    if sections and sections["model"].path and is_adapter_dir(model_path):
+        base_path = configured_model_path(sections["model"])  # a LoRA checkpoint's base (GGUF: the cached conversion)
     model, tokenizer = load_for_inference(model_path, dtype=dtype, device=device, base_path=base_path)
-    for key, value in (("system_prompt", system_prompt), ("prompt_template", prompt_template),
-                       ("chat_template", chat_template)):
+    for key, value in (
+        ("system_prompt", system_prompt),
+        ("prompt_template", prompt_template),
+        ("chat_template", chat_template),
+    ):
         if value is not None:
             setattr(data_cfg, key, value)
-    builtin = cfg is not None and not cfg.model.path
+    builtin = sections is not None and not sections["model"].path
     prompter = build_prompter(data_cfg, tokenizer, builtin_model=builtin)
     if correct_threshold is None:
-        correct_threshold = (cfg.rewards if cfg is not None else RewardsConfig()).correct_threshold
+        correct_threshold = (sections["rewards"] if sections else RewardsConfig()).correct_threshold
     return EvalSetup(model, tokenizer, prompter, correct_threshold, cfg_path)
 
 
@@ -400,8 +421,9 @@ def build_eval_sampler(backend: str, model, tokenizer, batch_size: int, max_new_
     """The generation backend for evaluation: hf (default) or vllm (`rollout.backend` of the trainer)."""
     if backend not in ("hf", "vllm"):
         raise ValueError(f"--backend must be hf or vllm, got {backend!r}")
-    sampler = build_sampler(RolloutConfig(backend=backend, batch_size=batch_size, max_new_tokens=max_new_tokens),
-                            model, tokenizer)
+    sampler = build_sampler(
+        RolloutConfig(backend=backend, batch_size=batch_size, max_new_tokens=max_new_tokens), model, tokenizer
+    )
     if backend == "vllm":
         # The engine loads the folder the model came from: for a LoRA checkpoint that is the base model,
         # so the merged weights being evaluated are pushed once.
@@ -454,20 +476,50 @@ def run_eval_cli(
     try:
         sets, taken = [], set()
         for path in data_files:
-            loaded = load_problems(path, fields=FieldMap(question=question_field, answer=answer_field),
-                                   skip_bad_rows=skip_bad_rows)
+            loaded = load_problems(
+                path, fields=FieldMap(question=question_field, answer=answer_field), skip_bad_rows=skip_bad_rows
+            )
             problems = list(loaded.problems)[:limit] if limit is not None else list(loaded.problems)
             if not problems:
                 raise ValueError(f"no usable problems in {path} (skipped {len(loaded.skipped)} bad rows)")
-            sets.append(EvalSet(_bench_name(path, taken), problems, grader, n, list(ks), temperature, top_p,
-                                os.path.abspath(path), len(loaded.skipped)))
-        check_eval_memory(model_path, n=max(n, 1), batch_size=batch_size, max_new_tokens=max_new_tokens,
-                          problems=sum(len(s.problems) for s in sets), device=device)
+            sets.append(
+                EvalSet(
+                    _bench_name(path, taken),
+                    problems,
+                    grader,
+                    n,
+                    list(ks),
+                    temperature,
+                    top_p,
+                    os.path.abspath(path),
+                    len(loaded.skipped),
+                )
+            )
+        check_eval_memory(
+            model_path,
+            n=max(n, 1),
+            batch_size=batch_size,
+            max_new_tokens=max_new_tokens,
+            problems=sum(len(s.problems) for s in sets),
+            device=device,
+        )
         setup = load_eval_setup(model_path, dtype=dtype, device=device, **(prompt or {}))
         settings = {"checker": checker, "task": task if checker == "task" else None, "answer_marker": answer_marker}
-        return evaluate_sets(setup, sets, out_dir, model_path=model_path, max_new_tokens=max_new_tokens, greedy=greedy,
-                             batch_size=batch_size, seed=seed, limit=limit, progress=progress, backend=backend,
-                             settings=settings, checker_stats=grader)
+        return evaluate_sets(
+            setup,
+            sets,
+            out_dir,
+            model_path=model_path,
+            max_new_tokens=max_new_tokens,
+            greedy=greedy,
+            batch_size=batch_size,
+            seed=seed,
+            limit=limit,
+            progress=progress,
+            backend=backend,
+            settings=settings,
+            checker_stats=grader,
+        )
     finally:
         close = getattr(grader, "close", None)
         if callable(close):
@@ -514,22 +566,63 @@ def run_bench_cli(
             proto = protocol(bench, paper)
             bench_n = n if n is not None else proto.n
             bench_ks = [k for k in (ks if ks is not None else proto.ks) if k <= bench_n] or [1]
-            sets.append(EvalSet(name, problems, grader_for(bench, checker), bench_n, _check_ks(bench_ks),
-                                proto.temperature if temperature is None else temperature,
-                                proto.top_p if top_p is None else top_p, origin, skipped))
-        check_eval_memory(model_path, n=max(s.n for s in sets), batch_size=batch_size, max_new_tokens=max_new_tokens,
-                          problems=sum(len(s.problems) for s in sets), device=device)
+            sets.append(
+                EvalSet(
+                    name,
+                    problems,
+                    grader_for(bench, checker),
+                    bench_n,
+                    _check_ks(bench_ks),
+                    proto.temperature if temperature is None else temperature,
+                    proto.top_p if top_p is None else top_p,
+                    origin,
+                    skipped,
+                )
+            )
+        check_eval_memory(
+            model_path,
+            n=max(s.n for s in sets),
+            batch_size=batch_size,
+            max_new_tokens=max_new_tokens,
+            problems=sum(len(s.problems) for s in sets),
+            device=device,
+        )
         setup = load_eval_setup(model_path, dtype=dtype, device=device, **(prompt or {}))
-        return evaluate_sets(setup, sets, out_dir, model_path=model_path, max_new_tokens=max_new_tokens, greedy=greedy,
-                             batch_size=batch_size, seed=seed, limit=limit, progress=progress, backend=backend,
-                             settings={"protocol": paper}, checker_stats=checker)
+        return evaluate_sets(
+            setup,
+            sets,
+            out_dir,
+            model_path=model_path,
+            max_new_tokens=max_new_tokens,
+            greedy=greedy,
+            batch_size=batch_size,
+            seed=seed,
+            limit=limit,
+            progress=progress,
+            backend=backend,
+            settings={"protocol": paper},
+            checker_stats=checker,
+        )
     finally:
         checker.close()
 
 
-def evaluate_sets(setup: EvalSetup, sets: Sequence[EvalSet], out_dir: str, *, model_path: str, max_new_tokens: int,
-                  greedy: bool, batch_size: int, seed: int, limit: int | None, progress: bool, backend: str,
-                  settings: dict[str, Any], checker_stats=None) -> list[dict[str, Any]]:
+def evaluate_sets(
+    setup: EvalSetup,
+    sets: Sequence[EvalSet],
+    out_dir: str,
+    *,
+    model_path: str,
+    max_new_tokens: int,
+    greedy: bool,
+    batch_size: int,
+    seed: int,
+    limit: int | None,
+    progress: bool,
+    backend: str,
+    settings: dict[str, Any],
+    checker_stats=None,
+) -> list[dict[str, Any]]:
     """Evaluate every set with one loaded model; write per-set files, summary.json and summary.md."""
     sampler = build_eval_sampler(backend, setup.model, setup.tokenizer, batch_size, max_new_tokens)
     os.makedirs(out_dir, exist_ok=True)
@@ -537,16 +630,31 @@ def evaluate_sets(setup: EvalSetup, sets: Sequence[EvalSet], out_dir: str, *, mo
     rows: list[dict[str, Any]] = []
     for es in sets:
         result = evaluate(
-            setup.model, setup.tokenizer, es.problems, es.grader, n=es.n, ks=es.ks, temperature=es.temperature,
-            top_p=es.top_p, max_new_tokens=max_new_tokens, greedy=greedy, batch_size=batch_size, seed=seed,
-            progress=progress, sampler=sampler, prompter=setup.prompter, correct_threshold=setup.correct_threshold,
+            setup.model,
+            setup.tokenizer,
+            es.problems,
+            es.grader,
+            n=es.n,
+            ks=es.ks,
+            temperature=es.temperature,
+            top_p=es.top_p,
+            max_new_tokens=max_new_tokens,
+            greedy=greedy,
+            batch_size=batch_size,
+            seed=seed,
+            progress=progress,
+            sampler=sampler,
+            prompter=setup.prompter,
+            correct_threshold=setup.correct_threshold,
         )
         result.summary["source"] = es.source
         result.summary["skipped_rows"] = es.skipped
         bench_dir = os.path.join(out_dir, es.name)
         os.makedirs(bench_dir, exist_ok=True)
-        write_atomic(os.path.join(bench_dir, "per_problem.jsonl"),
-                     "".join(json.dumps(asdict(p), default=_json_default) + "\n" for p in result.problems))
+        write_atomic(
+            os.path.join(bench_dir, "per_problem.jsonl"),
+            "".join(json.dumps(asdict(p), default=_json_default) + "\n" for p in result.problems),
+        )
         _write_json(os.path.join(bench_dir, "summary.json"), result.summary)
         rows.append(_row(es.name, result.summary, all_ks))
 
@@ -556,9 +664,17 @@ def evaluate_sets(setup: EvalSetup, sets: Sequence[EvalSet], out_dir: str, *, mo
         if any(getattr(s, key) != uniform[key] for s in sets):
             uniform[key] = "per benchmark"
     settings = {
-        **uniform, "ks": all_ks, "max_new_tokens": max_new_tokens, **settings, "greedy": greedy, "seed": seed,
-        "limit": limit, "backend": backend, "correct_threshold": setup.correct_threshold,
-        "prompt": setup.prompter.describe(), "run_config": setup.run_config,
+        **uniform,
+        "ks": all_ks,
+        "max_new_tokens": max_new_tokens,
+        **settings,
+        "greedy": greedy,
+        "seed": seed,
+        "limit": limit,
+        "backend": backend,
+        "correct_threshold": setup.correct_threshold,
+        "prompt": setup.prompter.describe(),
+        "run_config": setup.run_config,
         "per_benchmark": {s.name: {"n": s.n, "ks": s.ks, "temperature": s.temperature, "top_p": s.top_p} for s in sets},
     }
     top: dict[str, Any] = {"model": os.path.abspath(model_path), "settings": settings, "rows": rows}
@@ -584,7 +700,15 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
     for r in rows:
         mean, se = r.get("mean@n"), r.get("stderr")
         mean_txt = _pct(mean) + (f" ± {100 * se:.1f}" if mean is not None and se is not None else "")
-        body.append([str(r["benchmark"]), str(r.get("num_problems", "")), *[_pct(r.get(k)) for k in metric_keys], mean_txt, _pct(r.get("greedy"))])
+        body.append(
+            [
+                str(r["benchmark"]),
+                str(r.get("num_problems", "")),
+                *[_pct(r.get(k)) for k in metric_keys],
+                mean_txt,
+                _pct(r.get("greedy")),
+            ]
+        )
     widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(headers)]
 
     def line(cells: Sequence[str]) -> str:
@@ -614,7 +738,13 @@ def format_markdown(rows: Sequence[dict[str, Any]]) -> str:
         mean, se = r.get("mean@n"), r.get("stderr")
         mean_txt = _pct(mean) + (f" ± {100 * se:.1f}" if mean is not None and se is not None else "")
         name = f"**{r['benchmark']}**" if r["benchmark"] == "average" else str(r["benchmark"])
-        cells = [name, str(r.get("num_problems", "")), "-" if r.get("n") is None else str(r["n"]),
-                 *[_pct(r.get(k)) for k in metric_keys], mean_txt, _pct(r.get("greedy"))]
+        cells = [
+            name,
+            str(r.get("num_problems", "")),
+            "-" if r.get("n") is None else str(r["n"]),
+            *[_pct(r.get(k)) for k in metric_keys],
+            mean_txt,
+            _pct(r.get("greedy")),
+        ]
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)

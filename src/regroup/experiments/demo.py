@@ -14,18 +14,18 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from regroup.io import write_atomic
-from regroup.checkpoint import list_checkpoints
-from regroup.config import load_config
+from regroup.data.heldout import heldout_problems
 from regroup.eval.runner import evaluate
-from regroup.heldout import heldout_problems
+from regroup.io import write_atomic
 from regroup.models.load import load_tokenizer
 from regroup.report import build_report
-from regroup.rundir import claim_run_dir, new_run_dir
+from regroup.runtime.checkpoint import list_checkpoints
+from regroup.runtime.rundir import claim_run_dir, new_run_dir
 from regroup.stages.groups import samples_per_question
 from regroup.tasks import get_task
-from regroup.trainer import Trainer
-from regroup.warmup import WarmupConfig, warmup
+from regroup.train.run_config import load_config
+from regroup.train.trainer import Trainer
+from regroup.train.warmup import WarmupConfig, warmup
 
 RECIPES = ["grpo", "grpo_matched", "ta_grpo", "dagrpo", "dagrpo_ta"]
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"  # package data: found from a wheel install too
@@ -51,24 +51,38 @@ class DemoSettings:
     """Extra dotted overrides for every recipe."""
 
 
-QUICK = DemoSettings(steps=3, samples_per_step=32, eval_problems=32, eval_samples=4,
-                     warmup_dir="runs/warmup-quick", warmup_steps=120,
-                     overrides=["rollout.max_new_tokens=40", "diagnostics.diversity_every=1"])
+QUICK = DemoSettings(
+    steps=3,
+    samples_per_step=32,
+    eval_problems=32,
+    eval_samples=4,
+    warmup_dir="runs/warmup-quick",
+    warmup_steps=120,
+    overrides=["rollout.max_new_tokens=40", "diagnostics.diversity_every=1"],
+)
 
 
 def recipe_overrides(recipe: str, settings: DemoSettings) -> list[str]:
     """Prompts per step so that every recipe generates `samples_per_step` samples."""
     cfg = load_config(CONFIG_DIR / f"{recipe}.yaml")
-    per_question = samples_per_question(cfg.grpo.num_generations, cfg.grpo.samples_multiplier,
-                                        cfg.ta.n_variants if cfg.ta.enabled else 0,
-                                        cfg.anchors.count if cfg.anchors.enabled and cfg.anchors.mode == "add" else 0)
+    per_question = samples_per_question(
+        cfg.grpo.num_generations,
+        cfg.grpo.samples_multiplier,
+        cfg.ta.n_variants if cfg.ta.enabled else 0,
+        cfg.anchors.count if cfg.anchors.enabled and cfg.anchors.mode == "add" else 0,
+    )
     prompts = max(1, settings.samples_per_step // per_question)
-    return [f"grpo.prompts_per_step={prompts}", f"train.steps={settings.steps}",
-            f"train.checkpoint_every={settings.steps}", f"model.warmup_dir={settings.warmup_dir}"]
+    return [
+        f"grpo.prompts_per_step={prompts}",
+        f"train.steps={settings.steps}",
+        f"train.checkpoint_every={settings.steps}",
+        f"model.warmup_dir={settings.warmup_dir}",
+    ]
 
 
-def evaluate_model(model_path: str, problems, out_dir: Path, settings: DemoSettings, seed: int,
-                   ks: list[int] | None = None) -> dict:
+def evaluate_model(
+    model_path: str, problems, out_dir: Path, settings: DemoSettings, seed: int, ks: list[int] | None = None
+) -> dict:
     """pass@1 / pass@k / mean@n / greedy / by difficulty of a saved model on `problems` (`ks`: default 1, 4, n)."""
     from transformers import AutoModelForCausalLM  # heavy (transformers): only when a model is loaded
 
@@ -76,16 +90,34 @@ def evaluate_model(model_path: str, problems, out_dir: Path, settings: DemoSetti
     model = AutoModelForCausalLM.from_pretrained(model_path)
     tokenizer = load_tokenizer(model_path)
     ks = ks or sorted({1, settings.eval_samples} | ({4} if settings.eval_samples >= 4 else set()))
-    result = evaluate(model, tokenizer, problems, task.grade, n=settings.eval_samples, ks=ks, temperature=1.0,
-                      max_new_tokens=48, greedy=True, batch_size=256, seed=seed, progress=False)
+    result = evaluate(
+        model,
+        tokenizer,
+        problems,
+        task.grade,
+        n=settings.eval_samples,
+        ks=ks,
+        temperature=1.0,
+        max_new_tokens=48,
+        greedy=True,
+        batch_size=256,
+        seed=seed,
+        progress=False,
+    )
     out_dir.mkdir(parents=True, exist_ok=True)
     write_atomic(out_dir / "summary.json", json.dumps(result.summary, indent=2))
     write_atomic(out_dir / "per_problem.jsonl", "".join(json.dumps(r) + "\n" for r in result.to_dict()["problems"]))
     return result.summary
 
 
-def run_demo(quick: bool = False, seeds: int = 1, out_root: str = "runs", recipes: str | None = None, log=print,
-             settings: DemoSettings | None = None) -> Path:
+def run_demo(
+    quick: bool = False,
+    seeds: int = 1,
+    out_root: str = "runs",
+    recipes: str | None = None,
+    log=print,
+    settings: DemoSettings | None = None,
+) -> Path:
     settings = settings or (QUICK if quick else DemoSettings())
     names = recipes.split(",") if recipes else RECIPES
     unknown = [n for n in names if not (CONFIG_DIR / f"{n}.yaml").exists()]
@@ -120,8 +152,11 @@ def run_demo(quick: bool = False, seeds: int = 1, out_root: str = "runs", recipe
     overall = tqdm(total=len(jobs) * settings.steps, desc="demo", dynamic_ncols=True, position=0)
     for name, seed in jobs:
         run_dir = demo_dir / f"{name}-s{seed}"
-        overrides = recipe_overrides(name, settings) + settings.overrides + [f"seed={seed}", f"run_dir={run_dir}",
-                                                                            "train.progress=false"]
+        overrides = (
+            recipe_overrides(name, settings)
+            + settings.overrides
+            + [f"seed={seed}", f"run_dir={run_dir}", "train.progress=false"]
+        )
         cfg = load_config(CONFIG_DIR / f"{name}.yaml", overrides)
         t0 = time.perf_counter()
 
@@ -139,13 +174,26 @@ def run_demo(quick: bool = False, seeds: int = 1, out_root: str = "runs", recipe
         for name_ in ("summary.json", "per_problem.jsonl"):  # per-problem results allow a paired SE
             write_atomic(run_dir / "eval_before" / name_, (demo_dir / "start" / "eval" / name_).read_bytes())
         write_atomic(run_dir / "timing.json", json.dumps({"train_seconds": train_seconds}))
-        log(f"{name} (seed {seed}): pass@1 {start_summary['mean@n']:.3f} -> {summary['mean@n']:.3f} "
-            f"in {train_seconds:.0f} s of training")
+        log(
+            f"{name} (seed {seed}): pass@1 {start_summary['mean@n']:.3f} -> {summary['mean@n']:.3f} "
+            f"in {train_seconds:.0f} s of training"
+        )
         run_dirs.append(str(run_dir))
     overall.close()
     html, _ = build_report(run_dirs, str(demo_dir), title="regroup demo: GRPO variants on the built-in task")
-    write_atomic(demo_dir / "demo.json", json.dumps({
-        "seconds": time.perf_counter() - started, "quick": quick, "seeds": seeds, "recipes": names,
-        "settings": settings.__dict__, "start": start_summary,
-    }, indent=2, default=str))
+    write_atomic(
+        demo_dir / "demo.json",
+        json.dumps(
+            {
+                "seconds": time.perf_counter() - started,
+                "quick": quick,
+                "seeds": seeds,
+                "recipes": names,
+                "settings": settings.__dict__,
+                "start": start_summary,
+            },
+            indent=2,
+            default=str,
+        ),
+    )
     return Path(html)

@@ -48,24 +48,24 @@ from pathlib import Path
 
 from transformers import AutoModelForCausalLM
 
-from regroup.checkpoint import list_checkpoints
-from regroup.config import load_config
-from regroup.experiments.demo import DemoSettings, evaluate_model
+from regroup.data.heldout import heldout_problems
 from regroup.eval.benchmarks import DECODING
 from regroup.eval.runner import evaluate
-from regroup.heldout import heldout_problems
+from regroup.experiments.demo import DemoSettings, evaluate_model
+from regroup.experiments.study_page import write_study_page
 from regroup.io import write_atomic
 from regroup.models.load import load_tokenizer
 from regroup.report import build_report
 from regroup.report.claims import ALPHA, ArmResult, Claim, judge_all, per_seed_mean
 from regroup.report.runs import load_run, read_metrics
-from regroup.experiments.study_page import write_study_page
 from regroup.report.summary import last_step, wall_time_s
-from regroup.rundir import claim_run_dir, new_run_dir
+from regroup.runtime.checkpoint import list_checkpoints
+from regroup.runtime.rundir import claim_run_dir, new_run_dir
 from regroup.tasks import get_task
 from regroup.tasks.arithmetic import ArithmeticConfig, ArithmeticTask, apply_transforms
-from regroup.trainer import Trainer
-from regroup.warmup import WarmupConfig, warmup
+from regroup.train.run_config import load_config
+from regroup.train.trainer import Trainer
+from regroup.train.warmup import WarmupConfig, warmup
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"  # package data: found from a wheel install too
 N_VARIANTS = 3  # TA-GRPO's N in configs/ta_grpo.yaml and dagrpo_ta.yaml
@@ -121,9 +121,12 @@ def steps_4_rename_only_task() -> StudyTask:
 
 
 TASK_NAMES = {  # (step mix, rename only) -> data.task
-    ("1-4", False): "arithmetic", ("1-4", True): "regroup.experiments.study:rename_only_task",
-    ("3-4", False): "regroup.experiments.study:steps_3_4_task", ("3-4", True): "regroup.experiments.study:steps_3_4_rename_only_task",
-    ("4", False): "regroup.experiments.study:steps_4_task", ("4", True): "regroup.experiments.study:steps_4_rename_only_task",
+    ("1-4", False): "arithmetic",
+    ("1-4", True): "regroup.experiments.study:rename_only_task",
+    ("3-4", False): "regroup.experiments.study:steps_3_4_task",
+    ("3-4", True): "regroup.experiments.study:steps_3_4_rename_only_task",
+    ("4", False): "regroup.experiments.study:steps_4_task",
+    ("4", True): "regroup.experiments.study:steps_4_rename_only_task",
 }
 
 
@@ -186,9 +189,21 @@ class StudySettings:
         return [k for k in (1, 8) if k <= self.paper_eval_samples]
 
 
-QUICK = StudySettings(seeds=2, prompts_per_step=4, num_generations=4, questions=8, epochs=1, eval_problems=8,
-                      eval_samples=8, paper_eval_samples=4, probe_problems=8, early_warmup_steps=60,
-                      warmup_dir="runs/warmup-quick", warmup_steps=120, diagnostics_per_run=100)
+QUICK = StudySettings(
+    seeds=2,
+    prompts_per_step=4,
+    num_generations=4,
+    questions=8,
+    epochs=1,
+    eval_problems=8,
+    eval_samples=8,
+    paper_eval_samples=4,
+    probe_problems=8,
+    early_warmup_steps=60,
+    warmup_dir="runs/warmup-quick",
+    warmup_steps=120,
+    diagnostics_per_run=100,
+)
 
 
 # -------------------------------------------------------------------------------------------- arms
@@ -209,18 +224,25 @@ class Arm:
 
 PROTOCOLS = {  # protocol -> (held equal to GRPO, what differs)
     "reference": ("—", "GRPO: `questions` distinct questions for `epochs` epochs, G samples each"),
-    "equal questions": ("questions per step, distinct questions, optimizer steps",
-                        "samples per question: (N+1)·G (TA-GRPO's paper protocol; grpo_matched's control); "
-                        "dynamic sampling draws extra questions to replace uniform groups"),
-    "equal samples": ("samples per step, optimizer steps, distinct questions in the pool",
-                      "questions per step: G·P / (samples per question), fewer for TA-GRPO (the demo's protocol)"),
+    "equal questions": (
+        "questions per step, distinct questions, optimizer steps",
+        "samples per question: (N+1)·G (TA-GRPO's paper protocol; grpo_matched's control); "
+        "dynamic sampling draws extra questions to replace uniform groups",
+    ),
+    "equal samples": (
+        "samples per step, optimizer steps, distinct questions in the pool",
+        "questions per step: G·P / (samples per question), fewer for TA-GRPO (the demo's protocol)",
+    ),
     "2.5x questions": ("epochs, questions and samples per step", "2.5x the distinct questions, so 2.5x the steps"),
-    "authors' protocol": ("rows (prompts) and samples per optimizer step, distinct questions, epochs",
-                          "each question brings N+1 rows, so P/(N+1) questions per step and (N+1)x the optimizer "
-                          "steps (the TA-GRPO authors' scripts: 256 rows per rollout, 2 epochs)"),
-    "equal optimizer steps": ("questions and samples per step, distinct questions",
-                              "(N+1)x GRPO's optimizer steps, so (N+1)x the epochs: as many updates as "
-                              "ta_grpo_author"),
+    "authors' protocol": (
+        "rows (prompts) and samples per optimizer step, distinct questions, epochs",
+        "each question brings N+1 rows, so P/(N+1) questions per step and (N+1)x the optimizer "
+        "steps (the TA-GRPO authors' scripts: 256 rows per rollout, 2 epochs)",
+    ),
+    "equal optimizer steps": (
+        "questions and samples per step, distinct questions",
+        "(N+1)x GRPO's optimizer steps, so (N+1)x the epochs: as many updates as ta_grpo_author",
+    ),
 }
 
 DRGRPO = ("grpo.adv_scale=none", "grpo.loss_agg=seq_sum_constant")  # DaGRPO's advantages and aggregation
@@ -228,25 +250,59 @@ TA_BETA = ("grpo.beta=0.001",)  # configs/ta_grpo.yaml's KL weight
 
 ARMS = [
     Arm("grpo", "grpo.yaml", "reference", description="GRPO"),
-    Arm("grpo_drgrpo", "grpo.yaml", "equal samples", DRGRPO,
-        description="GRPO with DaGRPO's Dr. GRPO advantages and constant normaliser: every DaGRPO arm's control"),
+    Arm(
+        "grpo_drgrpo",
+        "grpo.yaml",
+        "equal samples",
+        DRGRPO,
+        description="GRPO with DaGRPO's Dr. GRPO advantages and constant normaliser: every DaGRPO arm's control",
+    ),
     Arm("grpo_kl", "grpo.yaml", "equal samples", TA_BETA, description="GRPO with TA-GRPO's KL weight (beta 0.001)"),
     Arm("grpo_data", "grpo.yaml", "2.5x questions", description="GRPO on 2.5x the distinct questions, same epochs"),
-    Arm("grpo_dynamic", "grpo.yaml", "equal questions", ("dynamic_sampling.enabled=true",),
-        description="GRPO + DAPO dynamic sampling (uniform groups dropped, batch refilled)"),
+    Arm(
+        "grpo_dynamic",
+        "grpo.yaml",
+        "equal questions",
+        ("dynamic_sampling.enabled=true",),
+        description="GRPO + DAPO dynamic sampling (uniform groups dropped, batch refilled)",
+    ),
     Arm("grpo_matched", "grpo_matched.yaml", "equal questions", description="GRPO with (N+1)·G samples of q0"),
     Arm("ta_grpo", "ta_grpo.yaml", "equal questions", description="TA-GRPO, rule rephrasings (the paper's protocol)"),
-    Arm("ta_grpo_author", "ta_grpo.yaml", "authors' protocol",
-        description="TA-GRPO as the authors' scripts run it: fixed rows per step, (N+1)x the optimizer steps"),
-    Arm("grpo_author_steps", "grpo.yaml", "equal optimizer steps",
-        description="GRPO with ta_grpo_author's optimizer steps (is TA's gain more updates?)"),
-    Arm("ta_grpo_eqsamples", "ta_grpo.yaml", "equal samples", default=False,
-        description="TA-GRPO, as many samples per step as GRPO"),
-    Arm("ta_grpo_rename", "ta_grpo.yaml", "equal questions", rename_only=True, default=False,
-        description="TA-GRPO with renaming only (difficulty-preserving rephrasings)"),
+    Arm(
+        "ta_grpo_author",
+        "ta_grpo.yaml",
+        "authors' protocol",
+        description="TA-GRPO as the authors' scripts run it: fixed rows per step, (N+1)x the optimizer steps",
+    ),
+    Arm(
+        "grpo_author_steps",
+        "grpo.yaml",
+        "equal optimizer steps",
+        description="GRPO with ta_grpo_author's optimizer steps (is TA's gain more updates?)",
+    ),
+    Arm(
+        "ta_grpo_eqsamples",
+        "ta_grpo.yaml",
+        "equal samples",
+        default=False,
+        description="TA-GRPO, as many samples per step as GRPO",
+    ),
+    Arm(
+        "ta_grpo_rename",
+        "ta_grpo.yaml",
+        "equal questions",
+        rename_only=True,
+        default=False,
+        description="TA-GRPO with renaming only (difficulty-preserving rephrasings)",
+    ),
     Arm("dagrpo_mask", "dagrpo_mask_only.yaml", "equal samples", description="DaGRPO masks only (per sample)"),
-    Arm("dagrpo_mask_pair", "dagrpo_mask_only.yaml", "equal samples", ("mask.unit=pair",),
-        description="DaGRPO masks only, per pair (only the pairwise advantage terms within delta dropped)"),
+    Arm(
+        "dagrpo_mask_pair",
+        "dagrpo_mask_only.yaml",
+        "equal samples",
+        ("mask.unit=pair",),
+        description="DaGRPO masks only, per pair (only the pairwise advantage terms within delta dropped)",
+    ),
     Arm("dagrpo_anchor", "dagrpo.yaml", "equal samples", ("mask.enabled=false",), description="DaGRPO anchors only"),
     Arm("dagrpo", "dagrpo.yaml", "equal samples", description="DaGRPO masks + anchors"),
     Arm("dagrpo_ta", "dagrpo_ta.yaml", "equal samples", default=False, description="DaGRPO + TA-GRPO"),
@@ -265,52 +321,126 @@ MATCH_MARGIN = 0.02
 # The claims, fixed in code before the run (the verdicts of each paper's claims, over both regimes, are
 # one Holm family: `Claim.paper`; ALPHA in regroup.report.claims). Claims on arms not run give "not run".
 CLAIMS = [
-    Claim("TA-GRPO", "Pooling rephrasings leaves fewer uniform-reward groups than GRPO", "ta_grpo", "grpo",
-          SAMPLED_UNIFORM, direction=-1),
+    Claim(
+        "TA-GRPO",
+        "Pooling rephrasings leaves fewer uniform-reward groups than GRPO",
+        "ta_grpo",
+        "grpo",
+        SAMPLED_UNIFORM,
+        direction=-1,
+    ),
     Claim("TA-GRPO", "Higher pass@32 than GRPO (equal questions)", "ta_grpo", "grpo", "pass@32"),
     Claim("TA-GRPO", "Higher pass@1 than GRPO (equal questions)", "ta_grpo", "grpo", "pass@1"),
-    Claim("TA-GRPO", "Higher pass@1 than GRPO with the same KL weight (equal questions)", "ta_grpo", "grpo_kl",
-          "pass@1"),
-    Claim("TA-GRPO", "Higher pass@32 than matched sampling ((N+1)·G of q0): the gain is the rephrasing",
-          "ta_grpo", "grpo_matched", "pass@32"),
-    Claim("TA-GRPO", f"Matches GRPO trained on 2.5x the questions (pass@1, non-inferiority margin "
-          f"{100 * MATCH_MARGIN:.0f} points)", "ta_grpo", "grpo_data", "pass@1", kind="matches", reference="grpo",
-          margin=MATCH_MARGIN),
+    Claim(
+        "TA-GRPO", "Higher pass@1 than GRPO with the same KL weight (equal questions)", "ta_grpo", "grpo_kl", "pass@1"
+    ),
+    Claim(
+        "TA-GRPO",
+        "Higher pass@32 than matched sampling ((N+1)·G of q0): the gain is the rephrasing",
+        "ta_grpo",
+        "grpo_matched",
+        "pass@32",
+    ),
+    Claim(
+        "TA-GRPO",
+        f"Matches GRPO trained on 2.5x the questions (pass@1, non-inferiority margin {100 * MATCH_MARGIN:.0f} points)",
+        "ta_grpo",
+        "grpo_data",
+        "pass@1",
+        kind="matches",
+        reference="grpo",
+        margin=MATCH_MARGIN,
+    ),
     Claim("TA-GRPO", "Under the authors' protocol, higher pass@1 than GRPO", "ta_grpo_author", "grpo", "pass@1"),
-    Claim("TA-GRPO", "Under the authors' protocol, higher pass@1 than GRPO given as many optimizer steps "
-          "(the gain is not more updates)", "ta_grpo_author", "grpo_author_steps", "pass@1"),
-    Claim("TA-GRPO", "Under the authors' protocol, higher pass@32 than GRPO given as many optimizer steps",
-          "ta_grpo_author", "grpo_author_steps", "pass@32"),
+    Claim(
+        "TA-GRPO",
+        "Under the authors' protocol, higher pass@1 than GRPO given as many optimizer steps "
+        "(the gain is not more updates)",
+        "ta_grpo_author",
+        "grpo_author_steps",
+        "pass@1",
+    ),
+    Claim(
+        "TA-GRPO",
+        "Under the authors' protocol, higher pass@32 than GRPO given as many optimizer steps",
+        "ta_grpo_author",
+        "grpo_author_steps",
+        "pass@32",
+    ),
     Claim("DaGRPO", "Masks + anchors beat GRPO (pass@1)", "dagrpo", "grpo", "pass@1"),
     Claim("DaGRPO", "Masks + anchors beat Dr. GRPO (pass@1)", "dagrpo", "grpo_drgrpo", "pass@1"),
     Claim("DaGRPO", "Masks alone beat GRPO (pass@1)", "dagrpo_mask", "grpo", "pass@1"),
     Claim("DaGRPO", "Masks alone beat Dr. GRPO (pass@1)", "dagrpo_mask", "grpo_drgrpo", "pass@1"),
-    Claim("DaGRPO", "Anchors alone beat GRPO (pass@1): they rescue all-wrong groups", "dagrpo_anchor", "grpo",
-          "pass@1"),
+    Claim(
+        "DaGRPO", "Anchors alone beat GRPO (pass@1): they rescue all-wrong groups", "dagrpo_anchor", "grpo", "pass@1"
+    ),
     Claim("DaGRPO", "Anchors alone beat Dr. GRPO (pass@1)", "dagrpo_anchor", "grpo_drgrpo", "pass@1"),
-    Claim("DaGRPO", "Masked training has less gradient conflict than GRPO (higher pos/neg gradient cosine; the "
-          "logged diagnostic is measured on the unmasked batch)", "dagrpo_mask", "grpo", "grad_conflict/cosine"),
-    Claim("DaGRPO", "Masked training has less gradient conflict than Dr. GRPO", "dagrpo_mask", "grpo_drgrpo",
-          "grad_conflict/cosine"),
+    Claim(
+        "DaGRPO",
+        "Masked training has less gradient conflict than GRPO (higher pos/neg gradient cosine; the "
+        "logged diagnostic is measured on the unmasked batch)",
+        "dagrpo_mask",
+        "grpo",
+        "grad_conflict/cosine",
+    ),
+    Claim(
+        "DaGRPO",
+        "Masked training has less gradient conflict than Dr. GRPO",
+        "dagrpo_mask",
+        "grpo_drgrpo",
+        "grad_conflict/cosine",
+    ),
     Claim("DaGRPO", "Pair masks beat Dr. GRPO (pass@1)", "dagrpo_mask_pair", "grpo_drgrpo", "pass@1"),
-    Claim("study control", "Pair masks beat sample masks (pass@1; contradicted = sample masks better)",
-          "dagrpo_mask_pair", "dagrpo_mask", "pass@1"),
-    Claim("study control", "Dr. GRPO's advantages and normaliser beat GRPO's (pass@1)", "grpo_drgrpo", "grpo",
-          "pass@1"),
-    Claim("study control", "TA-GRPO's pools are less often uniform than matched sampling's pools of the same size "
-          "(rephrasing, not pool size, removes uniform groups)", "ta_grpo", "grpo_matched", SAMPLED_UNIFORM,
-          direction=-1),
+    Claim(
+        "study control",
+        "Pair masks beat sample masks (pass@1; contradicted = sample masks better)",
+        "dagrpo_mask_pair",
+        "dagrpo_mask",
+        "pass@1",
+    ),
+    Claim(
+        "study control", "Dr. GRPO's advantages and normaliser beat GRPO's (pass@1)", "grpo_drgrpo", "grpo", "pass@1"
+    ),
+    Claim(
+        "study control",
+        "TA-GRPO's pools are less often uniform than matched sampling's pools of the same size "
+        "(rephrasing, not pool size, removes uniform groups)",
+        "ta_grpo",
+        "grpo_matched",
+        SAMPLED_UNIFORM,
+        direction=-1,
+    ),
     Claim("study control", "Dynamic sampling beats GRPO (pass@1)", "grpo_dynamic", "grpo", "pass@1"),
-    Claim("study control", "Dynamic sampling samples fewer uniform-reward groups than GRPO (before its filter)",
-          "grpo_dynamic", "grpo", SAMPLED_UNIFORM, direction=-1),
+    Claim(
+        "study control",
+        "Dynamic sampling samples fewer uniform-reward groups than GRPO (before its filter)",
+        "grpo_dynamic",
+        "grpo",
+        SAMPLED_UNIFORM,
+        direction=-1,
+    ),
     Claim("study control", "TA-GRPO at equal samples beats GRPO (pass@1)", "ta_grpo_eqsamples", "grpo", "pass@1"),
-    Claim("study control", "Difficulty-preserving rephrasings beat rule rephrasings (pass@1)", "ta_grpo_rename",
-          "ta_grpo", "pass@1"),
+    Claim(
+        "study control",
+        "Difficulty-preserving rephrasings beat rule rephrasings (pass@1)",
+        "ta_grpo_rename",
+        "ta_grpo",
+        "pass@1",
+    ),
     Claim("study control", "DaGRPO + TA beats DaGRPO (pass@1)", "dagrpo_ta", "dagrpo", "pass@1"),
 ]
 
-MECHANISMS = ["reward/mean", SAMPLED_UNIFORM, "groups/uniform_frac", "groups/all_wrong_frac", "mask/frac",
-              "mask/pair_frac", "grad_conflict/cosine", "anchor/logp_mean", "diversity"]
+MECHANISMS = [
+    "reward/mean",
+    SAMPLED_UNIFORM,
+    "groups/uniform_frac",
+    "groups/all_wrong_frac",
+    "mask/frac",
+    "mask/pair_frac",
+    "grad_conflict/cosine",
+    "anchor/logp_mean",
+    "diversity",
+]
 
 
 @dataclass
@@ -345,8 +475,15 @@ def plan(arm: Arm, s: StudySettings) -> Budget:
     if arm.protocol == "2.5x questions":
         q = round(q * s.data_multiplier)
         steps = math.ceil(q * s.epochs / p)
-    return Budget(prompts_per_step=p, steps=steps, distinct_questions=q, questions_drawn=p * steps,
-                  samples_per_step=p * per_question, samples=p * per_question * steps, optimizer_steps=steps)
+    return Budget(
+        prompts_per_step=p,
+        steps=steps,
+        distinct_questions=q,
+        questions_drawn=p * steps,
+        samples_per_step=p * per_question,
+        samples=p * per_question * steps,
+        optimizer_steps=steps,
+    )
 
 
 # The cost model behind the default size (arithmetic, not a measurement; study.json records the time).
@@ -364,8 +501,9 @@ DYNAMIC_EXTRA = 1.5
 
 def estimate_seconds(s: StudySettings, arms: Sequence[Arm]) -> float:
     """Planned wall time of `regroup study` with `s` and `arms` under the cost model above."""
-    train = sum(plan(a, s).samples * (DYNAMIC_EXTRA if "dynamic_sampling.enabled=true" in a.extra else 1.0)
-                for a in arms)
+    train = sum(
+        plan(a, s).samples * (DYNAMIC_EXTRA if "dynamic_sampling.enabled=true" in a.extra else 1.0) for a in arms
+    )
     per_eval = s.eval_problems * (s.eval_samples + 1 + len(s.paper_protocols) * s.paper_eval_samples)
     evals = (len(arms) * s.seeds + 1) * per_eval  # + the start, once per regime
     per_regime = s.seeds * train + EVAL_SAMPLE_COST * evals
@@ -389,11 +527,21 @@ class Regime:
 
 def arm_overrides(arm: Arm, s: StudySettings, regime: Regime, seed: int, run_dir: Path) -> list[str]:
     b = plan(arm, s)
-    out = [f"recipe={arm.name}", f"seed={seed}", f"run_dir={run_dir}", "train.progress=false",
-           f"grpo.prompts_per_step={b.prompts_per_step}", f"grpo.num_generations={s.num_generations}",
-           f"data.num_train={b.distinct_questions}", f"train.steps={b.steps}",
-           f"train.checkpoint_every={b.steps}", "train.keep_checkpoints=1", f"rollout.max_new_tokens={s.max_new_tokens}",
-           f"data.task={TASK_NAMES[(regime.step_mix, arm.rename_only)]}", f"model.path={regime.warm_dir}"]
+    out = [
+        f"recipe={arm.name}",
+        f"seed={seed}",
+        f"run_dir={run_dir}",
+        "train.progress=false",
+        f"grpo.prompts_per_step={b.prompts_per_step}",
+        f"grpo.num_generations={s.num_generations}",
+        f"data.num_train={b.distinct_questions}",
+        f"train.steps={b.steps}",
+        f"train.checkpoint_every={b.steps}",
+        "train.keep_checkpoints=1",
+        f"rollout.max_new_tokens={s.max_new_tokens}",
+        f"data.task={TASK_NAMES[(regime.step_mix, arm.rename_only)]}",
+        f"model.path={regime.warm_dir}",
+    ]
     if arm.config == "grpo_matched.yaml":
         out.append(f"grpo.samples_multiplier={N_VARIANTS + 1}")
     every = max(1, b.steps // s.diagnostics_per_run)  # the same share of every arm's training, whatever its length
@@ -411,9 +559,20 @@ def measure_all_wrong(model_dir: str, problems: list, s: StudySettings) -> float
     from transformers import AutoModelForCausalLM  # heavy (transformers): only when a model is loaded
 
     model = AutoModelForCausalLM.from_pretrained(model_dir)
-    result = evaluate(model, load_tokenizer(model_dir), problems, ArithmeticTask.grade, n=s.num_generations, ks=(1,),
-                      temperature=1.0, max_new_tokens=s.max_new_tokens, greedy=False, batch_size=256, seed=0,
-                      progress=False)
+    result = evaluate(
+        model,
+        load_tokenizer(model_dir),
+        problems,
+        ArithmeticTask.grade,
+        n=s.num_generations,
+        ks=(1,),
+        temperature=1.0,
+        max_new_tokens=s.max_new_tokens,
+        greedy=False,
+        batch_size=256,
+        seed=0,
+        progress=False,
+    )
     return sum(r.correct == 0 for r in result.problems) / len(result.problems)
 
 
@@ -438,9 +597,11 @@ def choose_regime(name: str, s: StudySettings, log=print) -> Regime:
         candidates = [("1-4", warm, "1-4-step problems from the warm start")]
     else:
         early = str(Path(s.warmup_dir).parent / f"{Path(s.warmup_dir).name}-early{s.early_warmup_steps}")
-        candidates = [("3-4", warm, "3-4-step problems from the warm start"),
-                      ("4", warm, "4-step problems from the warm start"),
-                      ("3-4", early, f"3-4-step problems from the warm-up stopped at SFT step {s.early_warmup_steps}")]
+        candidates = [
+            ("3-4", warm, "3-4-step problems from the warm start"),
+            ("4", warm, "4-step problems from the warm start"),
+            ("3-4", early, f"3-4-step problems from the warm-up stopped at SFT step {s.early_warmup_steps}"),
+        ]
     regime = None
     for step_mix, warm_dir, description in candidates:
         if warm_dir != warm:
@@ -477,12 +638,27 @@ def evaluate_at(model_dir: str, problems: list, out_dir: Path, protocol: str, s:
 
     decoding = DECODING[protocol]
     model = AutoModelForCausalLM.from_pretrained(model_dir)
-    result = evaluate(model, load_tokenizer(model_dir), problems, ArithmeticTask.grade, n=s.paper_eval_samples,
-                      ks=s.paper_ks, temperature=decoding.temperature, top_p=decoding.top_p,
-                      max_new_tokens=s.max_new_tokens, greedy=False, batch_size=256, seed=0, progress=False)
+    result = evaluate(
+        model,
+        load_tokenizer(model_dir),
+        problems,
+        ArithmeticTask.grade,
+        n=s.paper_eval_samples,
+        ks=s.paper_ks,
+        temperature=decoding.temperature,
+        top_p=decoding.top_p,
+        max_new_tokens=s.max_new_tokens,
+        greedy=False,
+        batch_size=256,
+        seed=0,
+        progress=False,
+    )
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "summary.json").write_text(json.dumps({**result.summary, "protocol": protocol,
-                                                      "temperature": decoding.temperature, "top_p": decoding.top_p}))
+    (out_dir / "summary.json").write_text(
+        json.dumps(
+            {**result.summary, "protocol": protocol, "temperature": decoding.temperature, "top_p": decoding.top_p}
+        )
+    )
     with open(out_dir / "per_problem.jsonl", "w") as f:
         for r in result.to_dict()["problems"]:
             f.write(json.dumps(r) + "\n")
@@ -538,7 +714,7 @@ def read_arm_result(run_dirs: list[Path]) -> ArmResult:
         result.per_problem[seed] = read_counts(d / "eval" / "per_problem.jsonl")
         for other in sorted(d.glob("eval_*/per_problem.jsonl")):
             if other.parent.name != "eval_before":
-                result.protocols.setdefault(other.parent.name[len("eval_"):], {})[seed] = read_counts(other)
+                result.protocols.setdefault(other.parent.name[len("eval_") :], {})[seed] = read_counts(other)
         records = [with_sampled_uniform(m) for m in run.metrics]
         result.mechanisms[seed] = {k: v for k in MECHANISMS if (v := per_seed_mean(records, k)) is not None}
     return result
@@ -560,22 +736,33 @@ def measured_budget(run_dirs: list[Path]) -> dict:
     runs = [load_run(str(d)) for d in run_dirs]
     tokens = [sum(float(m.get("tokens/generated") or 0.0) for m in r.metrics) for r in runs]
     # questions drawn: dynamic sampling's extra rounds count (groups seen), else the step's questions
-    drawn = [sum(float(m.get("dynamic/groups_seen") or r.config["grpo"]["prompts_per_step"]) for m in r.metrics)
-             for r in runs]
+    drawn = [
+        sum(float(m.get("dynamic/groups_seen") or r.config["grpo"]["prompts_per_step"]) for m in r.metrics)
+        for r in runs
+    ]
     walls = [wall_time_s(r) or 0.0 for r in runs]
-    return {"steps": max((last_step(r) or 0) for r in runs), "tokens": sum(tokens) / len(tokens),
-            "questions_drawn": sum(drawn) / len(drawn),
-            "wall_s": sum(walls) / len(walls)}
+    return {
+        "steps": max((last_step(r) or 0) for r in runs),
+        "tokens": sum(tokens) / len(tokens),
+        "questions_drawn": sum(drawn) / len(drawn),
+        "wall_s": sum(walls) / len(walls),
+    }
 
 
 def study_plan(s: StudySettings, arms: Sequence[Arm]) -> dict:
     """What a study commits to before its first run: arms, claims (with margins), the level, the cost estimate."""
     ran = {a.name for a in arms}
-    return {"alpha": ALPHA, "correction": "Holm within each family: the verdicts (claims x regimes) of one Claim.paper with a p-value",
-            "arms": [asdict(a) for a in arms], "settings": {**asdict(s), "steps": s.steps, "ks": s.ks},
-            "claims": [{**asdict(c), "runs": c.arm in ran and c.against in ran and (c.reference is None or c.reference in ran)}
-                       for c in CLAIMS],
-            "estimated_seconds": round(estimate_seconds(s, arms))}
+    return {
+        "alpha": ALPHA,
+        "correction": "Holm within each family: the verdicts (claims x regimes) of one Claim.paper with a p-value",
+        "arms": [asdict(a) for a in arms],
+        "settings": {**asdict(s), "steps": s.steps, "ks": s.ks},
+        "claims": [
+            {**asdict(c), "runs": c.arm in ran and c.against in ran and (c.reference is None or c.reference in ran)}
+            for c in CLAIMS
+        ],
+        "estimated_seconds": round(estimate_seconds(s, arms)),
+    }
 
 
 def run_study(quick: bool = False, out_root: str = "runs", log=print, settings: StudySettings | None = None) -> Path:
@@ -603,16 +790,33 @@ def run_study(quick: bool = False, out_root: str = "runs", log=print, settings: 
             regime.grpo_step1_all_wrong = first_step_mean(dirs["grpo"], "groups/all_wrong_frac")
         results[name] = {a: read_arm_result(d) for a, d in dirs.items()}
         budgets[name] = {a: measured_budget(d) for a, d in dirs.items()}
-        reports[name] = build_report([str(p) for d in dirs.values() for p in d], str(regime_dir),
-                                     title=f"regroup study, {name} regime")
+        reports[name] = build_report(
+            [str(p) for d in dirs.values() for p in d], str(regime_dir), title=f"regroup study, {name} regime"
+        )
     verdicts = judge_all(CLAIMS, results)
     seconds = time.perf_counter() - started
-    record = {"seconds": seconds, "quick": quick, "settings": {**asdict(s), "steps": s.steps, "ks": s.ks},
-              "regimes": [asdict(r) for r in regimes],
-              "planned": {a.name: asdict(plan(a, s)) for a in arms}, "measured": budgets}
+    record = {
+        "seconds": seconds,
+        "quick": quick,
+        "settings": {**asdict(s), "steps": s.steps, "ks": s.ks},
+        "regimes": [asdict(r) for r in regimes],
+        "planned": {a.name: asdict(plan(a, s)) for a in arms},
+        "measured": budgets,
+    }
     write_atomic(study_dir / "study.json", json.dumps(record, indent=2, default=str))
-    html = write_study_page(study_dir, s, arms, regimes, results, verdicts, budgets, seconds,
-                            planned={a.name: plan(a, s) for a in arms}, protocols=PROTOCOLS, mechanisms=MECHANISMS)
+    html = write_study_page(
+        study_dir,
+        s,
+        arms,
+        regimes,
+        results,
+        verdicts,
+        budgets,
+        seconds,
+        planned={a.name: plan(a, s) for a in arms},
+        protocols=PROTOCOLS,
+        mechanisms=MECHANISMS,
+    )
     return html
 
 

@@ -10,8 +10,16 @@ from pathlib import Path
 from typing import Any
 
 from regroup.io import write_atomic
-from regroup.report.claims import (ALPHA, T1, ArmResult, Comparison, Verdict, compare_pass_at_k, confidence_interval,
-                                   mean_pass_at_k)
+from regroup.report.claims import (
+    ALPHA,
+    T1,
+    ArmResult,
+    Comparison,
+    Verdict,
+    compare_pass_at_k,
+    confidence_interval,
+    mean_pass_at_k,
+)
 from regroup.report.render import CSS
 from regroup.report.text import wall_time
 
@@ -19,7 +27,7 @@ _VERDICT_CLASS = {"supported": "better", "contradicted": "worse"}
 
 
 def fmt_ci(c: Comparison | None, percent: bool = True) -> str:
-    """"+3.1 [+0.4, +5.8]": Δ and its (1 − α) confidence interval, in points when `percent`; "—" without Δ."""
+    """ "+3.1 [+0.4, +5.8]": Δ and its (1 − α) confidence interval, in points when `percent`; "—" without Δ."""
     if c is None or c.delta is None:
         return "—"
     scale, digits = (100.0, 1) if percent else (1.0, 3)
@@ -57,25 +65,51 @@ def verdict_rows(verdicts: Sequence[Verdict]) -> list[list[str]]:
             delta += ")"
         size = "—" if c is None else f"{c.seeds} seeds" + (f" × {c.problems} problems" if c.problems else "")
         df = "—" if c is None or c.df is None else f"{c.df:.1f}"
-        rows.append([claim.paper, claim.text, v.regime, claim.measure, f"{claim.arm} − {claim.against}", delta, df,
-                     size, fmt_p(v.p), fmt_p(v.p_adjusted), v.verdict])
+        rows.append(
+            [
+                claim.paper,
+                claim.text,
+                v.regime,
+                claim.measure,
+                f"{claim.arm} − {claim.against}",
+                delta,
+                df,
+                size,
+                fmt_p(v.p),
+                fmt_p(v.p_adjusted),
+                v.verdict,
+            ]
+        )
     return rows
 
 
-VERDICT_HEADER = ["paper", "claim", "regime", "measure", "difference", f"Δ [{100 * (1 - ALPHA):.0f} % CI]", "df",
-                  "paired over", "p", "p (Holm)", "verdict"]
+VERDICT_HEADER = [
+    "paper",
+    "claim",
+    "regime",
+    "measure",
+    "difference",
+    f"Δ [{100 * (1 - ALPHA):.0f} % CI]",
+    "df",
+    "paired over",
+    "p",
+    "p (Holm)",
+    "verdict",
+]
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     """A Markdown table with one cell per header column on every line (pipes in cells escaped)."""
+
     def line(cells):
         return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
 
     return "\n".join([line(header), "|" + "---|" * len(header)] + [line(r) for r in rows])
 
 
-def _html_table(header: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1,
-                classes: Sequence[str | None] | None = None) -> str:
+def _html_table(
+    header: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1, classes: Sequence[str | None] | None = None
+) -> str:
     head = "".join(f"<th{' class=l' if i < left else ''}>{escape(h)}</th>" for i, h in enumerate(header))
     body = []
     for j, r in enumerate(rows):
@@ -85,8 +119,13 @@ def _html_table(header: Sequence[str], rows: Sequence[Sequence[str]], left: int 
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
-def results_rows(arms: Sequence[Any], results: Mapping[str, ArmResult], ks: Sequence[int],
-                 paper_protocols: Sequence[str] = (), baseline: str = "grpo") -> list[list[str]]:
+def results_rows(
+    arms: Sequence[Any],
+    results: Mapping[str, ArmResult],
+    ks: Sequence[int],
+    paper_protocols: Sequence[str] = (),
+    baseline: str = "grpo",
+) -> list[list[str]]:
     """Per arm: protocol, seeds, pass@k ± SE at T = 1, Δ pass@k vs GRPO [CI] (paired), then pass@1 and
     Δ pass@1 vs GRPO at each paper's decoding settings."""
     rows = []
@@ -101,7 +140,7 @@ def results_rows(arms: Sequence[Any], results: Mapping[str, ArmResult], ks: Sequ
             deltas = [fmt_ci(compare_pass_at_k(r, results[baseline], k, proto)) for proto, k in measured]
         else:
             deltas = ["baseline" if arm.name == baseline else "—"] * len(measured)
-        cells += deltas[:len(ks)]
+        cells += deltas[: len(ks)]
         for i, proto in enumerate(paper_protocols):
             cells += [fmt_value(mean_pass_at_k(r, 1, proto)), deltas[len(ks) + i]]
         rows.append(cells)
@@ -110,8 +149,9 @@ def results_rows(arms: Sequence[Any], results: Mapping[str, ArmResult], ks: Sequ
 
 def results_header(ks: Sequence[int], paper_protocols: Sequence[str] = ()) -> list[str]:
     ci = f"[{100 * (1 - ALPHA):.0f} % CI]"
-    head = (["arm", "protocol", "seeds"] + [f"pass@{k} ± SE (T = 1)" for k in ks]
-            + [f"Δ pass@{k} vs grpo {ci}" for k in ks])
+    head = (
+        ["arm", "protocol", "seeds"] + [f"pass@{k} ± SE (T = 1)" for k in ks] + [f"Δ pass@{k} vs grpo {ci}" for k in ks]
+    )
     for proto in paper_protocols:
         head += [f"pass@1 ± SE ({proto} decoding)", f"Δ pass@1 vs grpo {ci} ({proto})"]
     return head
@@ -123,16 +163,37 @@ def budget_rows(arms: Sequence[Any], planned: Mapping[str, Any], measured: Mappi
         if arm.name not in measured:
             continue
         p, m = planned[arm.name], measured[arm.name]
-        rows.append([arm.name, arm.protocol, str(p.prompts_per_step), str(p.optimizer_steps), str(p.distinct_questions),
-                     str(p.questions_drawn), str(p.samples), str(m["steps"]), f"{m['questions_drawn']:.0f}",
-                     f"{m['tokens']:.0f}", wall_time(m["wall_s"])])
+        rows.append(
+            [
+                arm.name,
+                arm.protocol,
+                str(p.prompts_per_step),
+                str(p.optimizer_steps),
+                str(p.distinct_questions),
+                str(p.questions_drawn),
+                str(p.samples),
+                str(m["steps"]),
+                f"{m['questions_drawn']:.0f}",
+                f"{m['tokens']:.0f}",
+                wall_time(m["wall_s"]),
+            ]
+        )
     return rows
 
 
-BUDGET_HEADER = ["arm", "protocol", "questions/step", "optimizer steps", "distinct questions", "questions drawn",
-                 "samples (planned)", "steps (measured)", "questions drawn (measured, mean/run)",
-                 "tokens generated (measured, mean/run)",
-                 "training wall time (measured, mean/run)"]
+BUDGET_HEADER = [
+    "arm",
+    "protocol",
+    "questions/step",
+    "optimizer steps",
+    "distinct questions",
+    "questions drawn",
+    "samples (planned)",
+    "steps (measured)",
+    "questions drawn (measured, mean/run)",
+    "tokens generated (measured, mean/run)",
+    "training wall time (measured, mean/run)",
+]
 
 
 def mechanism_rows(arms: Sequence[Any], results: Mapping[str, ArmResult], keys: Sequence[str]) -> list[list[str]]:
@@ -164,8 +225,14 @@ def _regime_rows(regimes: Sequence[Any], threshold: float) -> list[list[str]]:
     return rows
 
 
-REGIME_HEADER = ["regime", "start and questions", "all-wrong groups at step 0 (probe)",
-                 "GRPO all-wrong groups, step 1 (mean over seeds)", f"sparse condition (≥ threshold)", "candidates tried"]
+REGIME_HEADER = [
+    "regime",
+    "start and questions",
+    "all-wrong groups at step 0 (probe)",
+    "GRPO all-wrong groups, step 1 (mean over seeds)",
+    "sparse condition (≥ threshold)",
+    "candidates tried",
+]
 
 
 PROTOCOL_HEADER = ["protocol", "held equal to GRPO", "differs"]
@@ -175,62 +242,127 @@ def _protocol_rows(protocols: Mapping[str, tuple[str, str]]) -> list[list[str]]:
     return [[name, same, differs] for name, (same, differs) in protocols.items()]
 
 
-def write_study_page(study_dir: Path, s: Any, arms: Sequence[Any], regimes: Sequence[Any],
-                     results: Mapping[str, Mapping[str, ArmResult]], verdicts: Sequence[Verdict],
-                     budgets: Mapping[str, Mapping[str, dict]], seconds: float, *, planned: Mapping[str, Any],
-                     protocols: Mapping[str, tuple[str, str]], mechanisms: Sequence[str]) -> Path:
+def write_study_page(
+    study_dir: Path,
+    s: Any,
+    arms: Sequence[Any],
+    regimes: Sequence[Any],
+    results: Mapping[str, Mapping[str, ArmResult]],
+    verdicts: Sequence[Verdict],
+    budgets: Mapping[str, Mapping[str, dict]],
+    seconds: float,
+    *,
+    planned: Mapping[str, Any],
+    protocols: Mapping[str, tuple[str, str]],
+    mechanisms: Sequence[str],
+) -> Path:
     """Write study_dir/study.html (self-contained) and study_dir/study.md; return the HTML path. The study
     hands over its content (each arm's planned budget, the protocols, the mechanism metrics): the page
     knows no study."""
     ks = s.ks
     vrows = verdict_rows(verdicts)
     classes = [_VERDICT_CLASS.get(v.verdict) for v in verdicts]
-    intro = (f"{s.seeds} seeds per arm; GRPO: {s.questions} distinct questions × {s.epochs} epochs = {s.steps} steps "
-             f"of {s.prompts_per_step} questions × G = {s.num_generations}; held-out: {s.eval_problems} problems × "
-             f"{s.eval_samples} samples at T = 1" + (f", and × {s.paper_eval_samples} samples at each of "
-             f"{', '.join(s.paper_protocols)} decoding (regroup.eval.benchmarks.DECODING)" if s.paper_protocols else "")
-             + f". Measured study time: {wall_time(seconds)}.")
-    note = (f"pass@k in % ± 1 SE over problems and seeds. Δ in percentage points with its {100 * (1 - ALPHA):.0f} % "
-            "confidence interval (t with the df shown; unadjusted), paired over problems and seeds: SE = √(var over "
-            "seeds of the per-seed mean / S + var over problems of the per-problem mean / P) with S − 1 df (the "
-            "seeds are the independent replications); training metrics paired over seeds, S − 1 df. p: the claim's "
-            "own test (two-sided for 'better' claims; for 'matches', twice the smaller of: the larger of the "
-            "non-inferiority p at the stated margin and the one-sided p that the extra data helps, and the p that "
-            f"it falls short by more than the margin). p (Holm): adjusted over the verdicts of the same paper (its family: every regime); a verdict is "
-            f"'supported' or 'contradicted' only when p (Holm) < {ALPHA}; 'inconclusive' means this study could not "
-            "tell, not that the arms are equal. Claims, margins and arms were fixed in code before the run (plan.json).")
-    html = [f"<!doctype html><html lang=en><head><meta charset=utf-8><title>regroup study</title><style>{CSS}"
-            "tr.better td{background:#f1faf2} tr.worse td{background:#fdf1f1}</style></head><body><main>",
-            "<h1>regroup study: the papers' claims at the tiny model's scale</h1>", f"<p class=meta>{escape(intro)}</p>",
-            "<h2>Regimes</h2>", _html_table(REGIME_HEADER, _regime_rows(regimes, s.sparse_min_all_wrong), left=2),
-            "<h2>Protocols</h2>", _html_table(PROTOCOL_HEADER, _protocol_rows(protocols), left=3),
-            "<h2>Verdicts</h2>", _html_table(VERDICT_HEADER, vrows, left=5, classes=classes),
-            f"<p class=note>{escape(note)}</p>"]
-    md = ["# regroup study: the papers' claims at the tiny model's scale", "", intro, "", "## Regimes", "",
-          markdown_table(REGIME_HEADER, _regime_rows(regimes, s.sparse_min_all_wrong)), "", "## Protocols", "",
-          markdown_table(PROTOCOL_HEADER, _protocol_rows(protocols)), "", "## Verdicts", "",
-          markdown_table(VERDICT_HEADER, vrows), "", note, ""]
+    intro = (
+        f"{s.seeds} seeds per arm; GRPO: {s.questions} distinct questions × {s.epochs} epochs = {s.steps} steps "
+        f"of {s.prompts_per_step} questions × G = {s.num_generations}; held-out: {s.eval_problems} problems × "
+        f"{s.eval_samples} samples at T = 1"
+        + (
+            f", and × {s.paper_eval_samples} samples at each of "
+            f"{', '.join(s.paper_protocols)} decoding (regroup.eval.benchmarks.DECODING)"
+            if s.paper_protocols
+            else ""
+        )
+        + f". Measured study time: {wall_time(seconds)}."
+    )
+    note = (
+        f"pass@k in % ± 1 SE over problems and seeds. Δ in percentage points with its {100 * (1 - ALPHA):.0f} % "
+        "confidence interval (t with the df shown; unadjusted), paired over problems and seeds: SE = √(var over "
+        "seeds of the per-seed mean / S + var over problems of the per-problem mean / P) with S − 1 df (the "
+        "seeds are the independent replications); training metrics paired over seeds, S − 1 df. p: the claim's "
+        "own test (two-sided for 'better' claims; for 'matches', twice the smaller of: the larger of the "
+        "non-inferiority p at the stated margin and the one-sided p that the extra data helps, and the p that "
+        f"it falls short by more than the margin). p (Holm): adjusted over the verdicts of the same paper (its family: every regime); a verdict is "
+        f"'supported' or 'contradicted' only when p (Holm) < {ALPHA}; 'inconclusive' means this study could not "
+        "tell, not that the arms are equal. Claims, margins and arms were fixed in code before the run (plan.json)."
+    )
+    html = [
+        f"<!doctype html><html lang=en><head><meta charset=utf-8><title>regroup study</title><style>{CSS}"
+        "tr.better td{background:#f1faf2} tr.worse td{background:#fdf1f1}</style></head><body><main>",
+        "<h1>regroup study: the papers' claims at the tiny model's scale</h1>",
+        f"<p class=meta>{escape(intro)}</p>",
+        "<h2>Regimes</h2>",
+        _html_table(REGIME_HEADER, _regime_rows(regimes, s.sparse_min_all_wrong), left=2),
+        "<h2>Protocols</h2>",
+        _html_table(PROTOCOL_HEADER, _protocol_rows(protocols), left=3),
+        "<h2>Verdicts</h2>",
+        _html_table(VERDICT_HEADER, vrows, left=5, classes=classes),
+        f"<p class=note>{escape(note)}</p>",
+    ]
+    md = [
+        "# regroup study: the papers' claims at the tiny model's scale",
+        "",
+        intro,
+        "",
+        "## Regimes",
+        "",
+        markdown_table(REGIME_HEADER, _regime_rows(regimes, s.sparse_min_all_wrong)),
+        "",
+        "## Protocols",
+        "",
+        markdown_table(PROTOCOL_HEADER, _protocol_rows(protocols)),
+        "",
+        "## Verdicts",
+        "",
+        markdown_table(VERDICT_HEADER, vrows),
+        "",
+        note,
+        "",
+    ]
     for regime in regimes:
         name = regime.name
         res = results.get(name, {})
         rrows = results_rows(arms, res, ks, s.paper_protocols)
         brows = budget_rows(arms, planned, budgets.get(name, {}))
         mrows = mechanism_rows(arms, res, mechanisms)
-        html += [f"<h2>{escape(name)} regime</h2>", f"<p class=meta>{escape(regime.description)}</p>",
-                 "<h3>Held-out results</h3>", _html_table(results_header(ks, s.paper_protocols), rrows, left=2),
-                 "<h3>Budgets per protocol</h3>", _html_table(BUDGET_HEADER, brows, left=2),
-                 "<h3>Mechanisms (mean over training steps, then over seeds)</h3>",
-                 _html_table(["arm", *mechanisms], mrows), '<div class="grid">']
+        html += [
+            f"<h2>{escape(name)} regime</h2>",
+            f"<p class=meta>{escape(regime.description)}</p>",
+            "<h3>Held-out results</h3>",
+            _html_table(results_header(ks, s.paper_protocols), rrows, left=2),
+            "<h3>Budgets per protocol</h3>",
+            _html_table(BUDGET_HEADER, brows, left=2),
+            "<h3>Mechanisms (mean over training steps, then over seeds)</h3>",
+            _html_table(["arm", *mechanisms], mrows),
+            '<div class="grid">',
+        ]
         plots = sorted((study_dir / name / "plots").glob("*.png"))
         for p in plots:
-            wide = ' class="wide"' if p.stem not in ("passk", "reward", "grad_norm", "entropy", "diversity", "kl") else ""
-            html.append(f'<figure{wide}><img src="{_embedded(p)}" alt="{escape(p.stem)}"><figcaption><b>{escape(name)}: '
-                        f"{escape(p.stem)}</b> (per-step mean over seeds)</figcaption></figure>")
+            wide = (
+                ' class="wide"' if p.stem not in ("passk", "reward", "grad_norm", "entropy", "diversity", "kl") else ""
+            )
+            html.append(
+                f'<figure{wide}><img src="{_embedded(p)}" alt="{escape(p.stem)}"><figcaption><b>{escape(name)}: '
+                f"{escape(p.stem)}</b> (per-step mean over seeds)</figcaption></figure>"
+            )
         html.append("</div>")
-        md += [f"## {name} regime", "", regime.description, "", markdown_table(results_header(ks, s.paper_protocols), rrows), "",
-               "Budgets per protocol:", "", markdown_table(BUDGET_HEADER, brows), "",
-               "Mechanisms (mean over training, then seeds):", "", markdown_table(["arm", *mechanisms], mrows), "",
-               f"Plots: {name}/report.html (and embedded in study.html).", ""]
+        md += [
+            f"## {name} regime",
+            "",
+            regime.description,
+            "",
+            markdown_table(results_header(ks, s.paper_protocols), rrows),
+            "",
+            "Budgets per protocol:",
+            "",
+            markdown_table(BUDGET_HEADER, brows),
+            "",
+            "Mechanisms (mean over training, then seeds):",
+            "",
+            markdown_table(["arm", *mechanisms], mrows),
+            "",
+            f"Plots: {name}/report.html (and embedded in study.html).",
+            "",
+        ]
     html.append("</main></body></html>")
     write_atomic(study_dir / "study.md", "\n".join(md))
     out = study_dir / "study.html"

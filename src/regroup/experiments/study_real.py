@@ -37,18 +37,18 @@ from pathlib import Path
 
 import torch
 
-from regroup.checkpoint import list_checkpoints
-from regroup.config import load_config
-from regroup.data import load_problems
+from regroup.data.load import load_problems
 from regroup.errors import ConfigError
 from regroup.eval.runner import run_eval_cli
 from regroup.experiments.study import read_counts
 from regroup.models.load import load_policy, load_tokenizer
 from regroup.models.prompting import build_prompter, encode_response
 from regroup.report.claims import ArmResult, compare_pass_at_k, confidence_interval, mean_pass_at_k
-from regroup.rundir import claim_run_dir, new_run_dir
-from regroup.trainer import Trainer
-from regroup.warmup import _batches
+from regroup.runtime.checkpoint import list_checkpoints
+from regroup.runtime.rundir import claim_run_dir, new_run_dir
+from regroup.train.run_config import load_config
+from regroup.train.trainer import Trainer
+from regroup.train.warmup import _batches
 
 EXAMPLES_DIR = Path(__file__).resolve().parents[3] / "examples"  # a source checkout's examples/
 
@@ -90,29 +90,52 @@ class RealArm:
 
 REAL_ARMS = [
     RealArm("grpo", "smollm2_grpo.yaml", description="GRPO (examples/smollm2_grpo.yaml)"),
-    RealArm("dagrpo_anchor", "smollm2_dagrpo.yaml", ("mask.enabled=false",),
-            description="Dr. GRPO + one verified reference anchor per question (3 + 1, shaped)"),
+    RealArm(
+        "dagrpo_anchor",
+        "smollm2_dagrpo.yaml",
+        ("mask.enabled=false",),
+        description="Dr. GRPO + one verified reference anchor per question (3 + 1, shaped)",
+    ),
     RealArm("dagrpo_anchor_mask", "smollm2_dagrpo.yaml", description="+ reference-similarity masks (delta 3)"),
-    RealArm("ta_grpo", "smollm2_grpo.yaml", ("ta.enabled=true", "ta.rephraser=dataset", "ta.n_variants=3",
-                                             "grpo.prompts_per_step=1"),
-            description="TA-GRPO with the data's 3 rule rephrasings, equal samples (1 question x 4 x G)"),
-    RealArm("sft_grpo", "smollm2_grpo.yaml", sft_first=True,
-            description="SFT on the reference solutions for `steps` steps, then GRPO: the imitation control"),
+    RealArm(
+        "ta_grpo",
+        "smollm2_grpo.yaml",
+        ("ta.enabled=true", "ta.rephraser=dataset", "ta.n_variants=3", "grpo.prompts_per_step=1"),
+        description="TA-GRPO with the data's 3 rule rephrasings, equal samples (1 question x 4 x G)",
+    ),
+    RealArm(
+        "sft_grpo",
+        "smollm2_grpo.yaml",
+        sft_first=True,
+        description="SFT on the reference solutions for `steps` steps, then GRPO: the imitation control",
+    ),
 ]
 REAL_ARMS_BY_NAME = {a.name: a for a in REAL_ARMS}
 
 
-def real_arm_overrides(arm: RealArm, s: RealSettings, seed: int, length: int, run_dir: Path,
-                       model_dir: str | None = None) -> list[str]:
+def real_arm_overrides(
+    arm: RealArm, s: RealSettings, seed: int, length: int, run_dir: Path, model_dir: str | None = None
+) -> list[str]:
     """Dotted overrides that make `arm` at `seed` and `length` (model_dir: the SFT output for sft_grpo)."""
-    return [f"recipe=real_{arm.name}", f"seed={seed}", f"run_dir={run_dir}", f"model.path={model_dir or s.model_dir}",
-            f"data.train_file={s.train_file}", "data.question_field=question", "data.answer_field=answer",
-            "data.solution_field=solution", f"train.steps={s.steps}", f"train.checkpoint_every={s.steps}",
-            "train.progress=false", f"rollout.max_new_tokens={length}", *arm.extra, *s.overrides]
+    return [
+        f"recipe=real_{arm.name}",
+        f"seed={seed}",
+        f"run_dir={run_dir}",
+        f"model.path={model_dir or s.model_dir}",
+        f"data.train_file={s.train_file}",
+        "data.question_field=question",
+        "data.answer_field=answer",
+        "data.solution_field=solution",
+        f"train.steps={s.steps}",
+        f"train.checkpoint_every={s.steps}",
+        "train.progress=false",
+        f"rollout.max_new_tokens={length}",
+        *arm.extra,
+        *s.overrides,
+    ]
 
 
-def real_arm_config(arm: RealArm, s: RealSettings, seed: int, length: int, run_dir: Path,
-                    model_dir: str | None = None):
+def real_arm_config(arm: RealArm, s: RealSettings, seed: int, length: int, run_dir: Path, model_dir: str | None = None):
     """The validated RunConfig of one real-model run."""
     example = EXAMPLES_DIR / arm.example
     if not example.is_file():
@@ -158,29 +181,45 @@ def sft_on_references(cfg, problems: list, steps: int, lr: float, out_dir: Path,
 
 def evaluate_real(model_dir: str, s: RealSettings, length: int, out_dir: Path, prompt_config: str) -> dict:
     """pass@1 / pass@k and the truncated share on the held-out file at T = 1, prompted as `prompt_config`."""
-    rows = run_eval_cli(model_dir, [s.heldout_file], str(out_dir), n=s.eval_samples, ks=[1, s.eval_samples],
-                        temperature=1.0, top_p=1.0, max_new_tokens=length, checker="math", greedy=False,
-                        limit=s.eval_problems, progress=False, prompt={"config_file": prompt_config})
+    rows = run_eval_cli(
+        model_dir,
+        [s.heldout_file],
+        str(out_dir),
+        n=s.eval_samples,
+        ks=[1, s.eval_samples],
+        temperature=1.0,
+        top_p=1.0,
+        max_new_tokens=length,
+        checker="math",
+        greedy=False,
+        limit=s.eval_problems,
+        progress=False,
+        prompt={"config_file": prompt_config},
+    )
     return rows[0]
 
 
 def run_real_study(s: RealSettings, out_root: str = "runs", log=print) -> Path:
     """Every arm x seed x length: train (SFT first for the imitation control), evaluate, and write
     real_study.json with each run's summary. Long: see the module doc's budget."""
-    for path, how in ((s.model_dir, "regroup model fetch smollm2 --out " + s.model_dir),
-                      (s.train_file, "regroup data prepare arithmetic_boxed --out " + s.train_file + " --limit 2000"),
-                      (s.heldout_file, "regroup data prepare arithmetic_heldout --out " + s.heldout_file)):
+    for path, how in (
+        (s.model_dir, "regroup model fetch smollm2 --out " + s.model_dir),
+        (s.train_file, "regroup data prepare arithmetic_boxed --out " + s.train_file + " --limit 2000"),
+        (s.heldout_file, "regroup data prepare arithmetic_heldout --out " + s.heldout_file),
+    ):
         if not Path(path).exists():
             raise ConfigError(f"regroup study --real needs {path}: {how}")
     arms = [REAL_ARMS_BY_NAME[n] for n in (s.arms or [a.name for a in REAL_ARMS])]
     study_dir = new_run_dir(out_root, "real-study")
-    (study_dir / "plan.json").write_text(json.dumps({"settings": asdict(s), "arms": [asdict(a) for a in arms]},
-                                                    indent=2))
+    (study_dir / "plan.json").write_text(
+        json.dumps({"settings": asdict(s), "arms": [asdict(a) for a in arms]}, indent=2)
+    )
     records = []
     for length in s.lengths:
         if s.first_seed == 0:  # the start once, not in every process of a split study
-            start = evaluate_real(s.model_dir, s, length, study_dir / f"len{length}" / "start",
-                                  str(EXAMPLES_DIR / "smollm2_grpo.yaml"))
+            start = evaluate_real(
+                s.model_dir, s, length, study_dir / f"len{length}" / "start", str(EXAMPLES_DIR / "smollm2_grpo.yaml")
+            )
             records.append({"arm": "start", "length": length, "seed": None, "eval": start})
         for seed in range(s.first_seed, s.first_seed + s.seeds):
             for arm in arms:
@@ -188,8 +227,15 @@ def run_real_study(s: RealSettings, out_root: str = "runs", log=print) -> Path:
                 model_dir = None
                 if arm.sft_first:
                     cfg = real_arm_config(arm, s, seed, length, run_dir)
-                    model_dir = sft_on_references(cfg, load_problems(s.train_file).problems, s.steps, s.sft_lr,
-                                                  run_dir.with_name(run_dir.name + "-sft"), seed, log)
+                    model_dir = sft_on_references(
+                        cfg,
+                        load_problems(s.train_file).problems,
+                        s.steps,
+                        s.sft_lr,
+                        run_dir.with_name(run_dir.name + "-sft"),
+                        seed,
+                        log,
+                    )
                 cfg = real_arm_config(arm, s, seed, length, run_dir, model_dir)
                 with claim_run_dir(run_dir, "fresh", log=log):
                     Trainer.from_config(cfg, run_dir, log=log).train()
@@ -225,25 +271,37 @@ def read_real_results(study_dirs: list[Path], length: int) -> tuple[dict[str, Ar
     return arms, truncated
 
 
-def summarize_real(study_dirs: list[Path], length: int, against: tuple[str, ...] = ("start", "grpo", "sft_grpo")) -> str:
+def summarize_real(
+    study_dirs: list[Path], length: int, against: tuple[str, ...] = ("start", "grpo", "sft_grpo")
+) -> str:
     """A markdown table: each arm's pass@1 (± SE over seeds and problems) and its paired Δ against each
     arm of `against` (± SE, 95 % CI, S − 1 df: `regroup.report.claims.compare_pass_at_k`), with the
     truncated share at `length`."""
     arms, truncated = read_real_results(study_dirs, length)
-    order = ["start"] + [a.name for a in REAL_ARMS if a.name in arms] + sorted(set(arms) - {"start"} - set(REAL_ARMS_BY_NAME))
+    order = (
+        ["start"]
+        + [a.name for a in REAL_ARMS if a.name in arms]
+        + sorted(set(arms) - {"start"} - set(REAL_ARMS_BY_NAME))
+    )
     head = ["arm", "seeds", "pass@1", *[f"Δ vs {b}" for b in against if b in arms], f"cut at {length} tokens"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name in (n for n in order if n in arms):
         own = mean_pass_at_k(arms[name], 1)
-        cells = [name, "1 (eval)" if name == "start" else str(len(arms[name].per_problem)),
-                 f"{100 * own.delta:.1f} %" if own.delta is not None else "—"]
+        cells = [
+            name,
+            "1 (eval)" if name == "start" else str(len(arms[name].per_problem)),
+            f"{100 * own.delta:.1f} %" if own.delta is not None else "—",
+        ]
         for other in (b for b in against if b in arms):
             c = compare_pass_at_k(arms[name], arms[other], 1) if other != name else None
             ci = confidence_interval(c) if c is not None else None
             if c is None or c.delta is None or c.se is None or name == "start":
                 cells.append("—")
             else:
-                cells.append(f"{100 * c.delta:+.1f} ± {100 * c.se:.1f}" + (f" [{100 * ci[0]:+.1f}, {100 * ci[1]:+.1f}]" if ci else ""))
+                cells.append(
+                    f"{100 * c.delta:+.1f} ± {100 * c.se:.1f}"
+                    + (f" [{100 * ci[0]:+.1f}, {100 * ci[1]:+.1f}]" if ci else "")
+                )
         shares = truncated.get(name, [])
         cells.append(f"{100 * sum(shares) / len(shares):.0f} %" if shares else "—")
         lines.append("| " + " | ".join(cells) + " |")

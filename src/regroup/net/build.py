@@ -9,8 +9,17 @@ from regroup.net.cache import DiskCache
 from regroup.net.client import ChatClient
 
 CLIENT_ARGS = (
-    "api_key_env", "timeout_s", "max_retries", "backoff_s", "max_backoff_s", "concurrency", "temperature", "max_tokens",
-    "attempt_timeout_s", "max_response_bytes", "extra_body",
+    "api_key_env",
+    "timeout_s",
+    "max_retries",
+    "backoff_s",
+    "max_backoff_s",
+    "concurrency",
+    "temperature",
+    "max_tokens",
+    "attempt_timeout_s",
+    "max_response_bytes",
+    "extra_body",
 )
 
 

@@ -42,8 +42,16 @@ Messages = Sequence[Mapping[str, str]]
 # total deadline ran out) and "oversize" (reply over max_response_bytes) are final.
 RETRYABLE_KINDS = frozenset({"connection", "timeout", "http_5xx", "http_429", "http_408", "malformed", "partial"})
 # Counters `pop_counts()` returns (events since the previous pop), for per-step logging.
-EVENT_COUNTS = ("calls", "ok", "failures", "retries", "retry_after_waits", "retry_after_capped",
-                "deadline_hits", "oversize")
+EVENT_COUNTS = (
+    "calls",
+    "ok",
+    "failures",
+    "retries",
+    "retry_after_waits",
+    "retry_after_capped",
+    "deadline_hits",
+    "oversize",
+)
 ERROR_BODY_BYTES = 64 * 1024  # read this much of an error body (then redact, then cut to ERROR_CHARS)
 ERROR_CHARS = 300
 SNIPPET_CHARS = 80
@@ -324,11 +332,13 @@ class ChatClient:
             calls = self._counts["calls"]
             out: dict[str, Any] = {name: self._counts[name] for name in ("calls", "ok", "failures", "requests")}
             out.update({name: self._counts[name] for name in EVENT_COUNTS if name not in out})
-            out.update({
-                "errors": dict(self._errors),
-                "failures_by_kind": dict(self._final_failures),
-                "failure_rate": (self._counts["failures"] / calls) if calls else 0.0,
-            })
+            out.update(
+                {
+                    "errors": dict(self._errors),
+                    "failures_by_kind": dict(self._final_failures),
+                    "failure_rate": (self._counts["failures"] / calls) if calls else 0.0,
+                }
+            )
             return out
 
     def pop_counts(self) -> dict[str, int]:
@@ -441,8 +451,10 @@ class ChatClient:
         message = f"HTTP {status}" + (f": {detail}" if detail else "")
         if 300 <= status < 400:
             where = clip(str(exc.headers.get("Location", "")) if exc.headers else "", ERROR_CHARS, [key])
-            message = (f"HTTP {status} redirect to {where or 'another address'}: redirects are not followed "
-                       "(the API key would go along); set base_url to the final address")
+            message = (
+                f"HTTP {status} redirect to {where or 'another address'}: redirects are not followed "
+                "(the API key would go along); set base_url to the final address"
+            )
         if status == 429:
             return _AttemptError("http_429", message, retry_after)
         if status == 408:
@@ -467,8 +479,13 @@ class ChatClient:
         return redact(content, [key])  # a reply quoting the key must not carry it into a cache
 
     # -- public calls ------------------------------------------------------------------------------
-    def _payload(self, messages: Messages, temperature: float | None, max_tokens: int | None,
-                 extra_body: Mapping[str, Any] | None = None) -> bytes:
+    def _payload(
+        self,
+        messages: Messages,
+        temperature: float | None,
+        max_tokens: int | None,
+        extra_body: Mapping[str, Any] | None = None,
+    ) -> bytes:
         msgs = [dict(m) for m in messages]
         for i, m in enumerate(msgs):
             if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
@@ -488,7 +505,11 @@ class ChatClient:
         return json.dumps(body, ensure_ascii=False).encode("utf-8")
 
     def complete(
-        self, messages: Messages, *, temperature: float | None = None, max_tokens: int | None = None,
+        self,
+        messages: Messages,
+        *,
+        temperature: float | None = None,
+        max_tokens: int | None = None,
         extra_body: Mapping[str, Any] | None = None,
     ) -> Result:
         """Send one chat request, retrying transient faults within `timeout_s` in all; returns the reply
@@ -583,8 +604,14 @@ class RequestError(RuntimeError):
     """One JSON request (`request_json`) failed: the server is down, answered an error, or ran past the deadline."""
 
 
-def request_json(url: str, body: Any = None, *, api_key: str | None = None, timeout_s: float = 60.0,
-                 max_response_bytes: int = 64 * 1024 * 1024) -> Any:
+def request_json(
+    url: str,
+    body: Any = None,
+    *,
+    api_key: str | None = None,
+    timeout_s: float = 60.0,
+    max_response_bytes: int = 64 * 1024 * 1024,
+) -> Any:
     """POST `body` as JSON to `url` (GET when `body` is None) and return the decoded JSON reply (None for an
     empty one), within ONE deadline of `timeout_s` enforced by the same watchdog as `ChatClient` (a server
     that trickles bytes cannot hold it longer). No retries: the caller (a rollout step) fails fast.
@@ -627,4 +654,6 @@ def request_json(url: str, body: Any = None, *, api_key: str | None = None, time
     try:
         return json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
-        raise RequestError(f"{url}: reply is not JSON: {clip(raw.decode('utf-8', 'replace'), SNIPPET_CHARS, [api_key])!r}") from None
+        raise RequestError(
+            f"{url}: reply is not JSON: {clip(raw.decode('utf-8', 'replace'), SNIPPET_CHARS, [api_key])!r}"
+        ) from None

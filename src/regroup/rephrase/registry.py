@@ -8,11 +8,11 @@ from typing import Any
 
 from regroup.net import ChatClient, DiskCache
 from regroup.net.build import client_and_cache
+from regroup.registry import REPHRASERS, build_named
 from regroup.rephrase.base import Rephraser
 from regroup.rephrase.dataset import DatasetRephraser
 from regroup.rephrase.llm import OpenAIRephraser
 from regroup.rephrase.rules import RulesRephraser
-from regroup.registry import REPHRASERS, build_named
 
 
 def build_openai_rephraser(
@@ -28,8 +28,16 @@ def build_openai_rephraser(
 ) -> OpenAIRephraser:
     """An OpenAIRephraser from a ready client, or from `base_url` + `model` (+ ChatClient settings);
     `cache_path` opens a DiskCache there."""
-    client, cache = client_and_cache("openai rewriter", "https://api.openai.com/v1, gpt-4-turbo", client, cache,
-                                     base_url, model, cache_path, client_kwargs)
+    client, cache = client_and_cache(
+        "openai rewriter",
+        "https://api.openai.com/v1, gpt-4-turbo",
+        client,
+        cache,
+        base_url,
+        model,
+        cache_path,
+        client_kwargs,
+    )
     return OpenAIRephraser(client, cache, prompt_version, verifier)
 
 

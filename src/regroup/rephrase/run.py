@@ -16,7 +16,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from regroup.data import DataError, load_problems, save_problems
+from regroup.data.load import DataError, load_problems, save_problems
 from regroup.errors import ConfigError
 from regroup.io import write_atomic
 from regroup.net import ChatClient, DiskCache
@@ -46,8 +46,10 @@ def _refuse_same_file(data_in: str, out: str) -> None:
     except OSError:
         same = False
     if same:
-        raise ConfigError(f"--out {out} is the input file --data {data_in}; rephrase writes a new file and never "
-                          "over its input: choose another --out")
+        raise ConfigError(
+            f"--out {out} is the input file --data {data_in}; rephrase writes a new file and never "
+            "over its input: choose another --out"
+        )
 
 
 def summarise(outcomes: Sequence[RephraseOutcome]) -> dict[str, Any]:
@@ -69,8 +71,10 @@ def network_totals(client: ChatClient | None) -> dict[str, int]:
     if client is None:
         return {}
     st = client.stats
-    return {name: int(st[name]) for name in ("retries", "retry_after_waits", "retry_after_capped",
-                                               "deadline_hits", "oversize")}
+    return {
+        name: int(st[name])
+        for name in ("retries", "retry_after_waits", "retry_after_capped", "deadline_hits", "oversize")
+    }
 
 
 def _check_rules_can_rewrite(problems: Sequence[Any], data_in) -> None:
@@ -83,9 +87,11 @@ def _check_rules_can_rewrite(problems: Sequence[Any], data_in) -> None:
         except (ValueError, TypeError, AttributeError):
             lacking.append(p.id)
     if lacking:
-        raise ConfigError(f"the rules rewriter only rewrites the built-in arithmetic task's problems (their meta holds "
-                          f"the structure): {len(lacking)} of {len(problems)} rows of {data_in} have none (first: id "
-                          f"{lacking[0]!r}); use --rewriter openai --base-url URL --model NAME for other data")
+        raise ConfigError(
+            f"the rules rewriter only rewrites the built-in arithmetic task's problems (their meta holds "
+            f"the structure): {len(lacking)} of {len(problems)} rows of {data_in} have none (first: id "
+            f"{lacking[0]!r}); use --rewriter openai --base-url URL --model NAME for other data"
+        )
 
 
 def run_rephrase(
@@ -128,8 +134,10 @@ def run_rephrase(
         if not timeout_s > 0:
             raise ConfigError(f"--timeout must be > 0 seconds, got {timeout_s}")
         if not base_url or not model:
-            raise ConfigError("rewriter 'openai' needs --base-url and --model "
-                              "(e.g. --base-url https://api.openai.com/v1 --model gpt-4-turbo)")
+            raise ConfigError(
+                "rewriter 'openai' needs --base-url and --model "
+                "(e.g. --base-url https://api.openai.com/v1 --model gpt-4-turbo)"
+            )
     _refuse_same_file(data_in, out)
     t0 = time.monotonic()
     try:
@@ -137,8 +145,9 @@ def run_rephrase(
     except DataError as e:
         if e.row is None:
             raise
-        raise DataError(e.path, e.row, e.field, f"{e.message} (pass --skip-bad-rows to leave malformed rows out "
-                                                 f"of {out})") from None
+        raise DataError(
+            e.path, e.row, e.field, f"{e.message} (pass --skip-bad-rows to leave malformed rows out of {out})"
+        ) from None
     for skipped in loaded.skipped:
         (log or (lambda line: print(line, file=sys.stderr)))(f"skipped malformed row: {skipped}")
     problems = list(loaded.problems)
@@ -148,8 +157,14 @@ def run_rephrase(
     cache: DiskCache | None = None
     client: ChatClient | None = None
     if rewriter == "openai":
-        client = ChatClient(base_url, model, api_key_env=api_key_env, concurrency=concurrency, temperature=temperature,
-                            timeout_s=timeout_s)
+        client = ChatClient(
+            base_url,
+            model,
+            api_key_env=api_key_env,
+            concurrency=concurrency,
+            temperature=temperature,
+            timeout_s=timeout_s,
+        )
         if cache_dir is not None:
             cache = DiskCache(Path(cache_dir) / "rephrase.sqlite")
         rephraser: Rephraser = build_rephraser("openai", client=client, cache=cache)

@@ -14,8 +14,9 @@ from regroup.report.summary import summarize_groups
 from regroup.report.text import findings
 
 
-def build_report(run_dirs: Sequence[str], out_dir: str, *, title: str = "regroup report",
-                 baseline: str | None = "grpo") -> tuple[str, str]:
+def build_report(
+    run_dirs: Sequence[str], out_dir: str, *, title: str = "regroup report", baseline: str | None = "grpo"
+) -> tuple[str, str]:
     """Write a report comparing the given run folders; return (html_path, md_path).
 
     Runs of one recipe with different seeds become one row (mean and std over seeds). `baseline` is

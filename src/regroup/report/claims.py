@@ -66,7 +66,7 @@ class ArmResult:
 
 @dataclass(frozen=True)
 class Claim:
-    """"`arm` beats `against` on `measure`" (direction +1), "... is lower" (-1), or "matches" (kind)."""
+    """ "`arm` beats `against` on `measure`" (direction +1), "... is lower" (-1), or "matches" (kind)."""
 
     paper: str
     text: str
@@ -197,8 +197,9 @@ def mean_pass_at_k(a: ArmResult, k: int, protocol: str = T1) -> Comparison:
 
 def compare_metric(a: ArmResult, b: ArmResult, key: str) -> Comparison:
     """Mean over training of `key`, `a` − `b`, paired over the seeds where both logged it; SE std/√S, S − 1 df."""
-    seeds = sorted(s for s in set(a.mechanisms) & set(b.mechanisms)
-                   if key in a.mechanisms[s] and key in b.mechanisms[s])
+    seeds = sorted(
+        s for s in set(a.mechanisms) & set(b.mechanisms) if key in a.mechanisms[s] and key in b.mechanisms[s]
+    )
     if not seeds:
         return Comparison(None, None, 0)
     diffs = [a.mechanisms[s][key] - b.mechanisms[s][key] for s in seeds]
@@ -209,7 +210,7 @@ def compare_metric(a: ArmResult, b: ArmResult, key: str) -> Comparison:
 
 def compare(a: ArmResult, b: ArmResult, measure: str, protocol: str = T1) -> Comparison:
     if measure.startswith("pass@"):
-        return compare_pass_at_k(a, b, int(measure[len("pass@"):]), protocol)
+        return compare_pass_at_k(a, b, int(measure[len("pass@") :]), protocol)
     return compare_metric(a, b, measure)
 
 
@@ -292,8 +293,9 @@ def _decide(v: Verdict, p: float, alpha: float = ALPHA) -> Verdict:
     return replace(v, verdict=verdict)
 
 
-def judge_all(claims: Sequence[Claim], results: Mapping[str, Mapping[str, ArmResult]],
-              alpha: float = ALPHA) -> list[Verdict]:
+def judge_all(
+    claims: Sequence[Claim], results: Mapping[str, Mapping[str, ArmResult]], alpha: float = ALPHA
+) -> list[Verdict]:
     """Every claim in every regime of `results` (regime -> arm -> ArmResult), claims outer, regimes inner;
     verdicts decided at Holm-adjusted p within each family: the verdicts of the claims that share a
     `Claim.paper` (every regime), so each family's chance of any false verdict is held at `alpha`."""
@@ -308,6 +310,9 @@ def judge_all(claims: Sequence[Claim], results: Mapping[str, Mapping[str, ArmRes
 
 def per_seed_mean(records: Sequence[Mapping[str, object]], key: str) -> float | None:
     """Mean of a metric over the steps that logged a finite value of it (None if none did)."""
-    values = [float(r[key]) for r in records  # type: ignore[arg-type]
-              if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool) and math.isfinite(r[key])]  # type: ignore[arg-type]
+    values = [
+        float(r[key])
+        for r in records  # type: ignore[arg-type]
+        if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool) and math.isfinite(r[key])
+    ]  # type: ignore[arg-type]
     return sum(values) / len(values) if values else None

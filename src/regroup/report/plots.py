@@ -16,13 +16,25 @@ from typing import Any
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from regroup.io import write_atomic
 from regroup.report.runs import RunGroup
 from regroup.report.smoothing import ema
-from regroup.io import write_atomic
 
 # One colour per recipe, in table order; grey is kept for the starting model.
-PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf",
-           "#393b79", "#637939", "#ad494a"]  # 12: the study's 11 arms each get their own
+PALETTE = [
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#bcbd22",
+    "#17becf",
+    "#393b79",
+    "#637939",
+    "#ad494a",
+]  # 12: the study's 11 arms each get their own
 START_COLOR = "#8a8a8a"
 DPI = 100
 
@@ -55,46 +67,103 @@ class PlotOutcome:
 
 
 TRAINING_PLOTS = [
-    PlotSpec("reward", "Reward", [("reward/mean", "mean reward")],
-             "Mean verifiable reward of the sampled responses at each step."),
-    PlotSpec("heldout", "Held-out accuracy during training", [("eval/pass@*", "")],
-             "pass@k on held-out questions every train.eval_every steps (data.eval_file or the task's held-out set)."),
-    PlotSpec("answers", "Answers the checker could read",
-             [("reward/extracted_frac", "answer extracted"), ("reward/timeout_frac", "grader timed out")],
-             "Share of responses with an extractable final answer, and of checks that hit the time limit: a reward "
-             "stuck at 0 with few extracted answers is a format problem, not a reasoning one."),
-    PlotSpec("dynamic_sampling", "Dynamic sampling",
-             [("dynamic/informative_frac", "informative groups (of those sampled)"), ("dynamic/rounds", "extra rounds")],
-             "DAPO dynamic sampling: the share of sampled groups with differing rewards, and the extra sampling "
-             "rounds needed to fill the batch."),
-    PlotSpec("uniform_groups", "Uniform-reward groups",
-             [("groups/all_correct_frac", "all correct"), ("groups/all_wrong_frac", "all wrong"),
-              ("groups/uniform_frac", "all equal (either)")],
-             "Share of groups whose rewards are all equal; such groups have zero advantage and give no gradient."),
-    PlotSpec("masked", "Distinctiveness masking",
-             [("mask/pos_frac", "positive-advantage samples"), ("mask/neg_frac", "negative-advantage samples")],
-             "Masked fractions of positive- and negative-advantage samples (DaGRPO, SPEC §2a)."),
-    PlotSpec("anchors", "Off-policy anchors",
-             [("anchor/count", "anchors per step"), ("anchor/adv_mean", "mean anchor advantage"),
-              ("anchor/logp_mean", "anchor log-prob per token")],
-             "Anchors (reference solutions) injected into groups, their advantage, and the policy's mean per-token "
-             "log-probability of them (DaGRPO, SPEC §2b)."),
-    PlotSpec("grad_conflict", "Gradient conflict", [("grad_conflict/cosine", "cos(positive, negative gradients)")],
-             "Cosine between the gradients of the positive- and the negative-advantage samples' losses "
-             "(−1 = directly opposed), every diagnostics.grad_conflict_every steps."),
-    PlotSpec("grad_norm", "Gradient norm", [("grad_norm", "gradient norm")],
-             "Gradient norm per step, log scale: spikes show unstable updates.", logy=True),
-    PlotSpec("entropy", "Entropy", [("entropy", "mean token entropy")],
-             "Mean per-token entropy of the policy on its own samples; a collapse toward 0 means less exploration."),
-    PlotSpec("length", "Response length",
-             [("length/mean", "mean length (tokens)"), ("length/truncated_frac", "truncated fraction")],
-             "Mean response length and the share of responses cut at max_new_tokens."),
-    PlotSpec("diversity", "Response diversity", [("diversity", "mean pairwise cosine distance")],
-             "Mean pairwise cosine distance of response embeddings within a group (SPEC §3.6)."),
-    PlotSpec("kl", "KL to the reference", [("kl", "KL (k3)")],
-             "k3 KL estimate to the frozen reference model (logged only when β > 0)."),
-    PlotSpec("variants", "Accuracy per rephrasing", [("variant/acc/*", "")],
-             "Training accuracy on each rephrasing of the question (TA-GRPO; variant 0 is the original)."),
+    PlotSpec(
+        "reward",
+        "Reward",
+        [("reward/mean", "mean reward")],
+        "Mean verifiable reward of the sampled responses at each step.",
+    ),
+    PlotSpec(
+        "heldout",
+        "Held-out accuracy during training",
+        [("eval/pass@*", "")],
+        "pass@k on held-out questions every train.eval_every steps (data.eval_file or the task's held-out set).",
+    ),
+    PlotSpec(
+        "answers",
+        "Answers the checker could read",
+        [("reward/extracted_frac", "answer extracted"), ("reward/timeout_frac", "grader timed out")],
+        "Share of responses with an extractable final answer, and of checks that hit the time limit: a reward "
+        "stuck at 0 with few extracted answers is a format problem, not a reasoning one.",
+    ),
+    PlotSpec(
+        "dynamic_sampling",
+        "Dynamic sampling",
+        [("dynamic/informative_frac", "informative groups (of those sampled)"), ("dynamic/rounds", "extra rounds")],
+        "DAPO dynamic sampling: the share of sampled groups with differing rewards, and the extra sampling "
+        "rounds needed to fill the batch.",
+    ),
+    PlotSpec(
+        "uniform_groups",
+        "Uniform-reward groups",
+        [
+            ("groups/all_correct_frac", "all correct"),
+            ("groups/all_wrong_frac", "all wrong"),
+            ("groups/uniform_frac", "all equal (either)"),
+        ],
+        "Share of groups whose rewards are all equal; such groups have zero advantage and give no gradient.",
+    ),
+    PlotSpec(
+        "masked",
+        "Distinctiveness masking",
+        [("mask/pos_frac", "positive-advantage samples"), ("mask/neg_frac", "negative-advantage samples")],
+        "Masked fractions of positive- and negative-advantage samples (DaGRPO, SPEC §2a).",
+    ),
+    PlotSpec(
+        "anchors",
+        "Off-policy anchors",
+        [
+            ("anchor/count", "anchors per step"),
+            ("anchor/adv_mean", "mean anchor advantage"),
+            ("anchor/logp_mean", "anchor log-prob per token"),
+        ],
+        "Anchors (reference solutions) injected into groups, their advantage, and the policy's mean per-token "
+        "log-probability of them (DaGRPO, SPEC §2b).",
+    ),
+    PlotSpec(
+        "grad_conflict",
+        "Gradient conflict",
+        [("grad_conflict/cosine", "cos(positive, negative gradients)")],
+        "Cosine between the gradients of the positive- and the negative-advantage samples' losses "
+        "(−1 = directly opposed), every diagnostics.grad_conflict_every steps.",
+    ),
+    PlotSpec(
+        "grad_norm",
+        "Gradient norm",
+        [("grad_norm", "gradient norm")],
+        "Gradient norm per step, log scale: spikes show unstable updates.",
+        logy=True,
+    ),
+    PlotSpec(
+        "entropy",
+        "Entropy",
+        [("entropy", "mean token entropy")],
+        "Mean per-token entropy of the policy on its own samples; a collapse toward 0 means less exploration.",
+    ),
+    PlotSpec(
+        "length",
+        "Response length",
+        [("length/mean", "mean length (tokens)"), ("length/truncated_frac", "truncated fraction")],
+        "Mean response length and the share of responses cut at max_new_tokens.",
+    ),
+    PlotSpec(
+        "diversity",
+        "Response diversity",
+        [("diversity", "mean pairwise cosine distance")],
+        "Mean pairwise cosine distance of response embeddings within a group (SPEC §3.6).",
+    ),
+    PlotSpec(
+        "kl",
+        "KL to the reference",
+        [("kl", "KL (k3)")],
+        "k3 KL estimate to the frozen reference model (logged only when β > 0).",
+    ),
+    PlotSpec(
+        "variants",
+        "Accuracy per rephrasing",
+        [("variant/acc/*", "")],
+        "Training accuracy on each rephrasing of the question (TA-GRPO; variant 0 is the original).",
+    ),
 ]
 
 EVAL_PLOTS = {"passk": "pass@k curves", "difficulty": "Accuracy by difficulty"}
@@ -145,7 +214,7 @@ def _expand_keys(spec: PlotSpec, groups: Sequence[RunGroup]) -> list[tuple[str, 
         if key.endswith("*"):
             prefix = key[:-1]
             for k in sorted((k for k in logged if k.startswith(prefix)), key=_natural_key):
-                panels.append((k, k[len(prefix):] and f"variant {k[len(prefix):]}"))
+                panels.append((k, k[len(prefix) :] and f"variant {k[len(prefix) :]}"))
         elif key in logged:
             panels.append((key, title))
     return panels
@@ -196,7 +265,9 @@ def _legend(fig: Figure, handles: list, labels: list[str], max_cols: int = 5) ->
         fig.legend(handles, labels, loc="outside upper center", ncols=cols, fontsize=9, frameon=False)
 
 
-def _training_plot(spec: PlotSpec, groups: Sequence[RunGroup], colors: dict[str, str], out_path: str) -> list[str] | None:
+def _training_plot(
+    spec: PlotSpec, groups: Sequence[RunGroup], colors: dict[str, str], out_path: str
+) -> list[str] | None:
     """Draw one training figure; return the metric keys drawn, or None when no run logged any."""
     panels = _expand_keys(spec, groups)
     if not panels:
@@ -215,7 +286,7 @@ def _training_plot(spec: PlotSpec, groups: Sequence[RunGroup], colors: dict[str,
                 ax.plot(steps, values, color=color, alpha=0.22, linewidth=0.8)
                 if spec.logy:
                     # Smooth in log space so one spike does not lift the whole curve.
-                    smooth = [10 ** s for s in ema([math.log10(v) for v in values])]
+                    smooth = [10**s for s in ema([math.log10(v) for v in values])]
                 else:
                     smooth = ema(values)
                 (line,) = ax.plot(steps, smooth, color=color, linewidth=1.8)
@@ -227,7 +298,7 @@ def _training_plot(spec: PlotSpec, groups: Sequence[RunGroup], colors: dict[str,
         ax.set_title(title or key, fontsize=10)
         label_step_axes(ax, title or key)
         _style(ax)
-    for ax in axes[len(panels):]:
+    for ax in axes[len(panels) :]:
         ax.set_visible(False)
     # A single half-width panel has room for about three labels per row.
     _legend(fig, list(handles.values()), list(handles), max_cols=3 if len(panels) == 1 else 5)
@@ -249,14 +320,31 @@ def _passk_plot(rows: Sequence[dict[str, Any]], colors: dict[str, str], out_path
     if start is not None:
         ks = sorted(start["start_pass@k"])
         all_ks.update(ks)
-        ax.plot(ks, [start["start_pass@k"][k] for k in ks], color=START_COLOR, linestyle="--", marker="o",
-                markersize=3, linewidth=1.4, label="starting model")
+        ax.plot(
+            ks,
+            [start["start_pass@k"][k] for k in ks],
+            color=START_COLOR,
+            linestyle="--",
+            marker="o",
+            markersize=3,
+            linewidth=1.4,
+            label="starting model",
+        )
     for r in drawn:
         ks = sorted(r["pass@k"])
         all_ks.update(ks)
         yerr = [r["pass@k_std"].get(k) or 0.0 for k in ks] if r.get("num_evaluated", 1) > 1 else None
-        ax.errorbar(ks, [r["pass@k"][k] for k in ks], yerr=yerr, color=colors[r["label"]], marker="o", markersize=4,
-                    linewidth=1.8, capsize=3, label=r["label"])
+        ax.errorbar(
+            ks,
+            [r["pass@k"][k] for k in ks],
+            yerr=yerr,
+            color=colors[r["label"]],
+            marker="o",
+            markersize=4,
+            linewidth=1.8,
+            capsize=3,
+            label=r["label"],
+        )
     ax.set_xscale("log", base=2)
     ax.set_xticks(sorted(all_ks), [str(k) for k in sorted(all_ks)])
     ax.set_xlabel("k (samples)", fontsize=9)
@@ -299,8 +387,16 @@ def _difficulty_plot(rows: Sequence[dict[str, Any]], colors: dict[str, str], out
     for i, (label, color, values, hatch) in enumerate(series):
         xs = [j + (i - (len(series) - 1) / 2) * width for j in range(len(levels))]
         ys = [values.get(lvl, float("nan")) for lvl in levels]
-        ax.bar(xs, ys, width=width * 0.95, color=color if hatch is None else "white", edgecolor=color,
-               hatch=hatch, label=label, linewidth=1.0)
+        ax.bar(
+            xs,
+            ys,
+            width=width * 0.95,
+            color=color if hatch is None else "white",
+            edgecolor=color,
+            hatch=hatch,
+            label=label,
+            linewidth=1.0,
+        )
     ax.set_xticks(range(len(levels)), [f"{lvl}\n({counts[lvl]} problems)" if lvl in counts else lvl for lvl in levels])
     ax.set_xlabel("difficulty", fontsize=9)
     ax.set_ylabel("mean@n", fontsize=9)
@@ -311,8 +407,9 @@ def _difficulty_plot(rows: Sequence[dict[str, Any]], colors: dict[str, str], out
     return True
 
 
-def make_plots(groups: Sequence[RunGroup], rows: Sequence[dict[str, Any]], plot_dir: str,
-               colors: dict[str, str]) -> list[PlotOutcome]:
+def make_plots(
+    groups: Sequence[RunGroup], rows: Sequence[dict[str, Any]], plot_dir: str, colors: dict[str, str]
+) -> list[PlotOutcome]:
     """Draw every figure into `plot_dir`; an unlogged metric yields an outcome with a note, no file.
 
     A stale PNG of an omitted figure (from an earlier report in the same folder) is removed, so the
@@ -334,10 +431,18 @@ def make_plots(groups: Sequence[RunGroup], rows: Sequence[dict[str, Any]], plot_
         outcomes.append(out)
 
     for name, draw, desc, missing in (
-        ("passk", _passk_plot, "pass@k from each recipe's final evaluation (mean over seeds, bars: std); "
-         "dashed grey: the starting model.", "no run has eval/summary.json with pass@k"),
-        ("difficulty", _difficulty_plot, "mean@n per difficulty level of the evaluation set; hatched grey: the "
-         "starting model.", "no run's eval/summary.json has by_difficulty"),
+        (
+            "passk",
+            _passk_plot,
+            "pass@k from each recipe's final evaluation (mean over seeds, bars: std); dashed grey: the starting model.",
+            "no run has eval/summary.json with pass@k",
+        ),
+        (
+            "difficulty",
+            _difficulty_plot,
+            "mean@n per difficulty level of the evaluation set; hatched grey: the starting model.",
+            "no run's eval/summary.json has by_difficulty",
+        ),
     ):
         path = os.path.join(plot_dir, f"{name}.png")
         out = PlotOutcome(name, EVAL_PLOTS[name], "evaluation", desc)

@@ -51,7 +51,7 @@ def _cell_value(value: float | None, sd: float | None) -> str:
 
 
 def _delta_cell(delta: float | None, se: float | None, verdict: str | None) -> str:
-    """"+9.9 ± 3.2" (±2 SE) with a verdict chip, or "—"."""
+    """ "+9.9 ± 3.2" (±2 SE) with a verdict chip, or "—"."""
     if delta is None:
         return "—"
     text = f"{100 * delta:+.1f}" + (f" ± {200 * se:.1f}" if se is not None else "")
@@ -66,7 +66,7 @@ def _swatch(color: str) -> str:
 
 
 def _mean_header(rows: Sequence[dict[str, Any]]) -> str:
-    """"mean@8" when every evaluated row used the same n, else "mean@n"."""
+    """ "mean@8" when every evaluated row used the same n, else "mean@n"."""
     names = {mean_at(r) for r in rows if r.get("mean@n") is not None}
     return names.pop() if len(names) == 1 else "mean@n"
 
@@ -76,9 +76,17 @@ def results_table_html(rows: Sequence[dict[str, Any]], colors: dict[str, str]) -
     ks = table_ks(rows)
     n_name = _mean_header(rows)
     base = next((r for r in rows if r["is_baseline"]), None)
-    head = ["<th class=l>recipe</th>", "<th>runs</th>", *[f"<th>pass@{k}</th>" for k in ks],
-            f"<th>{escape(n_name)} ± SE</th>", "<th>greedy</th>", "<th>Δ vs start (±2 SE)</th>",
-            f"<th>Δ vs {escape(base['label']) if base else 'baseline'} (±2 SE)</th>", "<th>steps</th>", "<th>wall time</th>"]
+    head = [
+        "<th class=l>recipe</th>",
+        "<th>runs</th>",
+        *[f"<th>pass@{k}</th>" for k in ks],
+        f"<th>{escape(n_name)} ± SE</th>",
+        "<th>greedy</th>",
+        "<th>Δ vs start (±2 SE)</th>",
+        f"<th>Δ vs {escape(base['label']) if base else 'baseline'} (±2 SE)</th>",
+        "<th>steps</th>",
+        "<th>wall time</th>",
+    ]
     body = []
     for r in rows:
         mean = r.get("mean@n")
@@ -89,16 +97,19 @@ def results_table_html(rows: Sequence[dict[str, Any]], colors: dict[str, str]) -
             mean_txt += f' <span class="sd">sd {100 * r["mean@n_std"]:.1f}</span>'
         passk = r.get("pass@k") or {}
         cells = [
-            f'<td class=l>{_swatch(colors[r["label"]])}<b>{escape(r["label"])}</b></td>',
-            f'<td class=num>{r["num_runs"]}</td>',
-            *[f'<td class=num>{_cell_value(passk.get(k), (r.get("pass@k_std") or {}).get(k))}</td>' for k in ks],
+            f"<td class=l>{_swatch(colors[r['label']])}<b>{escape(r['label'])}</b></td>",
+            f"<td class=num>{r['num_runs']}</td>",
+            *[f"<td class=num>{_cell_value(passk.get(k), (r.get('pass@k_std') or {}).get(k))}</td>" for k in ks],
             f"<td class=num>{mean_txt}</td>",
-            f'<td class=num>{_cell_value(r.get("greedy"), r.get("greedy_std"))}</td>',
-            f'<td class=num>{_delta_cell(r.get("delta_start"), r.get("delta_start_se"), r.get("verdict_start"))}</td>',
-            ('<td class="num base">baseline</td>' if r["is_baseline"] else
-             f'<td class=num>{_delta_cell(r.get("delta_baseline"), r.get("delta_baseline_se"), r.get("verdict_baseline"))}</td>'),
-            f'<td class=num>{r["steps"] if r.get("steps") is not None else "—"}</td>',
-            f'<td class=num>{wall_time(r.get("wall_time_s"))}</td>',
+            f"<td class=num>{_cell_value(r.get('greedy'), r.get('greedy_std'))}</td>",
+            f"<td class=num>{_delta_cell(r.get('delta_start'), r.get('delta_start_se'), r.get('verdict_start'))}</td>",
+            (
+                '<td class="num base">baseline</td>'
+                if r["is_baseline"]
+                else f"<td class=num>{_delta_cell(r.get('delta_baseline'), r.get('delta_baseline_se'), r.get('verdict_baseline'))}</td>"
+            ),
+            f"<td class=num>{r['steps'] if r.get('steps') is not None else '—'}</td>",
+            f"<td class=num>{wall_time(r.get('wall_time_s'))}</td>",
         ]
         body.append("<tr>" + "".join(cells) + "</tr>")
     return "<table><thead><tr>" + "".join(head) + "</tr></thead><tbody>" + "".join(body) + "</tbody></table>"
@@ -119,11 +130,13 @@ def runs_table_html(rows: Sequence[dict[str, Any]], colors: dict[str, str]) -> s
             )
         seeds = ", ".join(escape(str(s)) for s in r["seeds"])
         body.append(
-            f'<tr><td class=l>{_swatch(colors[r["label"]])}<b>{escape(r["label"])}</b></td>'
-            f'<td class=l>{escape(", ".join(r["runs"]))}</td><td class=num>{seeds}</td><td class=diff>{diff}</td></tr>'
+            f"<tr><td class=l>{_swatch(colors[r['label']])}<b>{escape(r['label'])}</b></td>"
+            f"<td class=l>{escape(', '.join(r['runs']))}</td><td class=num>{seeds}</td><td class=diff>{diff}</td></tr>"
         )
-    return ("<table><thead><tr><th class=l>recipe</th><th class=l>run folders</th><th>seeds</th>"
-            "<th class=l>config diff (reference → this run)</th></tr></thead><tbody>" + "".join(body) + "</tbody></table>")
+    return (
+        "<table><thead><tr><th class=l>recipe</th><th class=l>run folders</th><th>seeds</th>"
+        "<th class=l>config diff (reference → this run)</th></tr></thead><tbody>" + "".join(body) + "</tbody></table>"
+    )
 
 
 def _figures_html(outcomes: Sequence[PlotOutcome], section: str) -> str:
@@ -134,22 +147,33 @@ def _figures_html(outcomes: Sequence[PlotOutcome], section: str) -> str:
     for o in figs:
         # Multi-panel figures and the grouped bars by difficulty need the full width to stay readable.
         wide = ' class="wide"' if len(o.keys) > 1 or o.name == "difficulty" else ""
-        parts.append(f'<figure{wide}><img src="{escape(o.path)}" alt="{escape(o.title)}" loading="lazy">'
-                     f"<figcaption><b>{escape(o.title)}.</b> {escape(o.description)}</figcaption></figure>")
+        parts.append(
+            f'<figure{wide}><img src="{escape(o.path)}" alt="{escape(o.title)}" loading="lazy">'
+            f"<figcaption><b>{escape(o.title)}.</b> {escape(o.description)}</figcaption></figure>"
+        )
     parts.append("</div>")
     if omitted:
         parts.append('<ul class="omitted">' + "".join(f"<li>{escape(o.note or '')}</li>" for o in omitted) + "</ul>")
     return "".join(parts)
 
 
-def render_html(title: str, rows: Sequence[dict[str, Any]], outcomes: Sequence[PlotOutcome], found: Sequence[str],
-                colors: dict[str, str], generated: str, run_dirs: Sequence[str]) -> str:
+def render_html(
+    title: str,
+    rows: Sequence[dict[str, Any]],
+    outcomes: Sequence[PlotOutcome],
+    found: Sequence[str],
+    colors: dict[str, str],
+    generated: str,
+    run_dirs: Sequence[str],
+) -> str:
     """The whole report page."""
-    legend = ("Accuracies in %. mean@n ± one standard error over problems (several seeds: the larger of "
-              "evaluation and seed noise). Δ columns: change of mean@n in percentage points ± 2 SE — paired over "
-              "problems when both sides are single runs with per-problem results on the same problems, else unpaired; "
-              "within 2 SE is marked 'no clear difference'. 'sd': standard deviation over seeds. Wall time: sum of "
-              "logged time/step.")
+    legend = (
+        "Accuracies in %. mean@n ± one standard error over problems (several seeds: the larger of "
+        "evaluation and seed noise). Δ columns: change of mean@n in percentage points ± 2 SE — paired over "
+        "problems when both sides are single runs with per-problem results on the same problems, else unpaired; "
+        "within 2 SE is marked 'no clear difference'. 'sd': standard deviation over seeds. Wall time: sum of "
+        "logged time/step."
+    )
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width,initial-scale=1">
 <title>{escape(title)}</title><style>{CSS}</style></head>
@@ -180,18 +204,39 @@ def _md_escape(text: str) -> str:
     return escape(str(text), quote=False).replace("|", "\\|")
 
 
-def render_markdown(title: str, rows: Sequence[dict[str, Any]], outcomes: Sequence[PlotOutcome], found: Sequence[str],
-                    generated: str, run_dirs: Sequence[str]) -> str:
+def render_markdown(
+    title: str,
+    rows: Sequence[dict[str, Any]],
+    outcomes: Sequence[PlotOutcome],
+    found: Sequence[str],
+    generated: str,
+    run_dirs: Sequence[str],
+) -> str:
     """The same report as Markdown, images by relative path."""
     ks = table_ks(rows)
     n_name = _mean_header(rows)
     base = next((r for r in rows if r["is_baseline"]), None)
-    lines = [f"# {_md_escape(title)}", "", f"{len(run_dirs)} run folder(s) · {len(rows)} recipe setting(s) · generated {generated}",
-             "", "## What the results show", ""]
+    lines = [
+        f"# {_md_escape(title)}",
+        "",
+        f"{len(run_dirs)} run folder(s) · {len(rows)} recipe setting(s) · generated {generated}",
+        "",
+        "## What the results show",
+        "",
+    ]
     lines += [f"- {_md_escape(s)}" for s in found]
     # Built as a list so that no k column (runs without an evaluation) leaves no empty header cell.
-    header = ["recipe", "runs", *[f"pass@{k}" for k in ks], f"{n_name} ± SE", "greedy", "Δ vs start (±2 SE)",
-              f"Δ vs {_md_escape(base['label']) if base else 'baseline'} (±2 SE)", "steps", "wall time"]
+    header = [
+        "recipe",
+        "runs",
+        *[f"pass@{k}" for k in ks],
+        f"{n_name} ± SE",
+        "greedy",
+        "Δ vs start (±2 SE)",
+        f"Δ vs {_md_escape(base['label']) if base else 'baseline'} (±2 SE)",
+        "steps",
+        "wall time",
+    ]
     lines += ["", "## Results", "", "| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
     for r in rows:
         passk = r.get("pass@k") or {}
@@ -208,16 +253,28 @@ def render_markdown(title: str, rows: Sequence[dict[str, Any]], outcomes: Sequen
             return f"{100 * d:+.1f}" + (f" ± {200 * se:.1f}" if se is not None else "") + (f" ({v})" if v else "")
 
         cells = [
-            f"**{_md_escape(r['label'])}**", str(r["num_runs"]),
+            f"**{_md_escape(r['label'])}**",
+            str(r["num_runs"]),
             *[pct(passk.get(k)) + (f" (sd {100 * sd[k]:.1f})" if sd.get(k) is not None else "") for k in ks],
-            mean, pct(r.get("greedy")),
+            mean,
+            pct(r.get("greedy")),
             delta(r.get("delta_start"), r.get("delta_start_se"), r.get("verdict_start")),
-            "baseline" if r["is_baseline"] else delta(r.get("delta_baseline"), r.get("delta_baseline_se"), r.get("verdict_baseline")),
-            str(r["steps"]) if r.get("steps") is not None else "—", wall_time(r.get("wall_time_s")),
+            "baseline"
+            if r["is_baseline"]
+            else delta(r.get("delta_baseline"), r.get("delta_baseline_se"), r.get("verdict_baseline")),
+            str(r["steps"]) if r.get("steps") is not None else "—",
+            wall_time(r.get("wall_time_s")),
         ]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "Accuracies in %; Δ in percentage points ± 2 SE; within 2 SE = no clear difference.", "",
-              "## What was run", "", "| recipe | run folders | seeds | config diff (reference → this run) |", "|---|---|---|---|"]
+    lines += [
+        "",
+        "Accuracies in %; Δ in percentage points ± 2 SE; within 2 SE = no clear difference.",
+        "",
+        "## What was run",
+        "",
+        "| recipe | run folders | seeds | config diff (reference → this run) |",
+        "|---|---|---|---|",
+    ]
     for r in rows:
         if r["diff_against"] is None:
             diff = "reference for the config diff"
@@ -225,15 +282,22 @@ def render_markdown(title: str, rows: Sequence[dict[str, Any]], outcomes: Sequen
             diff = f"same settings as {r['diff_against']}"  # escaped with the cell below
         else:
             diff = "<br>".join(f"`{k}`: {format_value(a)} → **{format_value(b)}**" for k, a, b in r["config_diff"])
-        lines.append(f"| {_md_escape(r['label'])} | {_md_escape(', '.join(r['runs']))} | "
-                     f"{', '.join(str(s) for s in r['seeds'])} | {_md_escape(diff)} |")
+        lines.append(
+            f"| {_md_escape(r['label'])} | {_md_escape(', '.join(r['runs']))} | "
+            f"{', '.join(str(s) for s in r['seeds'])} | {_md_escape(diff)} |"
+        )
     for section, heading in (("evaluation", "Evaluation"), ("training", "Training")):
         lines += ["", f"## {heading}", ""]
         for o in outcomes:
             if o.section != section:
                 continue
             if o.path:
-                lines += [f"![{_md_escape(o.title)}]({o.path})", "", f"*{_md_escape(o.title)}.* {_md_escape(o.description)}", ""]
+                lines += [
+                    f"![{_md_escape(o.title)}]({o.path})",
+                    "",
+                    f"*{_md_escape(o.title)}.* {_md_escape(o.description)}",
+                    "",
+                ]
         omitted = [o for o in outcomes if o.section == section and not o.path]
         lines += [f"- {_md_escape(o.note or '')}" for o in omitted]
     lines += ["", f"Runs: {_md_escape(', '.join(run_dirs))}", ""]

@@ -13,17 +13,27 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from regroup.metrics import read_metrics_file, warn_bad_lines
-from regroup.rundir import read_saved_config
-
+from regroup.config.fields import flatten
+from regroup.runtime.metrics import read_metrics_file, warn_bad_lines
+from regroup.runtime.rundir import read_saved_config
 
 # Config keys that identify a run or only change bookkeeping: they are left out of the config diff
 # and do not split runs of one recipe into separate rows (seeds of one recipe are aggregated). Older runs'
 # config.yaml may still hold the removed train.tensorboard / train.wandb switches.
-BOOKKEEPING_KEYS = frozenset({
-    "recipe", "seed", "run_dir", "train.progress", "train.report_to", "train.tensorboard", "train.wandb", "train.threads",
-    "train.checkpoint_every", "train.keep_checkpoints",
-})
+BOOKKEEPING_KEYS = frozenset(
+    {
+        "recipe",
+        "seed",
+        "run_dir",
+        "train.progress",
+        "train.report_to",
+        "train.tensorboard",
+        "train.wandb",
+        "train.threads",
+        "train.checkpoint_every",
+        "train.keep_checkpoints",
+    }
+)
 
 
 @dataclass
@@ -72,20 +82,6 @@ class RunGroup:
     label: str
     recipe: str
     runs: list[RunData] = field(default_factory=list)
-
-
-def flatten(cfg: Any, prefix: str = "") -> dict[str, Any]:
-    """A nested dict as {dotted.key: leaf value}; lists stay leaves."""
-    if not isinstance(cfg, dict):
-        return {prefix: cfg} if prefix else {}
-    out: dict[str, Any] = {}
-    for key, value in cfg.items():
-        name = f"{prefix}.{key}" if prefix else str(key)
-        if isinstance(value, dict) and value:
-            out.update(flatten(value, name))
-        else:
-            out[name] = value
-    return out
 
 
 def _read_json(path: str) -> dict[str, Any] | None:
@@ -160,10 +156,17 @@ def read_eval_dir(folder: str) -> tuple[dict[str, Any] | None, dict[str, float] 
     average = next((r for r in summary["rows"] if isinstance(r, dict) and r.get("benchmark") == "average"), None)
     if average is None:
         return None, None
-    ks = sorted(int(key[len("pass@"):]) for key in average if key.startswith("pass@") and key[len("pass@"):].isdigit())
-    return {"num_problems": average.get("num_problems"), "n": average.get("n"), "mean@n": average.get("mean@n"),
-            "stderr": average.get("stderr"), "greedy": average.get("greedy"),
-            "pass@k": {str(k): average[f"pass@{k}"] for k in ks if average.get(f"pass@{k}") is not None}}, None
+    ks = sorted(
+        int(key[len("pass@") :]) for key in average if key.startswith("pass@") and key[len("pass@") :].isdigit()
+    )
+    return {
+        "num_problems": average.get("num_problems"),
+        "n": average.get("n"),
+        "mean@n": average.get("mean@n"),
+        "stderr": average.get("stderr"),
+        "greedy": average.get("greedy"),
+        "pass@k": {str(k): average[f"pass@{k}"] for k in ks if average.get(f"pass@{k}") is not None},
+    }, None
 
 
 def _settings_key(run: RunData) -> str:

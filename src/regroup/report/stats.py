@@ -61,7 +61,7 @@ def paired_diff_stderr(a: dict | None, b: dict | None) -> float | None:
 
 
 def verdict(delta: float | None, se: float | None) -> str | None:
-    """"better" / "worse" when |delta| > 2·SE, "no clear difference" when within 2·SE (inclusive),
+    """ "better" / "worse" when |delta| > 2·SE, "no clear difference" when within 2·SE (inclusive),
     "no standard error" when SE is unknown, None when there is no delta."""
     if delta is None:
         return None

@@ -97,8 +97,12 @@ def summarize_groups(groups: Sequence[RunGroup], baseline: str | None = "grpo") 
             ),
             "diff_against": diff_ref.label if diff_ref is not None and g is not diff_ref else None,
             "config_diff": (
-                [(k, _jsonable(a), _jsonable(b)) for k, a, b in config_diff(diff_ref.runs[0].flat_config, g.runs[0].flat_config)]
-                if diff_ref is not None and g is not diff_ref else []
+                [
+                    (k, _jsonable(a), _jsonable(b))
+                    for k, a, b in config_diff(diff_ref.runs[0].flat_config, g.runs[0].flat_config)
+                ]
+                if diff_ref is not None and g is not diff_ref
+                else []
             ),
         }
         row.update(_eval_block([r.eval for r in evaluated]))  # type: ignore[misc]
@@ -107,9 +111,14 @@ def summarize_groups(groups: Sequence[RunGroup], baseline: str | None = "grpo") 
         row.update(_eval_block(befores, prefix="start_"))
         mean_now, mean_start = row.get("mean@n"), row.get("start_mean@n")
         row["delta_start"] = mean_now - mean_start if mean_now is not None and mean_start is not None else None
-        paired = stats.paired_diff_stderr(g.runs[0].per_problem, g.runs[0].per_problem_before) if len(g.runs) == 1 else None
-        row["delta_start_se"] = (paired if paired is not None else stats.diff_stderr(row.get("stderr"), row.get("start_stderr"))) \
-            if row["delta_start"] is not None else None
+        paired = (
+            stats.paired_diff_stderr(g.runs[0].per_problem, g.runs[0].per_problem_before) if len(g.runs) == 1 else None
+        )
+        row["delta_start_se"] = (
+            (paired if paired is not None else stats.diff_stderr(row.get("stderr"), row.get("start_stderr")))
+            if row["delta_start"] is not None
+            else None
+        )
         row["delta_start_paired"] = paired is not None
         row["verdict_start"] = stats.verdict(row["delta_start"], row["delta_start_se"])
         rows.append(row)
@@ -123,9 +132,13 @@ def summarize_groups(groups: Sequence[RunGroup], baseline: str | None = "grpo") 
         row["delta_baseline"] = row["mean@n"] - base_row["mean@n"]
         paired = None
         if row["num_runs"] == 1 and base_row["num_runs"] == 1:
-            paired = stats.paired_diff_stderr(groups_by_label[row["label"]].runs[0].per_problem,
-                                              groups_by_label[base_row["label"]].runs[0].per_problem)
-        row["delta_baseline_se"] = paired if paired is not None else stats.diff_stderr(row.get("stderr"), base_row.get("stderr"))
+            paired = stats.paired_diff_stderr(
+                groups_by_label[row["label"]].runs[0].per_problem,
+                groups_by_label[base_row["label"]].runs[0].per_problem,
+            )
+        row["delta_baseline_se"] = (
+            paired if paired is not None else stats.diff_stderr(row.get("stderr"), base_row.get("stderr"))
+        )
         row["delta_baseline_paired"] = paired is not None
         row["verdict_baseline"] = stats.verdict(row["delta_baseline"], row["delta_baseline_se"])
     return rows

@@ -35,7 +35,9 @@ def findings(rows: Sequence[dict[str, Any]], baseline: str | None) -> list[str]:
     out: list[str] = []
     base = next((r for r in rows if r["is_baseline"]), None)
     if baseline is not None and base is None:
-        out.append(f"No run of the baseline recipe '{baseline}' was given, so no change against a baseline is reported.")
+        out.append(
+            f"No run of the baseline recipe '{baseline}' was given, so no change against a baseline is reported."
+        )
     evaluated = [r for r in rows if r.get("mean@n") is not None]
     # Headline first: each variant against the baseline, then each recipe against its starting model.
     for r in evaluated:
@@ -48,39 +50,54 @@ def findings(rows: Sequence[dict[str, Any]], baseline: str | None) -> list[str]:
         elif v == stats.WORSE:
             out.append(f"{label} is worse than {b}: {metric} {pts(d, se)}; it does not beat {b}.")
         elif v == stats.UNCLEAR:
-            out.append(f"{label} vs {b}: {metric} {pts(d, se)} — no clear difference (within 2 SE); "
-                       f"{label} does not beat {b} on this evidence.")
+            out.append(
+                f"{label} vs {b}: {metric} {pts(d, se)} — no clear difference (within 2 SE); "
+                f"{label} does not beat {b} on this evidence."
+            )
         else:
-            out.append(f"{label} vs {b}: {metric} {pts(d, None)}, but no standard error is available, "
-                       f"so no claim either way.")
+            out.append(
+                f"{label} vs {b}: {metric} {pts(d, None)}, but no standard error is available, so no claim either way."
+            )
     for r in evaluated:
         if r.get("delta_start") is None:
             continue
         label, metric = r["label"], mean_at(r)
-        change = f"{metric} {pct(r['start_mean@n'])}% → {pct(r['mean@n'])}% ({pts(r['delta_start'], r['delta_start_se'])})"
-        out.append({
-            stats.BETTER: f"{label} improved on the starting model: {change}.",
-            stats.WORSE: f"{label} is worse than the starting model: {change}.",
-            stats.UNCLEAR: f"{label}: no clear difference from the starting model (within 2 SE): {change}.",
-            stats.NO_SE: f"{label} vs the starting model: {change}; no standard error is available, "
-                         f"so no claim either way.",
-        }[r["verdict_start"]])
+        change = (
+            f"{metric} {pct(r['start_mean@n'])}% → {pct(r['mean@n'])}% ({pts(r['delta_start'], r['delta_start_se'])})"
+        )
+        out.append(
+            {
+                stats.BETTER: f"{label} improved on the starting model: {change}.",
+                stats.WORSE: f"{label} is worse than the starting model: {change}.",
+                stats.UNCLEAR: f"{label}: no clear difference from the starting model (within 2 SE): {change}.",
+                stats.NO_SE: f"{label} vs the starting model: {change}; no standard error is available, "
+                f"so no claim either way.",
+            }[r["verdict_start"]]
+        )
     for r in rows:
         if r.get("mean@n") is None:
             out.append(f"{r['label']}: no eval/summary.json, so no accuracy is reported for it.")
     if rows and all(r["num_runs"] == 1 for r in rows):
-        out.append("Each recipe ran once (one seed): seed-to-seed variation is not measured, so the ± figures "
-                   "cover only the sampling noise of the evaluation.")
+        out.append(
+            "Each recipe ran once (one seed): seed-to-seed variation is not measured, so the ± figures "
+            "cover only the sampling noise of the evaluation."
+        )
     for r in rows:
         if r["num_runs"] > 1:
             seeds = ", ".join(str(s) for s in r["seeds"])
-            out.append(f"{r['label']}: mean over {r['num_runs']} runs (seeds {seeds}); 'sd' is the standard "
-                       f"deviation over them.")
+            out.append(
+                f"{r['label']}: mean over {r['num_runs']} runs (seeds {seeds}); 'sd' is the standard "
+                f"deviation over them."
+            )
         if r["num_evaluated"] and r["num_evaluated"] < r["num_runs"]:
-            out.append(f"{r['label']}: only {r['num_evaluated']} of {r['num_runs']} runs have an evaluation; "
-                       f"accuracy averages those.")
+            out.append(
+                f"{r['label']}: only {r['num_evaluated']} of {r['num_runs']} runs have an evaluation; "
+                f"accuracy averages those."
+            )
         if r.get("skipped_nonfinite"):
-            out.append(f"{r['label']}: {r['skipped_nonfinite']:g} update(s) skipped for non-finite values (skipped_nonfinite).")
+            out.append(
+                f"{r['label']}: {r['skipped_nonfinite']:g} update(s) skipped for non-finite values (skipped_nonfinite)."
+            )
         if r.get("bad_metric_lines"):
             out.append(f"{r['label']}: {r['bad_metric_lines']} unreadable line(s) in metrics.jsonl were ignored.")
     return out

@@ -81,8 +81,14 @@ class _Child:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in [os.getcwd(), *sys.path] if p and os.path.isdir(p))
         env.setdefault("OMP_NUM_THREADS", "1")
-        self.proc = subprocess.Popen([sys.executable, "-c", _CHILD, name], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     bufsize=0, env=env, close_fds=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _CHILD, name],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            bufsize=0,
+            env=env,
+            close_fds=True,
+        )
         self.pid = os.getpid()
         self._buffer = b""
         self._finalizer = weakref.finalize(self, _kill, self.proc)

@@ -38,8 +38,18 @@ __all__ = ["CHECK_COUNTS", "MathAnswerChecker", "extract_boxed", "extract_after_
 # correct, wrong, timeout, error; `extracted` counts the checks where an answer was found; `cached`
 # the checks answered from the remembered outcome of an identical (gold, answer) pair; `restarts` the
 # worker processes replaced (killed when stuck, or found dead).
-CHECK_COUNTS = ("checked", "extracted", "no_answer", "too_long", "correct", "wrong", "timeout", "error",
-                "cached", "restarts")
+CHECK_COUNTS = (
+    "checked",
+    "extracted",
+    "no_answer",
+    "too_long",
+    "correct",
+    "wrong",
+    "timeout",
+    "error",
+    "cached",
+    "restarts",
+)
 
 _WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_verify_worker.py")
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
@@ -131,8 +141,13 @@ class _Worker:
         env.setdefault("OMP_NUM_THREADS", "1")
         code = f"import runpy; runpy.run_path({_WORKER!r}, run_name='__main__')"
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL, bufsize=0, env=env, close_fds=True,
+            [sys.executable, "-c", code],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            bufsize=0,
+            env=env,
+            close_fds=True,
         )
         self.pid = os.getpid()
         self.ready = False
@@ -197,8 +212,15 @@ class MathAnswerChecker:
     RuntimeError only if a worker process cannot start at all.
     """
 
-    def __init__(self, marker: str | None = None, timeout_s: float = 2.0, max_chars: int = 20000,
-                 startup_timeout_s: float = 60.0, workers: int = 1, memo_size: int = 4096) -> None:
+    def __init__(
+        self,
+        marker: str | None = None,
+        timeout_s: float = 2.0,
+        max_chars: int = 20000,
+        startup_timeout_s: float = 60.0,
+        workers: int = 1,
+        memo_size: int = 4096,
+    ) -> None:
         if not timeout_s > 0:
             raise ValueError(f"MathAnswerChecker: timeout_s must be > 0, got {timeout_s}")
         if max_chars < 1:
@@ -408,8 +430,10 @@ class MathAnswerChecker:
         self._init_runtime()
 
     def __repr__(self) -> str:
-        return (f"MathAnswerChecker(marker={self.marker!r}, timeout_s={self.timeout_s}, max_chars={self.max_chars}, "
-                f"workers={self.workers})")
+        return (
+            f"MathAnswerChecker(marker={self.marker!r}, timeout_s={self.timeout_s}, max_chars={self.max_chars}, "
+            f"workers={self.workers})"
+        )
 
 
 @REWARDS.register("math")

@@ -31,7 +31,9 @@ class Completion:
 class Sampler(Protocol):
     """A rollout backend. `generate` returns n completions per prompt, prompt-major order."""
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int | None = None) -> list[Completion]: ...
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, seed: int | None = None
+    ) -> list[Completion]: ...
 
     def sync_weights(self, model) -> None:
         """Make the backend sample from `model`'s current weights (no-op when it shares the model)."""

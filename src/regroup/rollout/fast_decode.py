@@ -4,7 +4,7 @@ Why: for small models the per-token cost of an HF forward is dominated by Python
 (~1,100 profiler events per decode step for the 4-layer tiny model: mask construction, cache objects,
 attention-interface dispatch). This module runs the same computation with ~15 tensor ops per layer over a
 preallocated KV cache. It holds no copy of the weights (only views, re-read at `refresh()`), so after an
-optimizer step it samples from the updated policy. `tests/test_fast_decode.py` checks its logits against
+optimizer step it samples from the updated policy. `tests/rollout/test_fast_decode.py` checks its logits against
 the HF forward; unsupported configurations (rope scaling, sliding windows, biases other than Qwen2's
 q/k/v bias, ...) are refused by `supports()` and the sampler falls back to the HF forward.
 """
@@ -55,7 +55,7 @@ class FastDecoder:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads
         self.eps = cfg.rms_norm_eps
         self.qk_norm = cfg.model_type == "qwen3"
-        self.scale = self.head_dim ** -0.5
+        self.scale = self.head_dim**-0.5
         self.theta = _rope_theta(cfg)
         self.refresh()
 
@@ -68,15 +68,28 @@ class FastDecoder:
         self.layers = []
         for layer in base.layers:
             a, m = layer.self_attn, layer.mlp
-            self.layers.append({
-                "in_norm": layer.input_layernorm.weight, "post_norm": layer.post_attention_layernorm.weight,
-                "q": a.q_proj.weight, "k": a.k_proj.weight, "v": a.v_proj.weight, "o": a.o_proj.weight,
-                "q_b": a.q_proj.bias, "k_b": a.k_proj.bias, "v_b": a.v_proj.bias,
-                "q_norm": a.q_norm.weight if self.qk_norm else None, "k_norm": a.k_norm.weight if self.qk_norm else None,
-                "gate": m.gate_proj.weight, "up": m.up_proj.weight, "down": m.down_proj.weight,
-            })
+            self.layers.append(
+                {
+                    "in_norm": layer.input_layernorm.weight,
+                    "post_norm": layer.post_attention_layernorm.weight,
+                    "q": a.q_proj.weight,
+                    "k": a.k_proj.weight,
+                    "v": a.v_proj.weight,
+                    "o": a.o_proj.weight,
+                    "q_b": a.q_proj.bias,
+                    "k_b": a.k_proj.bias,
+                    "v_b": a.v_proj.bias,
+                    "q_norm": a.q_norm.weight if self.qk_norm else None,
+                    "k_norm": a.k_norm.weight if self.qk_norm else None,
+                    "gate": m.gate_proj.weight,
+                    "up": m.up_proj.weight,
+                    "down": m.down_proj.weight,
+                }
+            )
         device = self.embed.device
-        self.inv_freq = 1.0 / (self.theta ** (torch.arange(0, self.head_dim, 2, device=device, dtype=torch.float32) / self.head_dim))
+        self.inv_freq = 1.0 / (
+            self.theta ** (torch.arange(0, self.head_dim, 2, device=device, dtype=torch.float32) / self.head_dim)
+        )
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         # HF RMSNorm: normalise in float32, multiply by the weight in the input dtype.
@@ -95,8 +108,14 @@ class FastDecoder:
         half = x.shape[-1] // 2
         return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
 
-    def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor, max_new_tokens: int,
-              rows: torch.Tensor | None = None):
+    def start(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        positions: torch.Tensor,
+        max_new_tokens: int,
+        rows: torch.Tensor | None = None,
+    ):
         """Prefill a left-padded prompt batch [U, P]; returns last-position logits [N, V] and the decode
         state of N sequences. `rows` [N] (default: one per prompt) names each sequence's prompt: a prompt
         is prefilled once and its cache copied to its sequences."""
@@ -166,7 +185,7 @@ class FastDecoder:
                 # One query: two batched matmuls beat the CPU flash kernel (which tiles for long queries).
                 scores = (q @ keys.transpose(-1, -2)) * self.scale  # [B, h, 1, S_all]
                 scores = scores.float().masked_fill(~mask, float("-inf"))
-                attn = (scores.softmax(-1).to(values.dtype) @ values)  # [B, h, 1, D]
+                attn = scores.softmax(-1).to(values.dtype) @ values  # [B, h, 1, D]
             else:
                 attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scale)  # [B, h, S, D]
             h = h + F.linear(attn.transpose(1, 2).reshape(b, s, -1), w["o"])

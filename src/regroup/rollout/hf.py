@@ -45,14 +45,21 @@ DROP_FINISHED_AT = 0.75  # compact the decode batch once at most this share of i
 class HFSampler:
     """Samples from an HF causal LM with a lean KV-cached loop; shares the training model's weights."""
 
-    def __init__(self, model, tokenizer, batch_size: int = 256, use_fast: bool = True, shared_prefill: bool = True,
-                 drop_finished: bool = True):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        batch_size: int = 256,
+        use_fast: bool = True,
+        shared_prefill: bool = True,
+        drop_finished: bool = True,
+    ):
         self.model = model
         self.use_fast = use_fast
         self.shared_prefill = shared_prefill
         """Prefill each distinct prompt of a chunk once and copy its KV cache to its rows."""
         self.drop_finished = drop_finished
-        """Drop rows that have ended from the decode batch (same samples; `tests/test_fast_decode.py`)."""
+        """Drop rows that have ended from the decode batch (same samples; `tests/rollout/test_fast_decode.py`)."""
         self._fast = None
         self.tokenizer = tokenizer
         self.batch_size = batch_size
@@ -85,8 +92,14 @@ class HFSampler:
         box = {"attention": attention}
 
         def forward(ids, pos):
-            return self.model(input_ids=ids, attention_mask=box["attention"], position_ids=pos,
-                              use_cache=True, logits_to_keep=1, **{cache_kw: cache}).logits[:, -1, :]
+            return self.model(
+                input_ids=ids,
+                attention_mask=box["attention"],
+                position_ids=pos,
+                use_cache=True,
+                logits_to_keep=1,
+                **{cache_kw: cache},
+            ).logits[:, -1, :]
 
         logits = forward(input_ids, positions)  # [U, V]
         if len(prompt_of_row) != len(input_ids):
@@ -105,7 +118,9 @@ class HFSampler:
         return logits[prompt_of_row], advance, keep_rows
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int | list[int] | None = None) -> list[Completion]:
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, seed: int | list[int] | None = None
+    ) -> list[Completion]:
         """n completions per prompt (prompt-major).
 
         `seed` is one int (prompt i then gets seed·1000003 + i) or one seed per prompt. Each prompt's n
@@ -125,7 +140,10 @@ class HFSampler:
         per_chunk = max(1, self.batch_size // params.n) * params.n
         for start in range(0, len(expanded), per_chunk):
             chunk = expanded[start : start + per_chunk]
-            gens = {i: torch.Generator(device=device).manual_seed(seeds[i] % (2**63)) for i in dict.fromkeys(i for i, _ in chunk)}
+            gens = {
+                i: torch.Generator(device=device).manual_seed(seeds[i] % (2**63))
+                for i in dict.fromkeys(i for i, _ in chunk)
+            }
             out.extend(self._generate_chunk(chunk, params, gens, device))
         return out
 
@@ -208,13 +226,15 @@ class HFSampler:
         for row, (prompt_index, _) in enumerate(chunk):
             n_tok = int(lengths_cpu[row])
             ids = tokens_cpu[row, :n_tok].tolist()
-            completions.append(Completion(
-                prompt_index=prompt_index,
-                token_ids=ids,
-                text=self.tokenizer.decode(ids, skip_special_tokens=True),
-                logps=logps_cpu[row, :n_tok].tolist(),
-                truncated=not bool(finished_cpu[row]),
-            ))
+            completions.append(
+                Completion(
+                    prompt_index=prompt_index,
+                    token_ids=ids,
+                    text=self.tokenizer.decode(ids, skip_special_tokens=True),
+                    logps=logps_cpu[row, :n_tok].tolist(),
+                    truncated=not bool(finished_cpu[row]),
+                )
+            )
         return completions
 
 
@@ -230,10 +250,15 @@ class HFGenerateSampler(HFSampler):
         batch = self.tokenizer.pad({"input_ids": [p for _, p in chunk]}, return_tensors="pt", padding_side="left")
         sampling = params.temperature > 0
         out = self.model.generate(
-            input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device),
-            max_new_tokens=params.max_new_tokens, do_sample=sampling,
-            temperature=params.temperature if sampling else None, top_p=params.top_p if sampling else None,
-            top_k=0 if sampling else None, pad_token_id=self.pad_id, eos_token_id=self.eos_id,
+            input_ids=batch["input_ids"].to(device),
+            attention_mask=batch["attention_mask"].to(device),
+            max_new_tokens=params.max_new_tokens,
+            do_sample=sampling,
+            temperature=params.temperature if sampling else None,
+            top_p=params.top_p if sampling else None,
+            top_k=0 if sampling else None,
+            pad_token_id=self.pad_id,
+            eos_token_id=self.eos_id,
         )
         if was_training:
             self.model.train()
@@ -243,5 +268,7 @@ class HFGenerateSampler(HFSampler):
             ids = new[row].tolist()
             ended = self.eos_id in ids
             ids = ids[: ids.index(self.eos_id) + 1] if ended else ids
-            completions.append(Completion(prompt_index, ids, self.tokenizer.decode(ids, skip_special_tokens=True), None, not ended))
+            completions.append(
+                Completion(prompt_index, ids, self.tokenizer.decode(ids, skip_special_tokens=True), None, not ended)
+            )
         return completions

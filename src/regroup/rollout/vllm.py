@@ -35,7 +35,7 @@ import torch
 
 from regroup.errors import ConfigError
 from regroup.rollout.base import Completion, SamplingParams
-from regroup.sharded import full_parameters
+from regroup.runtime.sharded import full_parameters
 
 INSTALL_HINT = "pip install 'regroup-rl[vllm]'"
 
@@ -75,7 +75,11 @@ def lora_push_layers(model) -> dict[str, object] | None:
     (DoRA and other variants, LoRA biases, sharded parameters: those are merged in place for the push)."""
     layers = {}
     for name, module in model.named_modules():
-        if not (hasattr(module, "lora_A") and hasattr(module, "base_layer") and callable(getattr(module, "get_delta_weight", None))):
+        if not (
+            hasattr(module, "lora_A")
+            and hasattr(module, "base_layer")
+            and callable(getattr(module, "get_delta_weight", None))
+        ):
             continue
         if getattr(module, "lora_variant", None) or any(getattr(module, "lora_bias", {}).values()):
             return None
@@ -216,15 +220,19 @@ def engine_weight_loader(llm) -> Callable[[Iterable], object]:
         model = worker.model_runner.model
 
         def reload(weights):
-            llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights), "is_checkpoint_format": True})
+            llm.collective_rpc(
+                "reload_weights", kwargs={"weights_iterator": iter(weights), "is_checkpoint_format": True}
+            )
             refresh_tied_layers(model)
 
         return reload
     if worker is not None and callable(getattr(worker.model_runner.model, "load_weights", None)):
         return worker.model_runner.model.load_weights
     if not hasattr(llm, "apply_model"):
-        raise RuntimeError("this vLLM version exposes neither the in-process model (driver_worker.[worker.]model_runner"
-                           ".model) nor LLM.apply_model: cannot push weights into the engine")
+        raise RuntimeError(
+            "this vLLM version exposes neither the in-process model (driver_worker.[worker.]model_runner"
+            ".model) nor LLM.apply_model: cannot push weights into the engine"
+        )
 
     def load(weights):
         weights = list(weights)
@@ -237,8 +245,10 @@ def has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
-SLEEP_NEEDS_CUDA = ("rollout.vllm_enable_sleep_mode=true needs CUDA (vLLM's sleep mode frees GPU memory); "
-                    "this machine has no GPU: set rollout.vllm_enable_sleep_mode=false")
+SLEEP_NEEDS_CUDA = (
+    "rollout.vllm_enable_sleep_mode=true needs CUDA (vLLM's sleep mode frees GPU memory); "
+    "this machine has no GPU: set rollout.vllm_enable_sleep_mode=false"
+)
 
 
 def check_platform(rollout_cfg, cuda: bool | None = None) -> None:
@@ -280,8 +290,10 @@ def engine_kwargs(model, rollout_cfg, sleep_mode: bool, max_prompt_tokens: int |
         # external_launcher makes the processes of a tensor-parallel group one engine, which needs the
         # same requests from each of them; regroup gives each process its own groups and does not yet
         # gather them across the group, so the engine would hang or answer the wrong prompts.
-        raise ValueError(f"rollout.vllm_tensor_parallel_size={rollout_cfg.vllm_tensor_parallel_size}: the colocated "
-                         "vLLM engine supports 1 only (each process samples its own groups)")
+        raise ValueError(
+            f"rollout.vllm_tensor_parallel_size={rollout_cfg.vllm_tensor_parallel_size}: the colocated "
+            "vLLM engine supports 1 only (each process samples its own groups)"
+        )
     kwargs = dict(
         model=_base_path(model),
         dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
@@ -316,8 +328,16 @@ class VLLMSampler:
     the config's value. `llm` is for tests: an engine to use instead of building one.
     """
 
-    def __init__(self, model, tokenizer, rollout_cfg, *, enable_sleep_mode: bool | None = None, llm=None,
-                 max_prompt_tokens: int | None = None):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        rollout_cfg,
+        *,
+        enable_sleep_mode: bool | None = None,
+        llm=None,
+        max_prompt_tokens: int | None = None,
+    ):
         vllm = import_vllm()
         self._vllm = vllm
         self.model = model
@@ -356,8 +376,13 @@ class VLLMSampler:
         inputs = [{"prompt_token_ids": list(p)} for p in prompts]
         sampling = [
             self._vllm.SamplingParams(
-                n=params.n, temperature=params.temperature, top_p=params.top_p, max_tokens=params.max_new_tokens,
-                logprobs=0, seed=s, stop_token_ids=[self.eos_id],
+                n=params.n,
+                temperature=params.temperature,
+                top_p=params.top_p,
+                max_tokens=params.max_new_tokens,
+                logprobs=0,
+                seed=s,
+                stop_token_ids=[self.eos_id],
                 detokenize=False,  # text comes from our tokenizer (to_completion); saves vLLM the work
             )
             for s in request_seeds(len(prompts), seed)
@@ -379,7 +404,9 @@ class VLLMSampler:
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
         return Completion(prompt_index, ids, text, logps, truncated)
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int | list[int] | None = None) -> list[Completion]:
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, seed: int | list[int] | None = None
+    ) -> list[Completion]:
         """n completions per prompt (prompt-major), each with its behaviour log-probs."""
         inputs, sampling = self.build_requests(prompts, params, seed)
         if self._asleep:
@@ -396,7 +423,9 @@ class VLLMSampler:
         completions = []
         for i, request in enumerate(outputs):
             if len(request.outputs) != params.n:
-                raise RuntimeError(f"vLLM returned {len(request.outputs)} completions for prompt {i}, expected {params.n}")
+                raise RuntimeError(
+                    f"vLLM returned {len(request.outputs)} completions for prompt {i}, expected {params.n}"
+                )
             completions.extend(self.to_completion(i, o) for o in sorted(request.outputs, key=lambda o: o.index))
         return completions
 

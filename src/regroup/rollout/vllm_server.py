@@ -151,8 +151,10 @@ class VLLMServerSampler:
             if "HTTP 404" in str(e) and path in ("/collective_rpc", "/reset_prefix_cache", "/update_weights"):
                 hint = " (start the server with VLLM_SERVER_DEV_MODE=1: `regroup vllm-serve` does)"
             elif "regroup_reload_weights" in str(e) or (path == "/collective_rpc" and "HTTP 500" in str(e)):
-                hint = f" (start the server with --worker-extension-cls {WORKER_EXTENSION} and regroup importable: " \
-                       "`regroup vllm-serve` does)"
+                hint = (
+                    f" (start the server with --worker-extension-cls {WORKER_EXTENSION} and regroup importable: "
+                    "`regroup vllm-serve` does)"
+                )
             raise ServerError(f"vLLM server: {e}{hint}") from None
 
     # ---------------------------------------------------------------------------------- weights
@@ -171,7 +173,9 @@ class VLLMServerSampler:
         self.version += 1
         folder = self.sync_dir / f"weights-v{self.version}"
         save_weights_folder(model, folder)
-        reply = self._call("/collective_rpc", {"method": "regroup_reload_weights", "kwargs": {"weights_path": str(folder)}})
+        reply = self._call(
+            "/collective_rpc", {"method": "regroup_reload_weights", "kwargs": {"weights_path": str(folder)}}
+        )
         if not isinstance(reply, dict) or not isinstance(reply.get("results"), list):
             raise ServerError(f"vLLM server: /collective_rpc regroup_reload_weights answered {str(reply)[:200]!r}")
         previous = self.sync_dir / f"weights-v{self.version - 1}"
@@ -180,7 +184,9 @@ class VLLMServerSampler:
     def _sync_nccl(self, model) -> None:
         """vLLM's NCCL weight transfer (trainer side = rank 0, the server's workers after it)."""
         if not torch.cuda.is_available():
-            raise ServerError("rollout.vllm_server_sync=nccl needs CUDA GPUs; on CPU use rollout.vllm_server_sync=reload")
+            raise ServerError(
+                "rollout.vllm_server_sync=nccl needs CUDA GPUs; on CPU use rollout.vllm_server_sync=reload"
+            )
         if self._nccl is None:
             self._nccl = _nccl_engine(self, model)
         self._nccl_source.model = model
@@ -216,7 +222,9 @@ class VLLMServerSampler:
         """One completion choice as a Completion (EOS kept in the tokens, as the HF sampler does)."""
         try:
             ids = [int(t) for t in choice["token_ids"]]
-            logps = [math.nan if v is None else float(v) for v in (choice.get("logprobs") or {}).get("token_logprobs") or []]
+            logps = [
+                math.nan if v is None else float(v) for v in (choice.get("logprobs") or {}).get("token_logprobs") or []
+            ]
         except (KeyError, TypeError, ValueError):
             raise ServerError("vLLM server: a completion has no token_ids (is it vLLM >= 0.10.2?)") from None
         if len(logps) != len(ids):
@@ -229,7 +237,9 @@ class VLLMServerSampler:
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
         return Completion(prompt_index, ids, text, logps, truncated)
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int | list[int] | None = None) -> list[Completion]:
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, seed: int | list[int] | None = None
+    ) -> list[Completion]:
         """n completions per prompt (prompt-major), each with its behaviour log-probs."""
         seeds = request_seeds(len(prompts), seed)
         bodies = [self.request_body(p, params, s) for p, s in zip(prompts, seeds)]
@@ -241,7 +251,9 @@ class VLLMServerSampler:
         for i, reply in enumerate(replies):
             choices = sorted((reply or {}).get("choices") or [], key=lambda c: c.get("index", 0))
             if len(choices) != params.n:
-                raise ServerError(f"vLLM server returned {len(choices)} completions for prompt {i}, expected {params.n}")
+                raise ServerError(
+                    f"vLLM server returned {len(choices)} completions for prompt {i}, expected {params.n}"
+                )
             completions.extend(self.to_completion(i, c) for c in choices)
         return completions
 
@@ -253,12 +265,18 @@ def _nccl_engine(sampler: VLLMServerSampler, model):
         from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource  # optional (vllm)
         from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient  # optional (vllm)
         from vllm.distributed.weight_transfer.nccl_engine import (  # optional (vllm)
-            NCCLTrainerInitInfo, NCCLTrainerWeightTransferEngine)
+            NCCLTrainerInitInfo,
+            NCCLTrainerWeightTransferEngine,
+        )
     except ImportError as e:
-        raise ServerError(f"rollout.vllm_server_sync=nccl needs vLLM importable in the learner's process ({e})") from None
+        raise ServerError(
+            f"rollout.vllm_server_sync=nccl needs vLLM importable in the learner's process ({e})"
+        ) from None
     if sampler._key:
-        raise ServerError("rollout.vllm_server_sync=nccl: vLLM's HTTP weight-sync client sends no API key; "
-                          "start the server without --api-key on a trusted network, or use sync=reload")
+        raise ServerError(
+            "rollout.vllm_server_sync=nccl: vLLM's HTTP weight-sync client sends no API key; "
+            "start the server without --api-key on a trusted network, or use sync=reload"
+        )
     world = sampler._call("/get_world_size", None)["world_size"]
     with socket.socket() as s:
         s.bind(("", 0))
@@ -290,13 +308,35 @@ def _nccl_engine(sampler: VLLMServerSampler, model):
 
 
 # ------------------------------------------------------------------------------ starting a server
-def serve_command(model_dir: str, *, python: str, host: str = "127.0.0.1", port: int = 8000, max_model_len: int = 0,
-                  dtype: str = "auto", extra_args: list[str] | tuple = ()) -> list[str]:
+def serve_command(
+    model_dir: str,
+    *,
+    python: str,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    max_model_len: int = 0,
+    dtype: str = "auto",
+    extra_args: list[str] | tuple = (),
+) -> list[str]:
     """The command line of a vLLM OpenAI server that this backend can drive: processed (temperature-scaled)
     log-probs, and on CPU eager mode and no chunked prefill. The key is never on it (see `serve_env`)."""
-    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--host", host,
-           "--port", str(port), "--dtype", dtype, "--logprobs-mode", "processed_logprobs",
-           "--worker-extension-cls", WORKER_EXTENSION]
+    cmd = [
+        python,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model_dir),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--dtype",
+        dtype,
+        "--logprobs-mode",
+        "processed_logprobs",
+        "--worker-extension-cls",
+        WORKER_EXTENSION,
+    ]
     if max_model_len:
         cmd += ["--max-model-len", str(max_model_len)]
     if not torch.cuda.is_available():
@@ -327,9 +367,20 @@ class LocalServer:
     (None: discarded), and the tail of it is in the error when it dies or does not come up.
     """
 
-    def __init__(self, model_dir: str, *, python: str, port: int | None = None, api_key_env: str | None = None,
-                 max_model_len: int = 512, dtype: str = "float32", start_timeout_s: float = 600.0,
-                 log_path: str | None = None, extra_args: list[str] | tuple = (), env: dict | None = None):
+    def __init__(
+        self,
+        model_dir: str,
+        *,
+        python: str,
+        port: int | None = None,
+        api_key_env: str | None = None,
+        max_model_len: int = 512,
+        dtype: str = "float32",
+        start_timeout_s: float = 600.0,
+        log_path: str | None = None,
+        extra_args: list[str] | tuple = (),
+        env: dict | None = None,
+    ):
         if port is None:
             with socket.socket() as s:
                 s.bind(("127.0.0.1", 0))
@@ -337,8 +388,9 @@ class LocalServer:
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
         self.api_key_env = api_key_env
-        self.cmd = serve_command(model_dir, python=python, port=port, max_model_len=max_model_len, dtype=dtype,
-                                 extra_args=extra_args)
+        self.cmd = serve_command(
+            model_dir, python=python, port=port, max_model_len=max_model_len, dtype=dtype, extra_args=extra_args
+        )
         self.env = serve_env(api_key_env, env)
         self.start_timeout_s = start_timeout_s
         self.log_path = log_path
@@ -349,21 +401,24 @@ class LocalServer:
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115 - closed in stop
         self._log = out
         t0 = time.monotonic()
-        self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=out, stderr=subprocess.STDOUT,
-                                     start_new_session=True)  # its own group: stop() ends the engine core too
+        self.proc = subprocess.Popen(
+            self.cmd, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )  # its own group: stop() ends the engine core too
         key = server_api_key(self.api_key_env)
         try:
             while True:
                 if self.proc.poll() is not None:
-                    raise ServerError(f"the vLLM server exited with code {self.proc.returncode} before it was ready"
-                                      f"{self._tail()}")
+                    raise ServerError(
+                        f"the vLLM server exited with code {self.proc.returncode} before it was ready{self._tail()}"
+                    )
                 try:
                     request_json(self.url + "/v1/models", None, api_key=key, timeout_s=5.0)
                     break
                 except RequestError:
                     if time.monotonic() - t0 > self.start_timeout_s:
-                        raise ServerError(f"the vLLM server was not ready within {self.start_timeout_s:g} s"
-                                          f"{self._tail()}") from None
+                        raise ServerError(
+                            f"the vLLM server was not ready within {self.start_timeout_s:g} s{self._tail()}"
+                        ) from None
                     time.sleep(1.0)
         except BaseException:
             self.stop()

@@ -19,14 +19,13 @@ In the structured modes the rubric asks for the score only (the grammar leaves n
 
 from __future__ import annotations
 
+import json
+import logging
 import re
+from collections import Counter
 from collections.abc import Sequence
 
 from regroup.net import ChatClient, DiskCache, cache_key
-import json
-import logging
-from collections import Counter
-
 from regroup.net.redact import clip
 from regroup.scorers.base import ScoreItem, Scorer
 
@@ -82,8 +81,10 @@ _STRUCTURED_ENDING = {
     "json_schema": 'Reply with the score only, as the JSON object {"score": <integer from 1 to 10>}.',
 }
 _FREE_TEXT_ASK = "Grade the response. End with the line SCORE: <integer from 1 to 10>."
-_STRUCTURED_ASK = {"choice": "Grade the response: reply with the score only.",
-                   "json_schema": 'Grade the response: reply with {{"score": <1-10>}} only.'}  # braces: str.format
+_STRUCTURED_ASK = {
+    "choice": "Grade the response: reply with the score only.",
+    "json_schema": 'Grade the response: reply with {{"score": <1-10>}} only.',
+}  # braces: str.format
 
 STRUCTURED_MODES = ("json_schema", "choice", "none")
 SCORE_CHOICES = [str(i) for i in range(1, 11)]
@@ -102,13 +103,18 @@ DEFAULT_MAX_TOKENS = {"choice": 4, "json_schema": 48, "none": None}
 def structured_request(structured: str) -> dict:
     """The request-body fields that make an OpenAI-compatible server answer in `structured`'s form."""
     if structured == "json_schema":
-        return {"response_format": {"type": "json_schema",
-                                    "json_schema": {"name": "judge_score", "schema": SCORE_SCHEMA, "strict": True}}}
+        return {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "judge_score", "schema": SCORE_SCHEMA, "strict": True},
+            }
+        }
     if structured == "choice":
         return {"structured_outputs": {"choice": SCORE_CHOICES}}
     if structured == "none":
         return {}
     raise ValueError(f"unknown judge structured mode {structured!r}; known: {list(STRUCTURED_MODES)}")
+
 
 # prompt version → (system, user template). A new wording gets a new version, so cached scores of
 # the old wording are never served for it.
@@ -133,7 +139,9 @@ def build_judge_messages(
     structured_request(structured)  # refuses an unknown mode
     if structured != "none":
         if _FREE_TEXT_ENDING not in system or _FREE_TEXT_ASK not in user:
-            raise ValueError(f"judge prompt {prompt_version!r} has no free-text ending to replace for structured={structured}")
+            raise ValueError(
+                f"judge prompt {prompt_version!r} has no free-text ending to replace for structured={structured}"
+            )
         system = system.replace(_FREE_TEXT_ENDING, _STRUCTURED_ENDING[structured])
         user = user.replace(_FREE_TEXT_ASK, _STRUCTURED_ASK[structured])
     content = user.format(
@@ -183,8 +191,14 @@ class JudgeScorer(Scorer):
 
     name = "judge"
 
-    def __init__(self, client: ChatClient, cache: DiskCache | None = None, prompt_version: str = "v1",
-                 structured: str = "none", max_tokens: int | None = None) -> None:
+    def __init__(
+        self,
+        client: ChatClient,
+        cache: DiskCache | None = None,
+        prompt_version: str = "v1",
+        structured: str = "none",
+        max_tokens: int | None = None,
+    ) -> None:
         super().__init__()
         if prompt_version not in JUDGE_PROMPTS:
             raise ValueError(f"unknown judge prompt_version {prompt_version!r}; known: {sorted(JUDGE_PROMPTS)}")
@@ -248,11 +262,15 @@ class JudgeScorer(Scorer):
         for k in keys:
             first = items[pending[k][0]]
             messages.append(
-                build_judge_messages(first.question, first.response, first.reference_text(), self.prompt_version,
-                                     self.structured)
+                build_judge_messages(
+                    first.question, first.response, first.reference_text(), self.prompt_version, self.structured
+                )
             )
-        results = (self.client.complete_many(messages, max_tokens=self.max_tokens, extra_body=self._request_fields)
-                   if messages else [])
+        results = (
+            self.client.complete_many(messages, max_tokens=self.max_tokens, extra_body=self._request_fields)
+            if messages
+            else []
+        )
         self._count("requests", len(messages))
 
         for k, result in zip(keys, results, strict=True):
@@ -280,9 +298,15 @@ class JudgeScorer(Scorer):
         if failed:  # unscored responses are never masked: a judge that scores nothing must not go unnoticed
             kinds = Counter(r.error_kind for r in results if not r.ok)
             first_error = next((r.error for r in results if not r.ok), None)
-            log.warning("judge: %d of %d responses unscored (%d unparseable replies, request failures: %s%s); "
-                        "structured=%s, max_tokens=%s", failed, len(out),
-                        sum(r.ok and parse_judge_score(r.text, self.structured) is None for r in results),
-                        dict(kinds) or "none", f", first: {clip(first_error, 200)}" if first_error else "",
-                        self.structured, self.max_tokens or "not sent")
+            log.warning(
+                "judge: %d of %d responses unscored (%d unparseable replies, request failures: %s%s); "
+                "structured=%s, max_tokens=%s",
+                failed,
+                len(out),
+                sum(r.ok and parse_judge_score(r.text, self.structured) is None for r in results),
+                dict(kinds) or "none",
+                f", first: {clip(first_error, 200)}" if first_error else "",
+                self.structured,
+                self.max_tokens or "not sent",
+            )
         return out

@@ -28,8 +28,9 @@ def build_judge(
 ) -> JudgeScorer:
     """A JudgeScorer from a ready client, or from `base_url` + `model` (+ ChatClient settings);
     `cache_path` opens a DiskCache there. `structured` / `max_tokens`: see `JudgeScorer`."""
-    client, cache = client_and_cache("judge", "https://api.openai.com/v1, gpt-4o", client, cache,
-                                     base_url, model, cache_path, client_kwargs)
+    client, cache = client_and_cache(
+        "judge", "https://api.openai.com/v1, gpt-4o", client, cache, base_url, model, cache_path, client_kwargs
+    )
     return JudgeScorer(client, cache, prompt_version, structured=structured, max_tokens=max_tokens)
 
 

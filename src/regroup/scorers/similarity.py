@@ -95,9 +95,7 @@ class SimilarityScorer(Scorer):
 
     name = "similarity"
 
-    def __init__(
-        self, answer_weight: float = 0.5, grade_fn: Callable[[str, Any], float] | None = None
-    ) -> None:
+    def __init__(self, answer_weight: float = 0.5, grade_fn: Callable[[str, Any], float] | None = None) -> None:
         super().__init__()
         if not 0.0 <= answer_weight <= 1.0:
             raise ValueError(f"answer_weight must be in [0, 1], got {answer_weight}")

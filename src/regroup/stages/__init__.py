@@ -1,6 +1,6 @@
 """The stages of one training step that act on samples (not tensors): group construction, rephrased
 variants, anchors, fine-grained scoring for masks, rewards and diagnostics. Each recipe switches a
-subset of them on at start-up (see `regroup.recipes`)."""
+subset of them on at start-up (see `regroup.train.recipes`)."""
 
 # Importing the package registers every built-in stage on `regroup.registry.STAGES`, in pipeline order.
 from regroup.stages import rephrasing, anchors, sampling, rewarding, overlong, dynamic_sampling, advantages, masking  # noqa: E402,F401,I001

@@ -21,8 +21,10 @@ class GroupAdvantages:
         self.scale, self.eps = scale, eps
 
     def __call__(self, batch: StepBatch, ctx: StepContext) -> dict[str, float]:
-        rewards = torch.tensor([math.nan if s.reward is None or not math.isfinite(s.reward) else float(s.reward)
-                                for s in batch.samples], dtype=torch.float32)  # [B]
+        rewards = torch.tensor(
+            [math.nan if s.reward is None or not math.isfinite(s.reward) else float(s.reward) for s in batch.samples],
+            dtype=torch.float32,
+        )  # [B]
         groups = torch.tensor([s.group_id for s in batch.samples], dtype=torch.long)  # [B]
         all_adv = group_advantages(ctx.gather(rewards), ctx.gather(groups), self.scale, self.eps)  # [B_all]
         sizes = ctx.gather(torch.tensor([len(batch.samples)])).tolist()
@@ -33,5 +35,6 @@ class GroupAdvantages:
         if anchor.any():
             metrics["anchor/adv_mean"] = float(batch.advantages[anchor].mean())
         return metrics
+
 
 STAGES.register(GroupAdvantages.name, GroupAdvantages)

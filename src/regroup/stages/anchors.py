@@ -85,8 +85,9 @@ class AnchorInjector:
             return [0] * len(problems)
         return [len(self._candidates(p)) for p in problems]
 
-    def inject(self, samples: list[Sample], problems, group_ids: list[int], q0_prompts: list[list[int]],
-               reserved: bool = True):
+    def inject(
+        self, samples: list[Sample], problems, group_ids: list[int], q0_prompts: list[list[int]], reserved: bool = True
+    ):
         """Return samples with anchors added, and the step's anchor stats. `reserved`: slots were left out
         before sampling (`ReserveAnchorSlots`); else (the TRL adapter samples every slot) an anchor in
         replace mode takes the place of the last on-policy sample of q0."""
@@ -105,16 +106,27 @@ class AnchorInjector:
             reserved_here = self.cfg.mode == "replace" and self.cfg.when == "always" and reserved
             if self.cfg.mode == "replace" and not reserved_here:
                 # Drop the last on-policy samples of q0 to make room (the slot was not reserved up front).
-                drop = [s for s in members if s.variant == 0 and not s.is_anchor][-len(candidates):]
+                drop = [s for s in members if s.variant == 0 and not s.is_anchor][-len(candidates) :]
                 drop_ids = {id(s) for s in drop}
                 out = [s for s in out if id(s) not in drop_ids]
             for text, source in candidates:
                 ids = self.encode_response(text)
-                out.append(Sample(
-                    group_id=gid, question_id=problem.id, variant=0, is_anchor=True,
-                    prompt_ids=prompt, ratio_prompt_ids=prompt, response_ids=ids, response_text=text,
-                    behaviour_logps=None, truncated=False, reward=self.reward_fn(text, problem), problem=problem,
-                ))
+                out.append(
+                    Sample(
+                        group_id=gid,
+                        question_id=problem.id,
+                        variant=0,
+                        is_anchor=True,
+                        prompt_ids=prompt,
+                        ratio_prompt_ids=prompt,
+                        response_ids=ids,
+                        response_text=text,
+                        behaviour_logps=None,
+                        truncated=False,
+                        reward=self.reward_fn(text, problem),
+                        problem=problem,
+                    )
+                )
                 self.totals["from_" + source] += 1
                 injected += 1
         self.totals["injected"] += injected
@@ -193,8 +205,10 @@ class InjectAnchors:
 
     def unsupported_by(self, front_end: str) -> str | None:
         if front_end == "trl" and self.injector.cfg.mode != "replace":
-            return (f"anchors.mode={self.injector.cfg.mode}: an added anchor grows its group, and TRL's generation "
-                    "batch has a fixed shape; use anchors.mode=replace")
+            return (
+                f"anchors.mode={self.injector.cfg.mode}: an added anchor grows its group, and TRL's generation "
+                "batch has a fixed shape; use anchors.mode=replace"
+            )
         return None
 
     def __call__(self, batch: StepBatch, ctx: StepContext) -> dict[str, float]:
@@ -203,8 +217,9 @@ class InjectAnchors:
         if inj.round_mark is None:
             _begin_round(inj)
         q0_prompts = [ctx.encode_prompt(p.question) for p in batch.problems]
-        batch.samples, metrics = inj.inject(batch.samples, batch.problems, batch.group_ids, q0_prompts,
-                                            reserved=batch.reserved is not None)
+        batch.samples, metrics = inj.inject(
+            batch.samples, batch.problems, batch.group_ids, q0_prompts, reserved=batch.reserved is not None
+        )
         inj.observe(batch.samples)
         metrics.update(_end_round(inj))
         metrics["anchor/reward_checks"] += inj.held_checks.get("checked", 0)
@@ -217,6 +232,7 @@ class InjectAnchors:
 
     def load_state_dict(self, state: dict) -> None:
         self.injector.load_state_dict(state)
+
 
 STAGES.register(ReserveAnchorSlots.name, ReserveAnchorSlots)
 STAGES.register(InjectAnchors.name, InjectAnchors)

@@ -57,7 +57,7 @@ class StepBatch:
         self.problems = [p for p, _ in pairs]
         self.group_ids = [g for _, g in pairs]
 
-    def extend(self, other: "StepBatch") -> None:
+    def extend(self, other: StepBatch) -> None:
         """Append another round's problems and samples (dynamic sampling refills)."""
         self.problems += other.problems
         self.group_ids += other.group_ids
@@ -90,7 +90,7 @@ class StepContext:
     global_sum: Callable[[float], float] = lambda v: v
     draw_questions: Callable[[int], list] | None = None
     """Draw the next `n` GLOBAL questions from the stream (the same on every process)."""
-    refill: Callable[[int], "StepBatch"] | None = None
+    refill: Callable[[int], StepBatch] | None = None
     """Dynamic sampling: round -> a newly drawn batch run through the collect stages (set per step by the
     front-end that can refill; None where the batch has a fixed size)."""
     warn: Callable[[str], None] = print

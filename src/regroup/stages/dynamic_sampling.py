@@ -67,4 +67,5 @@ class DynamicSampling:
             "dynamic/short": float(len(kept) < self.target_groups),
         }
 
+
 STAGES.register(DynamicSampling.name, DynamicSampling)

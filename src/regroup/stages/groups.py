@@ -23,8 +23,9 @@ class PromptSlot:
     num_samples: int
 
 
-def samples_per_question(num_generations: int, samples_multiplier: int = 1, n_variants: int = 0,
-                         anchors_added: int = 0) -> int:
+def samples_per_question(
+    num_generations: int, samples_multiplier: int = 1, n_variants: int = 0, anchors_added: int = 0
+) -> int:
     """Responses in one question's group: multiplier·G of q0, G per rephrasing, plus anchors in `add` mode.
 
     The one definition used by the trainer, the demo's equal-sample budgets and DeepSpeed's batch check.
@@ -64,8 +65,9 @@ _MIN_VARIANT_RADIX = 101
 _MIN_SAMPLE_RADIX = 64
 
 
-def sample_seed(run_seed: int, step: int, group_id: int, variant: int, index: int, *,
-                max_variants: int = 0, max_samples: int = 1) -> int:
+def sample_seed(
+    run_seed: int, step: int, group_id: int, variant: int, index: int, *, max_variants: int = 0, max_samples: int = 1
+) -> int:
     """The sampling seed of the `index`-th sample of (group, variant), a function of what the sample is and
     not of where it sits in the batch or on which process it is sampled (so 1- and 2-process runs draw the
     same responses).
@@ -78,5 +80,10 @@ def sample_seed(run_seed: int, step: int, group_id: int, variant: int, index: in
     sample_radix = max(_MIN_SAMPLE_RADIX, max_samples)
     if not 0 <= variant < variant_radix or not 0 <= index < sample_radix:
         raise ValueError(f"variant {variant} / sample index {index} out of range ({variant_radix}, {sample_radix})")
-    prompt_key = run_seed * 1_000_003 + step * 10_007 * (variant_radix // _MIN_VARIANT_RADIX) + group_id * variant_radix + variant
+    prompt_key = (
+        run_seed * 1_000_003
+        + step * 10_007 * (variant_radix // _MIN_VARIANT_RADIX)
+        + group_id * variant_radix
+        + variant
+    )
     return (prompt_key * sample_radix + index) % (2**62)

@@ -31,8 +31,10 @@ def checked_scores(scorer, items: list[ScoreItem]) -> list[float | None]:
     except TypeError:
         raise ScorerOutputError(f"scorer {name!r} returned {type(scores).__name__}, not a list of scores") from None
     if len(scores) != len(items):
-        raise ScorerOutputError(f"scorer {name!r} returned {len(scores)} scores for {len(items)} responses "
-                                "(score_batch must return one score in [1, 10] or None per item)")
+        raise ScorerOutputError(
+            f"scorer {name!r} returned {len(scores)} scores for {len(items)} responses "
+            "(score_batch must return one score in [1, 10] or None per item)"
+        )
     try:
         return [check_score(v, where=f"scorer {name!r}") for v in scores]
     except ValueError as e:
@@ -65,8 +67,12 @@ class DistinctivenessMasker:
     def score(self, samples: list[Sample]) -> None:
         """Fill `sample.score` (None when the scorer could not score it: never masked, counted)."""
         items = [
-            ScoreItem(question=(s.question_text if self.question == "own" and s.question_text else s.problem.question),
-                      response=s.response_text, reference=getattr(s.problem, "solution", None), problem=s.problem)
+            ScoreItem(
+                question=(s.question_text if self.question == "own" and s.question_text else s.problem.question),
+                response=s.response_text,
+                reference=getattr(s.problem, "solution", None),
+                problem=s.problem,
+            )
             for s in samples
         ]
         for s, score in zip(samples, checked_scores(self.scorer, items)):
@@ -112,8 +118,11 @@ class DistinctivenessMasker:
         self.score(samples)
         scores = torch.tensor([math.nan if s.score is None else float(s.score) for s in samples])  # [B]
         masked, stats = pair_masked_advantages(advantages, scores, group_ids, self.delta)  # [B]
-        metrics = {"mask/pair_frac": stats["frac_pairs_masked"], "mask/adv_removed": stats["adv_l1_removed"],
-                   "mask/unscored": float(torch.isnan(scores).sum())}
+        metrics = {
+            "mask/pair_frac": stats["frac_pairs_masked"],
+            "mask/adv_removed": stats["adv_l1_removed"],
+            "mask/unscored": float(torch.isnan(scores).sum()),
+        }
         finite = scores[~torch.isnan(scores)]
         if finite.numel():
             metrics["score/mean"] = float(finite.mean())
@@ -129,5 +138,6 @@ class DistinctivenessMasker:
         keep, metrics = self.mask(batch.samples, batch.advantages, group_ids)
         batch.multiply_weights(keep)
         return metrics
+
 
 STAGES.register(DistinctivenessMasker.name, DistinctivenessMasker)

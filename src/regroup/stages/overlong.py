@@ -54,5 +54,6 @@ class OverlongFilter:
         batch.multiply_weights(keep)
         return {"overlong/filtered_frac": float((~keep).float().mean()) if len(keep) else 0.0}
 
+
 STAGES.register(OverlongPenalty.name, OverlongPenalty)
 STAGES.register(OverlongFilter.name, OverlongFilter)

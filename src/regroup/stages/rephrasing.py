@@ -28,6 +28,10 @@ class VariantProvider:
     def __call__(self, batch: StepBatch, ctx: StepContext) -> dict[str, float]:
         batch.variants = self.variants(batch.problems)
         alone = sum(1 for v in batch.variants if not v)
-        return {"ta/questions_without_variants": float(alone), "ta/failed_questions_total": float(self.failed_questions)}
+        return {
+            "ta/questions_without_variants": float(alone),
+            "ta/failed_questions_total": float(self.failed_questions),
+        }
+
 
 STAGES.register(VariantProvider.name, VariantProvider)

@@ -31,8 +31,10 @@ def checked_rewards(values, fn) -> tuple[list[float | None], int]:
             out.append(None)
             continue
         if isinstance(value, (str, bytes)) or not hasattr(value, "__float__"):
-            raise RewardOutputError(f"reward {reward_name(fn)} returned {type(value).__name__} {str(value)[:40]!r}: "
-                                    "a reward must return a number or None (None = could not score)")
+            raise RewardOutputError(
+                f"reward {reward_name(fn)} returned {type(value).__name__} {str(value)[:40]!r}: "
+                "a reward must return a number or None (None = could not score)"
+            )
         x = float(value)
         if math.isfinite(x) and abs(x) > FLOAT32_MAX:
             out_of_range += 1
@@ -73,5 +75,6 @@ class RewardResponses:
         metrics = {"time/reward": time.perf_counter() - t0, "reward/out_of_range": float(out_of_range)}
         metrics.update(pop_reward_counts(self.reward_fn))
         return metrics
+
 
 STAGES.register(RewardResponses.name, RewardResponses)

@@ -22,27 +22,52 @@ class SampleResponses:
         self.ratio_on_original = ratio_on_original
 
     def __call__(self, batch: StepBatch, ctx: StepContext) -> dict[str, float]:
-        slots = expand_groups([p.question for p in batch.problems], batch.variants, batch.group_ids,
-                              ctx.num_generations, ctx.samples_multiplier, batch.reserved)
+        slots = expand_groups(
+            [p.question for p in batch.problems],
+            batch.variants,
+            batch.group_ids,
+            ctx.num_generations,
+            ctx.samples_multiplier,
+            batch.reserved,
+        )
         rows = [(slot, j) for slot in slots for j in range(slot.num_samples)]
         per_prompt = max([s.num_samples for s in slots], default=1)
-        seeds = [sample_seed(ctx.seed, batch.step, s.group_id, s.variant, j, max_variants=ctx.n_variants,
-                             max_samples=per_prompt) for s, j in rows]
+        seeds = [
+            sample_seed(
+                ctx.seed, batch.step, s.group_id, s.variant, j, max_variants=ctx.n_variants, max_samples=per_prompt
+            )
+            for s, j in rows
+        ]
         t0 = time.perf_counter()
-        completions = ctx.sampler.generate([ctx.encode_prompt(s.text) for s, _ in rows], ctx.sampling_params, seed=seeds)
+        completions = ctx.sampler.generate(
+            [ctx.encode_prompt(s.text) for s, _ in rows], ctx.sampling_params, seed=seeds
+        )
         elapsed = time.perf_counter() - t0
         for (slot, _), c in zip(rows, completions):
             problem = batch.problems[slot.question_index]
             own_prompt = ctx.encode_prompt(slot.text)
-            batch.samples.append(Sample(
-                group_id=slot.group_id, question_id=problem.id, variant=slot.variant, is_anchor=False,
-                prompt_ids=own_prompt,
-                ratio_prompt_ids=ctx.encode_prompt(problem.question) if self.ratio_on_original else own_prompt,
-                response_ids=c.token_ids, response_text=c.text, behaviour_logps=c.logps, truncated=c.truncated,
-                problem=problem, question_text=slot.text,
-            ))
+            batch.samples.append(
+                Sample(
+                    group_id=slot.group_id,
+                    question_id=problem.id,
+                    variant=slot.variant,
+                    is_anchor=False,
+                    prompt_ids=own_prompt,
+                    ratio_prompt_ids=ctx.encode_prompt(problem.question) if self.ratio_on_original else own_prompt,
+                    response_ids=c.token_ids,
+                    response_text=c.text,
+                    behaviour_logps=c.logps,
+                    truncated=c.truncated,
+                    problem=problem,
+                    question_text=slot.text,
+                )
+            )
         generated = sum(len(c.token_ids) for c in completions)
-        return {"time/rollout": elapsed, "tokens/generated": float(generated),
-                "tokens_per_s": generated / max(elapsed, 1e-9)}
+        return {
+            "time/rollout": elapsed,
+            "tokens/generated": float(generated),
+            "tokens_per_s": generated / max(elapsed, 1e-9),
+        }
+
 
 STAGES.register(SampleResponses.name, SampleResponses)

@@ -2,8 +2,8 @@
 
 `Object` is a stage class (built with no arguments) or a ready stage instance: anything with a `name` and
 `__call__(batch, ctx) -> metrics` (see `regroup.stages.base`). NAME is a built-in stage the recipe runs;
-an entry without a position runs after the last stage. `regroup.config` checks each entry (syntax,
-position, import, shape) before any model loads; `regroup.recipes.build_recipe` inserts them.
+an entry without a position runs after the last stage. `regroup.config.schema` checks each entry (syntax,
+position, import, shape) before any model loads; `regroup.train.recipes.build_recipe` inserts them.
 """
 
 from __future__ import annotations
@@ -51,8 +51,10 @@ def _import_stage(path: str) -> Any:
     except Exception as e:  # the user's module failed while importing
         raise ValueError(f"importing {path!r} failed: {type(e).__name__}: {e}") from None
     if not _is_stage(obj):
-        raise ValueError(f"{path!r} is not a stage: expected a class with a `name` and `__call__(batch, ctx)` "
-                         f"(or an instance of one), got {type(obj).__name__}")
+        raise ValueError(
+            f"{path!r} is not a stage: expected a class with a `name` and `__call__(batch, ctx)` "
+            f"(or an instance of one), got {type(obj).__name__}"
+        )
     return obj
 
 
@@ -60,8 +62,10 @@ def check_user_stage(entry: StageEntry, registry: Registry) -> None:
     """The position names a registered stage, the object imports and is shaped like a stage, and its name is
     not a built-in's (stage state is checkpointed by name). ValueError otherwise."""
     if entry.anchor is not None and entry.anchor not in registry:
-        raise ValueError(f"{entry.where}:{entry.anchor}: no stage called {entry.anchor!r}"
-                         f"{did_you_mean(entry.anchor, registry.names())}; stages: {', '.join(registry.names())}")
+        raise ValueError(
+            f"{entry.where}:{entry.anchor}: no stage called {entry.anchor!r}"
+            f"{did_you_mean(entry.anchor, registry.names())}; stages: {', '.join(registry.names())}"
+        )
     obj = _import_stage(entry.path)
     if obj.name in registry:
         raise ValueError(f"{entry.path!r} is called {obj.name!r}, the name of a built-in stage; give it its own")
@@ -79,8 +83,10 @@ def insert_user_stages(stages: list, entries: list[StageEntry]) -> list:
     built = [build_user_stage(e) for e in entries]
     for i, e in enumerate(entries):
         if e.anchor is not None and e.anchor not in names:
-            raise ConfigError(f"stages.extra[{i}]: {e.where}:{e.anchor}, but this recipe runs no {e.anchor!r} stage "
-                             f"(it runs: {', '.join(names)})")
+            raise ConfigError(
+                f"stages.extra[{i}]: {e.where}:{e.anchor}, but this recipe runs no {e.anchor!r} stage "
+                f"(it runs: {', '.join(names)})"
+            )
     out = []
     for stage in stages:
         out += [s for s, e in zip(built, entries) if e.where == "before" and e.anchor == stage.name]

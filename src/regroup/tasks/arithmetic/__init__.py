@@ -13,12 +13,25 @@ from regroup.tasks.arithmetic.config import ArithmeticConfig
 from regroup.tasks.arithmetic.generator import generate
 from regroup.tasks.arithmetic.grading import ANSWER_MARKER, extract_answer, format_answer, grade, step_score
 from regroup.tasks.arithmetic.solver import solve_question
-from regroup.tasks.arithmetic.transforms import TRANSFORMS, apply_transforms, rename, rephrase, reorder, reword
+from regroup.tasks.arithmetic.transforms import TRANSFORMS, apply_transforms, rename, reorder, rephrase, reword
 from regroup.tasks.base import Problem
 
 __all__ = [
-    "ANSWER_MARKER", "ArithmeticConfig", "ArithmeticTask", "TRANSFORMS", "apply_transforms", "extract_answer",
-    "format_answer", "generate", "grade", "rename", "rephrase", "reorder", "reword", "solve_question", "step_score",
+    "ANSWER_MARKER",
+    "ArithmeticConfig",
+    "ArithmeticTask",
+    "TRANSFORMS",
+    "apply_transforms",
+    "extract_answer",
+    "format_answer",
+    "generate",
+    "grade",
+    "rename",
+    "rephrase",
+    "reorder",
+    "reword",
+    "solve_question",
+    "step_score",
 ]
 
 

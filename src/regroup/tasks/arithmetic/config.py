@@ -10,11 +10,30 @@ from dataclasses import dataclass, field
 SUPPORTED_OPERATIONS = ("+", "-")
 
 _DEFAULT_NAMES: tuple[tuple[str, str], ...] = (
-    ("Mia", "She"), ("Tom", "He"), ("Ana", "She"), ("Ben", "He"), ("Zoe", "She"), ("Sam", "He"),
-    ("Lily", "She"), ("Max", "He"), ("Ella", "She"), ("Leo", "He"), ("Ava", "She"), ("Jack", "He"),
+    ("Mia", "She"),
+    ("Tom", "He"),
+    ("Ana", "She"),
+    ("Ben", "He"),
+    ("Zoe", "She"),
+    ("Sam", "He"),
+    ("Lily", "She"),
+    ("Max", "He"),
+    ("Ella", "She"),
+    ("Leo", "He"),
+    ("Ava", "She"),
+    ("Jack", "He"),
 )
 _DEFAULT_OBJECTS: tuple[str, ...] = (
-    "shells", "apples", "coins", "stamps", "marbles", "books", "pens", "cards", "stickers", "eggs",
+    "shells",
+    "apples",
+    "coins",
+    "stamps",
+    "marbles",
+    "books",
+    "pens",
+    "cards",
+    "stickers",
+    "eggs",
 )
 _WORD = re.compile(r"^[A-Za-z]+$")
 
@@ -55,16 +74,24 @@ class ArithmeticConfig:
             raise ValueError(f"ArithmeticConfig: min_value {self.min_value} > max_value {self.max_value}")
         if self.min_operand < 1 or self.min_operand > self.max_operand:
             raise ValueError(
-                f"ArithmeticConfig: need 1 <= min_operand <= max_operand, got {self.min_operand}..{self.max_operand}")
+                f"ArithmeticConfig: need 1 <= min_operand <= max_operand, got {self.min_operand}..{self.max_operand}"
+            )
         bad_ops = [op for op in self.operations if op not in SUPPORTED_OPERATIONS]
         if bad_ops or not self.operations:
-            raise ValueError(f"ArithmeticConfig.operations must be a non-empty subset of {SUPPORTED_OPERATIONS}, "
-                             f"got {self.operations}")
+            raise ValueError(
+                f"ArithmeticConfig.operations must be a non-empty subset of {SUPPORTED_OPERATIONS}, "
+                f"got {self.operations}"
+            )
         probs = self.step_probs
-        if not probs or any(k < 1 for k in probs) or any(not math.isfinite(v) or v < 0 for v in probs.values()) \
-                or sum(probs.values()) <= 0:
-            raise ValueError(f"ArithmeticConfig.step_probs needs keys >= 1 and non-negative weights with a positive "
-                             f"sum, got {probs}")
+        if (
+            not probs
+            or any(k < 1 for k in probs)
+            or any(not math.isfinite(v) or v < 0 for v in probs.values())
+            or sum(probs.values()) <= 0
+        ):
+            raise ValueError(
+                f"ArithmeticConfig.step_probs needs keys >= 1 and non-negative weights with a positive sum, got {probs}"
+            )
         if len(set(self.names)) < 2 or any(not _WORD.match(n) or not _WORD.match(p) for n, p in self.names):
             raise ValueError("ArithmeticConfig.names needs at least two distinct (Name, Pronoun) pairs of letters")
         if len(set(self.objects)) < 2 or any(not _WORD.match(o) for o in self.objects):

@@ -31,9 +31,11 @@ def _draw_chain(rng: random.Random, k: int, cfg: ArithmeticConfig) -> tuple[int,
         ops = [(rng.choice(cfg.operations), rng.randint(cfg.min_operand, cfg.max_operand)) for _ in range(k)]
         if _in_range([start, *values_of(start, ops)], cfg):
             return start, ops
-    raise ValueError(f"ArithmeticConfig allows (almost) no {k}-step problem: values "
-                     f"{cfg.min_value}..{cfg.max_value}, operands {cfg.min_operand}..{cfg.max_operand}, "
-                     f"operations {cfg.operations}")
+    raise ValueError(
+        f"ArithmeticConfig allows (almost) no {k}-step problem: values "
+        f"{cfg.min_value}..{cfg.max_value}, operands {cfg.min_operand}..{cfg.max_operand}, "
+        f"operations {cfg.operations}"
+    )
 
 
 def generate(n: int, seed: int, config: ArithmeticConfig | None = None) -> list[Problem]:
@@ -58,14 +60,24 @@ def generate(n: int, seed: int, config: ArithmeticConfig | None = None) -> list[
         verbs = [rng.randrange(CANONICAL_VERBS) for _ in ops]
         surface = Surface(name, pronoun, obj, start, tuple((op, x, v) for (op, x), v in zip(ops, verbs)))
         values = values_of(start, ops)
-        problems.append(Problem(
-            id=f"arith-{seed}-{i}",
-            question=render(surface),
-            answer=str(values[-1]),
-            solution=solution_text(start, ops, ANSWER_MARKER),
-            difficulty=f"steps={k}",
-            meta={"name": name, "pronoun": pronoun, "object": obj, "start": start,
-                  "ops": [[op, x] for op, x in ops], "verbs": verbs, "values": values,
-                  "min_value": cfg.min_value, "max_value": cfg.max_value},
-        ))
+        problems.append(
+            Problem(
+                id=f"arith-{seed}-{i}",
+                question=render(surface),
+                answer=str(values[-1]),
+                solution=solution_text(start, ops, ANSWER_MARKER),
+                difficulty=f"steps={k}",
+                meta={
+                    "name": name,
+                    "pronoun": pronoun,
+                    "object": obj,
+                    "start": start,
+                    "ops": [[op, x] for op, x in ops],
+                    "verbs": verbs,
+                    "values": values,
+                    "min_value": cfg.min_value,
+                    "max_value": cfg.max_value,
+                },
+            )
+        )
     return problems

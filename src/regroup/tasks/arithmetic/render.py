@@ -93,4 +93,5 @@ def surface_from_meta(meta: dict[str, Any], problem_id: str = "?") -> Surface:
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(
             f"problem {problem_id!r} has no arithmetic structure in meta (need name, pronoun, object, start, ops): "
-            f"{exc!r}") from None
+            f"{exc!r}"
+        ) from None

@@ -13,10 +13,12 @@ _NUMBER = re.compile(r"\d+")
 # Sentences that state how much the person has before anything happens.
 _START = re.compile(r"\b(has|have|had|starts with|started with|begins with|began with)\b", re.IGNORECASE)
 # Step verbs, by their effect on the amount (own lists, deliberately not the renderer's).
-_GAIN = re.compile(r"\b(finds|found|buys|bought|gets|got|receives|received|is given|was given|wins|won|"
-                   r"picks up|collects)\b", re.IGNORECASE)
-_LOSS = re.compile(r"\b(gives away|gave away|loses|lost|sells|sold|uses|used|eats|ate|drops|dropped)\b",
-                   re.IGNORECASE)
+_GAIN = re.compile(
+    r"\b(finds|found|buys|bought|gets|got|receives|received|is given|was given|wins|won|"
+    r"picks up|collects)\b",
+    re.IGNORECASE,
+)
+_LOSS = re.compile(r"\b(gives away|gave away|loses|lost|sells|sold|uses|used|eats|ate|drops|dropped)\b", re.IGNORECASE)
 
 
 def solve_question(text: str) -> int:

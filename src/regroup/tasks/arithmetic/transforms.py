@@ -64,8 +64,11 @@ def _reorder(s: Surface, rng: random.Random, limits: tuple[int, int]) -> Surface
         s = replace(s, steps=rng.choice(orders))
     if choice in ("question", "both"):
         # Moving the question flips between the two template lists; keep the index valid.
-        s = replace(s, question_first=not s.question_first,
-                    question_template=rng.randrange(len(QUESTION_LAST if s.question_first else QUESTION_FIRST)))
+        s = replace(
+            s,
+            question_first=not s.question_first,
+            question_template=rng.randrange(len(QUESTION_LAST if s.question_first else QUESTION_FIRST)),
+        )
     return s
 
 

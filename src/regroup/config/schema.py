@@ -1,0 +1,674 @@
+"""The sections of a run config: fields with their type, default, help and bounds, and the cross-field rules.
+
+A field is `name: type = F(default, "help", ge=/gt=/le=/lt=)` (`regroup.config.fields`): `regroup config` lists the
+help, every int / float field has bounds (a test checks it), and choices are its `Literal` type. This module is a
+leaf: it imports only `config.fields`, `regroup.errors` and `regroup.registry` (tests/test_structure.py), so any
+module may read a config. Whether the named pieces exist, and whether the files a run reads are there, is checked a
+floor up, by `regroup.train.run_config`.
+"SPEC §N" in this package means section N of docs/spec.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+import typing
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Literal, Optional
+
+from regroup.config import fields
+from regroup.config.fields import F, parse_override
+from regroup.errors import ConfigError
+from regroup.registry import did_you_mean
+
+INT32 = 2**31 - 1
+SEED = dict(ge=0, le=INT32)  # numpy seeds must be < 2**32, and seeds are summed (data.seed + seed)
+COUNT = dict(ge=1, le=INT32)
+EVERY = dict(ge=0, le=INT32)  # "every K steps", 0: off
+MAX_TOKENS = 131072  # longer than any model's context today; stops a typo (1e8) from allocating gigabytes
+MAX_GROUP = 1024  # samples per question; beyond it one step's batch no longer fits any accelerator
+
+
+@dataclass
+class LoraConfig:
+    """LoRA adapters through peft (real models)."""
+
+    enabled: bool = F(False, "Train LoRA adapters instead of all weights.")
+    r: int = F(16, "Adapter rank.", **COUNT)
+    alpha: int = F(32, "Adapter scaling numerator (scale = alpha / r).", **COUNT)
+    dropout: float = F(0.0, "Dropout on the adapter input.", ge=0.0, lt=1.0)
+    target_modules: list[str] = F(["q_proj", "k_proj", "v_proj", "o_proj"], "Module names that get adapters.")
+
+
+@dataclass
+class ModelConfig:
+    """Which policy to train."""
+
+    path: Optional[str] = F(
+        None, "A local HF causal-LM directory. None: the built-in tiny model, warmed up (and cached) first.", path=True
+    )
+    warmup_dir: str = F(
+        "runs/warmup", "Where the built-in tiny model's warm-up is cached (used when `path` is None).", path=True
+    )
+    gguf_file: Optional[str] = F(
+        None, "A GGUF file name inside `path`: loaded dequantized to `dtype`; checkpoints are saved as HF safetensors."
+    )
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = F(
+        "float32", "Parameter dtype. bfloat16 on GPUs for real models; float32 for the tiny model on CPU."
+    )
+    gradient_checkpointing: bool = F(False, "Recompute activations in the backward pass to save memory.")
+    lora: LoraConfig = F(LoraConfig, "LoRA settings.")
+
+
+@dataclass
+class DataConfig:
+    """Where training questions come from."""
+
+    task: str = F(
+        "arithmetic",
+        'Task providing the grader, step scorer and rule rephrasings (a registered task name, or "pkg.mod:obj").',
+    )
+    train_file: Optional[str] = F(
+        None,
+        "JSONL / JSON / Parquet / CSV file, HF dataset folder, or hf:NAME[:CONFIG][@SPLIT]. "
+        "None: generate from the task.",
+        path=True,
+    )
+    num_train: int = F(20000, "Questions to generate when `train_file` is None.", ge=1, le=10**8)
+    question_field: str = F("question", "Column holding the question.")
+    answer_field: str = F("answer", "Column holding the final answer.")
+    solution_field: str = F("solution", "Column holding the reference solution (DaGRPO anchors, judge reference).")
+    skip_bad_rows: bool = F(False, "Skip and count malformed rows instead of failing on the first one.")
+    seed: int = F(1234, "Seed of the generated training set.", **SEED)
+    eval_seed: int = F(999, "Seed of the generated held-out set.", **SEED)
+    eval_file: Optional[str] = F(
+        None, "Held-out questions for `train.eval_every` (same formats and field mapping as `train_file`).", path=True
+    )
+    system_prompt: Optional[str] = F(None, "System message put before every question (chat-template models).")
+    prompt_template: Optional[str] = F(
+        None,
+        "Template with `{question}` applied to q0 and every rephrasing alike, e.g. "
+        '"{question}\\nPut the final answer in \\boxed{}.".',
+    )
+    chat_template: Literal["auto", "on", "off"] = F(
+        "auto",
+        "Wrap prompts with the tokenizer's chat template: auto = when the tokenizer has one (never for the built-in task).",
+    )
+    max_prompt_tokens: int = F(
+        4096, "Longest prompt in tokens; a longer question is skipped and counted.", ge=1, le=MAX_TOKENS
+    )
+
+
+@dataclass
+class RolloutConfig:
+    """How responses are sampled."""
+
+    backend: Literal["hf", "hf_generate", "vllm", "vllm_server"] = F(
+        "hf",
+        "hf: lean KV-cached loop over the HF model; hf_generate: `model.generate`; vllm: colocated vLLM engine; "
+        "vllm_server: a vLLM OpenAI server started separately (`regroup vllm-serve`), over HTTP.",
+    )
+    temperature: float = F(
+        1.0, "Sampling temperature (log-probs for the loss use the same temperature, as TRL does).", gt=0.0, le=100.0
+    )  # 0 would divide the logits by zero
+    top_p: float = F(1.0, "Nucleus sampling threshold.", gt=0.0, le=1.0)
+    max_new_tokens: int = F(48, "Longest response; longer ones are truncated (and counted).", ge=1, le=MAX_TOKENS)
+    batch_size: int = F(256, "Sequences decoded together.", ge=1, le=65536)
+    tis_cap: float = F(
+        0.0,
+        "Importance-sampling cap for sampler/learner mismatch (vLLM): the upper bound of `is_mode`'s "
+        "weight (truncated) or of the ratios kept (masked); 0 disables the correction.",
+        ge=0.0,
+    )
+    is_mode: Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"] = F(
+        "token_truncate",
+        "How the sampler IS correction weighs the loss (TRL's vllm_importance_sampling_mode): per token or per response "
+        "(the product of its token ratios), truncated at the bounds or zeroed outside them.",
+    )
+    is_min: float = F(
+        0.0, "Lower bound of the IS correction (TRL's vllm_importance_sampling_clip_min); 0: none.", ge=0.0
+    )
+    vllm_gpu_memory_utilization: float = F(
+        0.3, "Fraction of GPU memory the colocated vLLM engine may take.", gt=0.0, le=1.0
+    )
+    vllm_max_model_len: int = F(0, "vLLM engine max model length (0: prompt limit + max_new_tokens).", **EVERY)
+    vllm_enable_sleep_mode: bool = F(False, "Let the colocated vLLM engine release GPU memory between rollouts.")
+    vllm_tensor_parallel_size: int = F(1, "vLLM tensor-parallel size.", ge=1, le=1024)
+    vllm_server_url: str = F("http://127.0.0.1:8000", "Root URL of the vLLM server (backend=vllm_server), without /v1.")
+    vllm_server_api_key_env: Optional[str] = F(
+        None, 'NAME of the variable holding the server\'s --api-key; None or "": the server has no key.'
+    )
+    vllm_server_timeout_s: float = F(
+        600.0,
+        "Deadline of one server request (a prompt's n samples, or a weight sync), in seconds.",
+        gt=0.0,
+        le=86400.0,
+    )
+    vllm_server_sync: Literal["reload", "nccl"] = F(
+        "reload",
+        "Weight sync: reload (learner writes safetensors to "
+        "vllm_server_sync_dir, server reloads; any device) or nccl (vLLM's NCCL weight-transfer API; GPUs only).",
+    )
+    vllm_server_sync_dir: Optional[str] = F(
+        None,
+        "Folder both learner and server can read (reload sync). None: a temporary folder on this machine.",
+        path=True,
+    )
+
+
+@dataclass
+class GRPOConfig:
+    """The GRPO core (SPEC §1)."""
+
+    num_generations: int = F(8, "G: on-policy samples per question (per variant, for TA-GRPO).", ge=1, le=MAX_GROUP)
+    prompts_per_step: int = F(16, "Questions per optimizer step.", ge=1, le=65536)
+    num_iterations: int = F(
+        1, "mu: updates per rollout batch; pi_old log-probs are computed once before the first.", ge=1, le=1000
+    )
+    micro_batch_size: int = F(
+        64, "Sequences per forward/backward; gradients are accumulated over the step's batch.", ge=1, le=65536
+    )
+    eps_low: float = F(0.2, "Lower clip range: ratio >= 1 - eps_low.", ge=0.0, lt=1.0)  # the floor must stay > 0
+    eps_high: float = F(0.2, "Upper clip range: ratio <= 1 + eps_high (DAPO clip-higher when > eps_low).", ge=0.0)
+    beta: float = F(0.0, "k3 KL coefficient against a frozen reference; the reference is loaded only when > 0.", ge=0.0)
+    kl_ratio_correction: bool = F(
+        False,
+        "Multiply the k3 term by pi_theta/pi_old (TRL's use_bias_correction_kl, its default); SPEC §1 is plain k3.",
+    )
+    loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_sum_constant"] = F(
+        "token_mean", "token_mean (TRL dapo), seq_mean_token_mean (TRL grpo), seq_sum_constant (Dr. GRPO)."
+    )
+    adv_scale: Literal["group", "batch", "none"] = F(
+        "group", "Advantage std normalisation: per group, per batch, or none (Dr. GRPO)."
+    )
+    adv_eps: float = F(1e-4, "Added to the std before dividing (a uniform group has std 0).", gt=0.0)
+    samples_multiplier: int = F(
+        1, "Samples of the original question = multiplier x G (grpo_matched uses N+1 to match TA-GRPO).", ge=1, le=1000
+    )
+    mini_batches: int = F(
+        1,
+        "Optimizer steps per rollout batch: the batch is split into this many mini-batches (TA-GRPO's scripts: 2).",
+        **COUNT,
+    )
+    importance_level: Literal["token", "sequence"] = F(
+        "token",
+        "token: PPO per-token ratio; sequence: GSPO's length-normalised sequence ratio and clip (the older spelling of "
+        "policy_loss=gspo).",
+    )
+    policy_loss: str = F(
+        "ppo_clip",
+        "The policy-gradient term: ppo_clip, gspo, cispo, sapo, gmpo, or a 'package.module:function' (docs/losses.md).",
+    )
+    cispo_clip_max: float = F(
+        5.0,
+        "CISPO: the cap on its detached importance weight (TRL's epsilon_high for loss_type=cispo; ScaleRL: 5).",
+        gt=0.0,
+    )
+    sapo_temperature_pos: float = F(
+        1.0, "SAPO: the gate's temperature on tokens with a positive advantage (TRL's default).", gt=0.0
+    )
+    sapo_temperature_neg: float = F(
+        1.05, "SAPO: the gate's temperature on tokens with a non-positive advantage (TRL's default).", gt=0.0
+    )
+    gmpo_clip_low: float = F(0.4, "GMPO: a token's log ratio is clipped at -gmpo_clip_low (paper: 0.4).", ge=0.0)
+    gmpo_clip_high: float = F(0.4, "GMPO: a token's log ratio is clipped at +gmpo_clip_high (paper: 0.4).", ge=0.0)
+    kl_estimator: str = F(
+        "k3",
+        "The KL(pi_theta || pi_ref) estimator beta multiplies: k1, k2, k3 or low_var_kl (verl's "
+        "clamped k3), or a 'package.module:function'.",
+    )
+    entropy_coef: float = F(
+        0.0, "Entropy bonus: minus this times the mean per-token entropy (TRL's entropy_coef); 0: off.", ge=0.0
+    )
+    loss_terms: list[str] = F(
+        [],
+        "Extra loss terms, each 'name' or 'name*coefficient' (a built-in such as entropy, or a "
+        "'package.module:function' returning a per-token term [B, T]; docs/extending.md).",
+    )
+    shared_prefix: Literal["auto", True, False] = F(
+        "auto",
+        "Forward each distinct prompt once per micro-batch and its responses on that cache (exact). auto: on a CPU only; on an "
+        "accelerator the extra forward's kernel launches cost more than the prompt positions saved "
+        "(`logprobs.use_shared_prefix`, BENCHMARKS.md); true keeps it on for its lower peak memory.",
+    )
+    skip_zero_gradient_rows: bool = F(
+        True,
+        "Leave out of the update's forward the rows that add nothing to the gradient: "
+        "advantage 0 with beta = 0 (uniform groups) or a DaGRPO mask weight of 0 "
+        "(`algo.losses.rows_with_gradient`). Exact: the loss normalisers still count them. "
+        "`entropy`, `clip/*` and `kl` are then means over the rows forwarded "
+        "(`update/forwarded_frac`); false forwards every row.",
+    )
+
+
+@dataclass
+class OptimConfig:
+    """AdamW with warm-up and cosine decay."""
+
+    lr: float = F(1e-4, "Peak learning rate.", gt=0.0, le=1.0)
+    weight_decay: float = F(0.0, "AdamW weight decay.", ge=0.0, le=1.0)
+    beta1: float = F(0.9, "Adam beta1.", ge=0.0, lt=1.0)
+    beta2: float = F(0.99, "Adam beta2.", ge=0.0, lt=1.0)
+    warmup_steps: int = F(
+        10, "Linear warm-up steps (the first full-lr Adam step is what damages a small model).", **EVERY
+    )
+    schedule: Literal["cosine", "constant"] = F("cosine", "Decay after warm-up.")
+    min_lr_ratio: float = F(0.1, "Cosine floor as a fraction of lr.", ge=0.0, le=1.0)
+    max_grad_norm: float = F(
+        1.0,
+        "Gradient clipping threshold (the norm before clipping is logged); <= 0 would freeze or reverse the update.",
+        gt=0.0,
+    )
+
+
+@dataclass
+class TAConfig:
+    """TA-GRPO: rephrasings pooled into one group (SPEC §3)."""
+
+    enabled: bool = F(False, "Expand each question into N+1 variants whose responses share one group.")
+    n_variants: int = F(3, "N: rephrasings per question.", ge=1, le=1000)
+    rephraser: str = F(
+        "rules",
+        "Where variants come from: rules (the task's), dataset (the data's variants), openai (an LLM "
+        'rewriter), or "pkg.mod:obj".',
+    )
+    ratio_anchor: Literal["original", "own"] = F(
+        "original", "original: every ratio on (q0, o) as the paper; own: each response on its own prompt."
+    )
+    base_url: str = F("http://127.0.0.1:8000/v1", "OpenAI-compatible endpoint of the LLM rewriter (rephraser=openai).")
+    model: str = F("gpt-4-turbo", "Rewriter model name.")
+    api_key_env: Optional[str] = F(
+        "OPENAI_API_KEY",
+        "Name of the environment variable holding the rewriter's API key; null or "
+        '"" for a server without authentication.',
+    )
+
+
+@dataclass
+class ScorerConfig:
+    """Fine-grained scorer for DaGRPO masks."""
+
+    name: str = F("step", "step | judge | similarity (the registered scorers) | a dotted path pkg.mod:obj.")
+    base_url: str = F("http://127.0.0.1:8000/v1", "OpenAI-compatible endpoint (judge).")
+    model: str = F("gpt-4o", "Judge model name.")
+    api_key_env: Optional[str] = F(
+        "OPENAI_API_KEY",
+        "Name of the environment variable holding the API key (the key itself never "
+        'goes in a config); null or "" for a server without authentication.',
+    )
+    concurrency: int = F(32, "Concurrent judge requests.", ge=1, le=4096)
+    timeout_s: float = F(
+        60.0, "Seconds per judge request in all: every attempt, backoff and Retry-After wait included.", gt=0.0
+    )
+    max_retries: int = F(4, "Retries per request before it is recorded as failed.", ge=0, le=100)
+    cache_dir: Optional[str] = F(None, "Disk cache of scores. None: RUN_DIR/cache.", path=True)
+    question: Literal["own", "original"] = F(
+        "own", "Question shown to the judge for a rephrased response: the one it answered (own) or q0 (original)."
+    )
+    structured: Literal["json_schema", "choice", "none"] = F(
+        "json_schema",
+        "How the judge is held to the form the scorer "
+        'parses: json_schema (OpenAI response_format; OpenAI and vLLM), choice (vLLM structured_outputs "1".."10"), '
+        "none (free text ending SCORE: n, the paper's setup).",
+    )
+    max_tokens: int = F(
+        0,
+        "Judge reply length limit; 0: by mode (json_schema 48, choice 4, none: not sent, the server's own).",
+        ge=0,
+        le=MAX_TOKENS,
+    )
+
+
+@dataclass
+class MaskConfig:
+    """DaGRPO sequence-level gradient rectification (SPEC §2a)."""
+
+    enabled: bool = F(False, "Mask samples whose score does not stand apart from the other side of the group.")
+    delta: float = F(3.0, "Margin on the 1-10 score scale.", ge=0.0)
+    unit: Literal["sample", "pair"] = F(
+        "sample",
+        "sample: drop a whole sample not delta clear of the other side; pair: drop "
+        "only the pairwise advantage terms (A_i - A_j)/G of pairs not delta apart "
+        "(algo.distinctiveness.pair_masked_advantages).",
+    )
+    scorer: ScorerConfig = F(ScorerConfig, "Which scorer gives the fine-grained scores.")
+
+
+@dataclass
+class AnchorConfig:
+    """DaGRPO off-policy anchors (SPEC §2b)."""
+
+    enabled: bool = F(False, "Inject verified-correct off-policy solutions into groups.")
+    count: int = F(1, "Anchors per question.", **COUNT)
+    mode: Literal["replace", "add"] = F(
+        "replace", "replace one on-policy sample per anchor (7+1 for G=8), or add to the group."
+    )
+    when: Literal["always", "no_correct"] = F(
+        "always", "Inject always, or only when no on-policy sample of the question is correct."
+    )
+    ratio: Literal["shaped", "plain"] = F(
+        "shaped", "shaped: A * p/(p+gamma), no clipping (LUFFY); plain: pi_old := stop_grad(pi_theta)."
+    )
+    gamma: float = F(0.1, "Policy-shaping gamma.", gt=0.0)
+    source: Literal["reference", "self", "both"] = F(
+        "reference", "reference: the data's solution; self: the policy's own earlier verified responses; both."
+    )
+    buffer_size: int = F(4, "Self-bootstrapped anchors kept per question.", **COUNT)
+    max_tokens: int = F(
+        0,
+        "Longest anchor in tokens; a longer reference is not injected and is counted (0: rollout.max_new_tokens).",
+        ge=0,
+        le=MAX_TOKENS,
+    )
+
+
+@dataclass
+class DynamicSamplingConfig:
+    """DAPO dynamic sampling: drop uniform-reward groups and sample more questions until the batch is full."""
+
+    enabled: bool = F(False, "Drop groups whose rewards are all equal and refill the batch with new questions.")
+    max_rounds: int = F(3, "Extra sampling rounds per step before training on a batch that is not full.", ge=0, le=1000)
+
+
+@dataclass
+class OverlongConfig:
+    """DAPO overlong handling of responses cut at rollout.max_new_tokens."""
+
+    filter: bool = F(False, "Drop truncated responses from the loss (their advantages still count in their group).")
+    soft_punish: bool = F(False, "Subtract a linear length penalty in the last `buffer` tokens before max_new_tokens.")
+    buffer: int = F(16, "Length of the soft-punishment zone in tokens.", **COUNT)
+    penalty: float = F(1.0, "Penalty at max_new_tokens (linear from 0 at max_new_tokens - buffer).", ge=0.0)
+
+
+@dataclass
+class RewardsConfig:
+    """Verifiable rewards. A plain list (`rewards=[math]`) sets `functions`."""
+
+    functions: list[str] = F(
+        ["task"],
+        "task (the task's grader), math (math-verify), or pkg.mod:fn; name*weight to weight; several are summed.",
+    )
+    correct_threshold: float = F(
+        1.0,
+        "A response is verified correct when its reward >= this (anchors, self-anchors, eval, the TRL adapter).",
+        finite=True,
+    )
+    workers: int = F(1, "Processes grading answers in parallel (math checker).", ge=1, le=1024)
+    timeout_s: float = F(
+        30.0,
+        "Deadline per call of a user reward function (pkg.mod:fn), run in a worker process: past it "
+        "the call is killed and scores None, counted as unscored (reward/timeout). 0: run it in-process, "
+        "with no deadline.",
+        ge=0.0,
+        le=86400.0,
+    )
+
+
+@dataclass
+class DiagnosticsConfig:
+    """Costly diagnostics, run every K steps."""
+
+    diversity_every: int = F(
+        10, "Mean pairwise cosine distance of response embeddings within a group, every K steps (0: off).", **EVERY
+    )
+    embedder: str = F("auto", "auto | minilm | char-ngram | a local sentence-transformers path.")
+    grad_conflict_every: Optional[int] = F(
+        None,
+        "Cosine between positive and negative samples' gradients, every K steps (0: off; None: every 10 steps when the measured "
+        "parameters hold <= 5M elements, as on the built-in tiny model, else off: the diagnostic copies their gradients, "
+        "gigabytes for a 7B model's lm_head).",
+        **EVERY,
+    )
+    grad_conflict_samples: int = F(32, "Sub-batch size for the gradient-conflict measure.", ge=2, le=INT32)
+    grad_conflict_params: str = F(
+        "lm_head|embed_tokens|lora_B", "Regex of parameter names the gradient conflict is measured on."
+    )
+
+
+@dataclass
+class StagesConfig:
+    """User stages added to the recipe by dotted path (docs/extending.md)."""
+
+    extra: list[str] = F(
+        [],
+        'Stages to add: "[before:NAME=|after:NAME=]pkg.mod:Stage", NAME a stage the recipe runs (`regroup '
+        "config --stages`); without a position at the end. Stage: a class (built with no arguments) or an "
+        "instance with `name` and `__call__(batch, ctx)`.",
+    )
+
+
+@dataclass
+class TrainConfig:
+    """The loop."""
+
+    steps: int = F(100, "Optimizer steps.", **COUNT)
+    checkpoint_every: int = F(25, "Save a checkpoint every K steps (and at the end).", **EVERY)
+    keep_checkpoints: int = F(2, "Checkpoints kept on disk (older ones are deleted).", **COUNT)
+    progress: bool = F(True, "Show a progress bar.")
+    threads: int = F(0, "torch CPU threads (0: leave torch's default).", ge=0, le=4096)
+    collective_timeout_s: float = F(
+        600.0,
+        "Seconds a process waits in a collective (all-reduce, gather, barrier) for the "
+        "others before it stops with an error naming a frozen or dead process (torch's default: "
+        "1800). Raise it when one process legitimately works alone for long.",
+        gt=0.0,
+        le=7 * 86400.0,
+    )
+    keep_cpu_memory: bool = F(
+        True,
+        "On a CPU with glibc, keep freed buffers in the process instead of returning them to the OS "
+        "(`regroup.runtime.cpu_memory`: 8x fewer page faults, a 0-12 % shorter tiny-model step).",
+    )
+    eval_every: int = F(
+        0,
+        "Evaluate on held-out questions (data.eval_file, else the task's held-out set) every K steps (0: off).",
+        **EVERY,
+    )
+    eval_n: int = F(
+        4, "Samples per held-out question when evaluating during training (pass@1 and pass@eval_n are logged).", **COUNT
+    )
+    eval_limit: int = F(64, "Held-out questions evaluated during training.", **COUNT)
+    epochs: int = F(
+        0,
+        "Stop after this many passes over the training questions, walked in order per epoch (0: use `steps`).",
+        ge=0,
+        le=INT32,
+    )
+    sample_every: int = F(
+        10, "Log a few sample completions every K steps (samples.jsonl, TensorBoard text) (0: off).", **EVERY
+    )
+    report_to: list[str] = F(
+        [],
+        "Extra trackers through accelerate: tensorboard, wandb, trackio, ... (metrics.jsonl is always "
+        "written). Replaces the removed train.tensorboard / train.wandb.",
+    )
+
+
+@dataclass
+class RunConfig:
+    """A whole training run."""
+
+    recipe: str = F(
+        "grpo",
+        "Name of the recipe (for reports; letters, digits and _ . + - = @); the pieces used are decided by "
+        "the sections below.",
+    )
+    seed: int = F(0, "Seed of sampling, shuffling and initialisation.", **SEED)
+    run_dir: Optional[str] = F(None, "Where the run writes. None: runs/<recipe>-<time>.", path=True)
+    rewards: RewardsConfig = F(RewardsConfig, "Reward functions and what counts as correct.")
+    model: ModelConfig = F(ModelConfig, "Which policy to train.")
+    data: DataConfig = F(DataConfig, "Where training questions come from.")
+    rollout: RolloutConfig = F(RolloutConfig, "How responses are sampled.")
+    grpo: GRPOConfig = F(GRPOConfig, "The GRPO core.")
+    optim: OptimConfig = F(OptimConfig, "The optimizer.")
+    ta: TAConfig = F(TAConfig, "TA-GRPO.")
+    mask: MaskConfig = F(MaskConfig, "DaGRPO masks.")
+    anchors: AnchorConfig = F(AnchorConfig, "DaGRPO anchors.")
+    dynamic_sampling: DynamicSamplingConfig = F(DynamicSamplingConfig, "DAPO dynamic sampling.")
+    overlong: OverlongConfig = F(OverlongConfig, "DAPO overlong handling.")
+    diagnostics: DiagnosticsConfig = F(DiagnosticsConfig, "Costly diagnostics.")
+    stages: StagesConfig = F(StagesConfig, "User stages.")
+    train: TrainConfig = F(TrainConfig, "The loop.")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def validate(self) -> None:
+        """Every numeric field against its bounds, then the cross-field rules. The named pieces and the files
+        a run reads are checked by `config.loader.check_config`, which calls this first."""
+        for key, f, _ in leaves():
+            if f.metadata.get("rule") is not None:
+                f.metadata["rule"].check(key, get_dotted(self, key))
+        if not RECIPE_NAME.fullmatch(self.recipe):
+            raise ConfigError(
+                f"recipe: {self.recipe!r} is not a plain name (letters, digits and _ . + - = @, "
+                "at most 100): it names run folders and labels plots and reports"
+            )
+        g = self.grpo
+        if g.num_generations < 2 and not self.ta.enabled:
+            raise ConfigError("grpo.num_generations must be >= 2: a group of one has no advantage signal")
+        if self.anchors.enabled and self.anchors.mode == "replace" and self.anchors.count >= g.num_generations:
+            raise ConfigError(
+                f"anchors.count ({self.anchors.count}) must be < grpo.num_generations "
+                f"({g.num_generations}) with anchors.mode=replace: no on-policy sample would be left"
+            )
+        if self.overlong.soft_punish and self.overlong.buffer >= self.rollout.max_new_tokens:
+            raise ConfigError(
+                f"overlong.buffer ({self.overlong.buffer}) must be < rollout.max_new_tokens "
+                f"({self.rollout.max_new_tokens}) with overlong.soft_punish"
+            )
+        for name in self.train.report_to:
+            if name not in TRACKERS:
+                raise ConfigError(
+                    f"train.report_to: unknown tracker {name!r}{did_you_mean(name, TRACKERS)}; "
+                    f"known: {', '.join(TRACKERS)}"
+                )
+
+
+RECIPE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+=@-]{0,99}")
+TRACKERS = ("tensorboard", "wandb", "trackio", "comet_ml", "aim", "mlflow", "clearml", "dvclive", "swanlab")
+"""The experiment trackers accelerate's tracker API knows (`train.report_to`)."""
+
+
+# RunConfig's leaf fields as (dotted key, Field, type hint); the dotted keys of its int / float fields; their bounds
+# (a test checks every numeric field has some); and (key, default, help + bounds) rows: what `regroup config` lists.
+leaves, numeric_keys, numeric_rules, field_docs = (
+    partial(f, RunConfig) for f in (fields.leaves, fields.numeric_keys, fields.numeric_rules, fields.field_docs)
+)
+
+
+def get_dotted(cfg, key: str):
+    """The value of dotted `key` in a config object."""
+    for part in key.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def parse_reward_spec(spec: str) -> tuple[str, float]:
+    """`name` or `name*weight` (spaces allowed around both) -> (name, finite weight); ConfigError otherwise."""
+    name, star, weight = str(spec).partition("*")
+    name = name.strip()
+    if not name or any(c.isspace() for c in name):
+        raise ConfigError(f"rewards: {spec!r} is not 'name' or 'name*weight'")
+    if not star:
+        return name, 1.0
+    try:
+        value = float(weight)
+    except ValueError:
+        raise ConfigError(f"rewards: weight of {name!r} is not a number: {weight!r}") from None
+    if not math.isfinite(value):
+        raise ConfigError(f"rewards: weight of {name!r} must be a finite number, got {weight!r}")
+    return name, value
+
+
+RESUME_OVERRIDABLE = (
+    "train.steps",
+    "train.checkpoint_every",
+    "train.keep_checkpoints",
+    "train.progress",
+    "train.threads",
+    "train.collective_timeout_s",
+    "train.keep_cpu_memory",
+    "train.eval_every",
+    "train.sample_every",
+    "train.report_to",
+    # where the vLLM server is: a restarted server may listen elsewhere (weights are pushed on resume)
+    "rollout.vllm_server_url",
+    "rollout.vllm_server_api_key_env",
+    "rollout.vllm_server_timeout_s",
+    "rollout.vllm_server_sync_dir",
+)
+"""Keys a `--resume` may change: each is read afresh by the resumed process. Any other key would be written
+to config.yaml while the restored optimizer, scheduler, data and RNG states go on with the saved value."""
+
+
+def check_resume_overrides(overrides: list[str] | tuple[str, ...]) -> None:
+    """Refuse a `--resume` override of a key that would not take effect (ConfigError naming it)."""
+    for text in overrides:
+        key = ".".join(parse_override(text)[0])
+        if key not in RESUME_OVERRIDABLE:
+            raise ConfigError(
+                f"--resume cannot change {key}: the run's saved optimizer, scheduler and data state "
+                f"would go on with its old value; start a new run for that (keys a resume may change: "
+                f"{', '.join(RESUME_OVERRIDABLE)})"
+            )
+
+
+def shorthand(data: dict) -> dict:
+    """`rewards: [math]` (a list or a comma string) stands for `rewards: {functions: [math]}`."""
+    return {**data, "rewards": {"functions": data["rewards"]}} if isinstance(data.get("rewards"), (list, str)) else data
+
+
+def apply_overrides(data: dict, overrides: list[str] | tuple[str, ...]) -> dict:
+    """Set each `dotted.key=value` in the nested mapping `data` (returned); `rewards=[math]` sets rewards.functions."""
+    return fields.apply_overrides(shorthand(data), overrides, shorthands={"rewards": "rewards.functions"})
+
+
+PACKAGED_CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+"""The shipped recipes (package data; `configs/` in a checkout links here)."""
+
+
+def resolve_config_path(path: str | os.PathLike) -> Path:
+    """A recipe file: `path` as given, else a shipped recipe by name (`grpo`, `grpo.yaml`, `paper/dagrpo_both`)."""
+    given = Path(path)
+    if given.exists():
+        return given.resolve()
+    for candidate in (
+        PACKAGED_CONFIGS / given,
+        PACKAGED_CONFIGS / given.with_suffix(".yaml"),
+        PACKAGED_CONFIGS / given.name,
+        PACKAGED_CONFIGS / Path(given.name).with_suffix(".yaml"),
+    ):
+        if str(path) and candidate.is_file():
+            return candidate
+    return given.resolve()  # reported as not found by read_yaml
+
+
+def read_sections(data: dict, source: str, *names: str) -> dict:
+    """Only the top-level sections `names` of a config mapping (e.g. a run's saved config.yaml), each built and
+    bounds-checked as in a whole config: {name: section}. Nothing the config names is imported, and none of its
+    files need to exist here (an evaluation needs only the prompting and the checker's threshold). Errors are one
+    `ConfigError` naming `source` and the key."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: a config must be a mapping, got {type(data).__name__}")
+    data = shorthand(data)
+    hints = {f.name: f for f in dataclasses.fields(RunConfig)}
+    out = {}
+    for name in names:
+        cls = typing.get_type_hints(RunConfig)[name]
+        try:
+            section = data.get(name) or {}
+            if not isinstance(section, dict):
+                raise ConfigError(f"{name}: expected a mapping, got {type(section).__name__}")
+            out[name] = fields.build(cls, section, name + ".")
+            for key, f, _ in fields.leaves(cls, name + "."):
+                if f.metadata.get("rule") is not None:
+                    f.metadata["rule"].check(key, get_dotted(out[name], key.partition(".")[2]))
+        except ConfigError as e:
+            raise ConfigError(f"{source}: {e}") from None
+    assert set(names) <= set(hints)
+    return out

@@ -1,0 +1,113 @@
+"""Diagnostics around the update, behind one seam: the trainer calls every `UpdateHook` it was given at
+two points of a step and merges their metrics, without knowing which diagnostics run. `build_update_hooks`
+picks them from the `diagnostics` config (`regroup.train.build.build_parts` calls it); a front-end or a test may
+hand the trainer its own list.
+
+- `after_collect(batch)`: the step's samples, after the recipe's stages ran (rewards, masks set).
+- `before_update(model, batch, advantages, step)`: the collated rows and their advantages [B], before
+  the first backward (the training gradients are not touched yet).
+
+Each cadence follows the step being trained (`StepBatch.step`), never a loop counter: a caller that drives
+`Trainer.train_step(step)` itself measures on the same steps as `Trainer.train`.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from regroup.batch import RolloutBatch
+from regroup.diagnostics.grad_conflict import gradient_conflict
+from regroup.diagnostics.signals import build_embedder, group_diversity, reward_diagnostics
+from regroup.stages.base import StepBatch
+
+
+class UpdateHook:
+    """A diagnostic the trainer runs around each update; both methods return metrics (floats by name)."""
+
+    name = "update_hook"
+
+    def after_collect(self, batch: StepBatch) -> dict[str, float]:
+        return {}
+
+    def before_update(self, model, batch: RolloutBatch, advantages: torch.Tensor, step: int) -> dict[str, float]:
+        return {}
+
+
+class RewardDiagnostics(UpdateHook):
+    """Reward, group-uniformity, per-variant accuracy and length metrics, every step (SPEC §3.6)."""
+
+    name = "reward_diagnostics"
+
+    def after_collect(self, batch: StepBatch) -> dict[str, float]:
+        return reward_diagnostics(batch.samples)
+
+
+class GroupDiversity(UpdateHook):
+    """`diversity`: response diversity within a group, on logged steps K, 2K, ... (`diagnostics.diversity_every`)."""
+
+    name = "diversity"
+
+    def __init__(self, every: int, embedder):
+        self.every, self.embedder = every, embedder
+
+    def after_collect(self, batch: StepBatch) -> dict[str, float]:
+        if (batch.step + 1) % self.every:  # logged steps K, 2K, ...
+            return {}
+        return {"diversity": group_diversity(batch.samples, self.embedder)}
+
+
+class GradientConflict(UpdateHook):
+    """`grad_conflict/*`: cos(g⁺, g⁻) on training steps 0, K, 2K, ... (`diagnostics.grad_conflict_every`)."""
+
+    name = "grad_conflict"
+
+    def __init__(self, every: int, param_pattern: str, max_samples: int, temperature: float):
+        self.every, self.param_pattern, self.max_samples, self.temperature = (
+            every,
+            param_pattern,
+            max_samples,
+            temperature,
+        )
+
+    def before_update(self, model, batch: RolloutBatch, advantages: torch.Tensor, step: int) -> dict[str, float]:
+        if step % self.every:
+            return {}
+        return gradient_conflict(
+            model,
+            batch,
+            advantages,
+            param_pattern=self.param_pattern,
+            max_samples=self.max_samples,
+            temperature=self.temperature,
+        )
+
+
+GRAD_CONFLICT_AUTO_LIMIT = 5_000_000
+"""`diagnostics.grad_conflict_every=None` measures every 10 steps only when the measured parameters hold
+at most this many elements: the diagnostic copies their gradients twice (gigabytes on a 7B lm_head)."""
+
+
+def default_conflict_every(model, param_pattern: str) -> int:
+    pattern = re.compile(param_pattern)
+    size = sum(p.numel() for n, p in model.named_parameters() if p.requires_grad and pattern.search(n))
+    return 10 if size <= GRAD_CONFLICT_AUTO_LIMIT else 0
+
+
+def build_update_hooks(cfg, model) -> list[UpdateHook]:
+    """The diagnostics `cfg.diagnostics` switches on, for `model` (unwrapped); one switched off is left out."""
+    d = cfg.diagnostics
+    hooks: list[UpdateHook] = [RewardDiagnostics()]
+    if d.diversity_every:
+        hooks.append(GroupDiversity(d.diversity_every, build_embedder(d.embedder)))
+    conflict_every = (
+        d.grad_conflict_every
+        if d.grad_conflict_every is not None
+        else default_conflict_every(model, d.grad_conflict_params)
+    )
+    if conflict_every:
+        hooks.append(
+            GradientConflict(conflict_every, d.grad_conflict_params, d.grad_conflict_samples, cfg.rollout.temperature)
+        )
+    return hooks

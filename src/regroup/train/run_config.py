@@ -1,0 +1,173 @@
+"""Reading, checking and writing a whole run config.
+
+`load_config("grpo", ["optim.lr=1e-4"])` reads a recipe (a file or a shipped recipe's name, which may `extends:`
+another), applies the dotted overrides and runs `check_config`: keys, types and bounds (`schema`), then the named
+pieces against their registries (rewards, scorer, rephraser, task, stages, loss pieces; a dotted `pkg.mod:obj` is
+imported here), then the files and folders the run will read. No model is touched; an error is one `ConfigError`
+line naming the dotted key. This module sits above the packages whose registries it reads.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import yaml
+
+import regroup.rephrase  # noqa: F401  (registers the built-in rephrasers)
+import regroup.rewards  # noqa: F401  (registers the built-in rewards)
+import regroup.scorers  # noqa: F401  (registers the built-in scorers)
+import regroup.stages  # noqa: F401  (registers the built-in stages)
+import regroup.tasks  # noqa: F401  (registers the built-in tasks)
+from regroup.config.fields import build, read_yaml
+from regroup.config.schema import (
+    RunConfig,
+    apply_overrides,
+    get_dotted,
+    parse_reward_spec,
+    resolve_config_path,
+    shorthand,
+)
+from regroup.data.load import DataError, peek_columns
+from regroup.errors import ConfigError
+from regroup.io import write_atomic
+from regroup.net.redact import check_key_env_name
+from regroup.registry import REPHRASERS, REWARDS, SCORERS, STAGES, TASKS, Registry
+from regroup.stages.user import check_user_stage, parse_stage_entry
+from regroup.train.loss_config import loss_spec
+
+
+def check_config(cfg: RunConfig) -> None:
+    """`cfg.validate()` (bounds, cross-field rules), then the named pieces, the files the run will read, the key
+    variables' names and the loss. No model is touched."""
+    cfg.validate()
+    check_pieces(cfg)
+    for key in ("data.train_file", "data.eval_file"):
+        check_readable(key, get_dotted(cfg, key))
+    if cfg.model.path is not None and not os.path.isdir(cfg.model.path):
+        raise ConfigError(f"model.path: no such model folder: {cfg.model.path}")
+    for key in ("ta.api_key_env", "mask.scorer.api_key_env", "rollout.vllm_server_api_key_env"):
+        if get_dotted(cfg, key):  # null or "": a server without authentication
+            check_key_env_name(get_dotted(cfg, key), key)  # a key pasted where its variable's name goes
+    try:  # the loss pieces exist (dotted paths import) and compose, before any model loads
+        loss_spec(cfg)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _piece(key: str, registry: Registry, name: str, must_call: bool = True) -> Any:
+    """The registered or dotted piece `name` (a dotted one is imported now); ConfigError naming `key`."""
+    try:
+        obj = registry.get(name)
+    except ValueError as e:
+        raise ConfigError(f"{key}: {e}") from None
+    except Exception as e:  # the user's module failed while importing
+        raise ConfigError(f"{key}: importing {name!r} failed: {type(e).__name__}: {e}") from None
+    if must_call and not callable(obj):
+        raise ConfigError(f"{key}: {name!r} is a {type(obj).__name__}, not callable")
+    return obj
+
+
+def check_pieces(cfg: RunConfig) -> None:
+    """Reward, scorer, rephraser, task and user-stage names exist in their registries (dotted paths import),
+    and the pieces bound to the built-in task are not used on external data it does not describe."""
+    user_task = ":" in cfg.data.task
+    _piece("data.task", TASKS, cfg.data.task, must_call=False)
+    # External data that the task does not own: the task's grader, step scorer and rules know only its format.
+    foreign, task = cfg.data.train_file is not None and not user_task, cfg.data.task
+    if not cfg.rewards.functions:
+        raise ConfigError("rewards: no reward function; give at least one, e.g. rewards=[math]")
+    for spec in cfg.rewards.functions:
+        name, _ = parse_reward_spec(spec)
+        _piece("rewards", REWARDS, name)
+        if name == "task" and foreign:
+            raise ConfigError(
+                f"rewards: 'task' grades the built-in {task} task's answers and cannot grade "
+                f"data.train_file; use rewards=[math] (or a 'package.module:function')"
+            )
+    scorer = cfg.mask.scorer.name
+    if cfg.mask.enabled or not SCORERS.known(scorer):
+        _piece("mask.scorer.name", SCORERS, scorer)
+    if cfg.mask.enabled and scorer == "step" and foreign:
+        raise ConfigError(
+            f"mask.scorer.name: 'step' scores the built-in {task} task's steps and would score "
+            "every response of data.train_file alike; use mask.scorer.name=judge or similarity"
+        )
+    if cfg.ta.enabled or not REPHRASERS.known(cfg.ta.rephraser):
+        _piece("ta.rephraser", REPHRASERS, cfg.ta.rephraser)
+    if cfg.ta.enabled and cfg.ta.rephraser == "rules" and foreign:
+        raise ConfigError(
+            f"ta.rephraser: 'rules' rewrites the built-in {task} task's questions only; with "
+            "data.train_file use ta.rephraser=openai, or dataset (variants stored in the data)"
+        )
+    if cfg.ta.enabled and cfg.ta.rephraser == "dataset":
+        _check_variants(cfg)
+    for i, entry in enumerate(cfg.stages.extra):
+        try:
+            check_user_stage(parse_stage_entry(entry), STAGES)
+        except ValueError as e:
+            raise ConfigError(f"stages.extra[{i}]: {e}") from None
+
+
+def _check_variants(cfg: RunConfig) -> None:
+    """ta.rephraser=dataset needs data that stores variants (a `variants` column or index/sub_index rows)."""
+    if cfg.data.train_file is None:
+        raise ConfigError(
+            "ta.rephraser: 'dataset' takes the variants stored in data.train_file, and none is set "
+            "(generated questions have no stored variants); use ta.rephraser=rules"
+        )
+    if str(cfg.data.train_file).startswith("hf:"):
+        return  # a hub data set: its columns are checked when it loads, before the model does
+    check_readable("data.train_file", cfg.data.train_file)
+    try:
+        columns = peek_columns(cfg.data.train_file)
+    except DataError as e:
+        raise ConfigError(f"data.train_file: {e}") from None
+    if "variants" not in columns and not {"index", "sub_index"} <= columns:
+        raise ConfigError(
+            f"ta.rephraser: 'dataset' needs stored variants, but {cfg.data.train_file} has no "
+            f"'variants' column and no index/sub_index rows (columns: {', '.join(sorted(columns))}); "
+            "add them with `regroup rephrase`, or use ta.rephraser=openai"
+        )
+
+
+def check_readable(key: str, path: str | None) -> None:
+    """A data file (or datasets folder) that exists and can be read; `hf:` specs are read by `datasets`."""
+    if path is None or str(path).startswith("hf:"):
+        return
+    if not os.path.exists(path):
+        raise ConfigError(f"{key}: no such file or folder: {path}")
+    if os.path.isdir(path):
+        if not os.access(path, os.R_OK | os.X_OK):
+            raise ConfigError(f"{key}: folder {path} is not readable")
+        return
+    try:
+        with open(path, "rb") as f:
+            f.read(1)
+    except OSError as e:
+        raise ConfigError(f"{key}: cannot read {path}: {e.strerror or e}") from None
+
+
+# -- loading ----------------------------------------------------------------------------------------------
+
+
+def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
+    """Read a YAML recipe (a file, or a shipped recipe's name), apply dotted overrides, type-check, validate.
+    No model is touched."""
+    data = apply_overrides(read_yaml(resolve_config_path(path)) if path else {}, overrides)
+    cfg = build(RunConfig, data)
+    check_config(cfg)
+    return cfg
+
+
+def config_from_dict(data: dict) -> RunConfig:
+    """Rebuild a saved config (e.g. RUN_DIR/config.yaml) with the same checks as `load_config`."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"a saved config must be a mapping, got {type(data).__name__}")
+    cfg = build(RunConfig, shorthand(data))
+    check_config(cfg)
+    return cfg
+
+
+def save_config(cfg: RunConfig, path: str | os.PathLike) -> None:
+    write_atomic(path, yaml.safe_dump(cfg.to_dict(), sort_keys=False))

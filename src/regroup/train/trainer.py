@@ -1,0 +1,588 @@
+"""The training loop, and only the loop: run the recipe's stages on a step batch → update with the recipe's
+loss spec → log → checkpoint. Which stages run is the recipe's business (`regroup.train.recipes`); the trainer
+never asks which algorithm it runs.
+
+Data parallelism (accelerate): every process draws the same global batch of questions and samples its
+own contiguous slice of whole groups; stages that need the whole batch (advantages, dynamic sampling)
+gather through the step context; loss normalisers are global totals and each rank's loss is multiplied
+by the world size (DDP averages gradients), so the update equals the single-process one. Only rank 0
+writes logs and checkpoints.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import time
+import warnings
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+from accelerate.utils import gather, gather_object, pad_across_processes, reduce
+
+from regroup.algo.losses import LossInputs, LossTotals, policy_loss, rows_with_gradient
+from regroup.algo.sampler_is import sampler_is_weight
+from regroup.batch import RolloutBatch, collate
+from regroup.diagnostics.signals import SignalWatch
+from regroup.eval.during_training import eval_problems, evaluate_during_training
+from regroup.models.logprobs import prompt_order, response_logps, use_shared_prefix
+from regroup.models.prompting import encode_prompt, encode_response
+from regroup.rollout.base import SamplingParams
+from regroup.runtime.checkpoint import (
+    check_resume_config,
+    latest_valid_checkpoint,
+    load_model_weights,
+    load_run_config,
+    load_trainer_state,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
+from regroup.runtime.metrics import MetricsLogger, tracker_names
+from regroup.runtime.sample_log import SampleLog
+from regroup.runtime.sharded import (
+    TRAINING_STATE_DIR,
+    full_state_dict,
+    is_sharded,
+    load_training_state,
+    save_training_state,
+    write_hf_weights,
+)
+from regroup.stages.base import StepBatch, StepContext, load_stage_states, run_stages, stage_states
+from regroup.train import build as setup
+from regroup.train.build import train_steps
+from regroup.train.data_stream import QuestionStream
+from regroup.train.recipes import build_recipe
+from regroup.train.run_config import save_config
+
+PROMPT_CACHE_SIZE = 8192
+
+
+class Trainer:
+    """`Trainer(parts, recipe, run_dir)`: parts from `regroup.train.build.build_parts`, recipe from
+    `regroup.train.recipes.build_recipe`; `Trainer.from_config(cfg, run_dir)` builds both."""
+
+    def __init__(self, parts, recipe, run_dir: str | Path, *, resume: bool = False, log=print):
+        cfg = self.cfg = parts.cfg
+        self.parts, self.recipe = parts, recipe
+        self.run_dir = Path(run_dir)
+        self.log = log
+        self.acc = parts.accelerator
+        self.model, self.tokenizer, self.reference = parts.model, parts.tokenizer, parts.reference
+        self.optimizer, self.scheduler, self.sampler = parts.optimizer, parts.scheduler, parts.sampler
+        self.task, self.problems = parts.task, parts.problems
+        self.prompter = parts.prompter  # None: the plain one-turn prompt (`models.prompting.encode_prompt`)
+        self.is_main = self.acc.is_main_process
+        self.world, self.rank = self.acc.num_processes, self.acc.process_index
+        if cfg.grpo.prompts_per_step % self.world:
+            raise ValueError(
+                f"grpo.prompts_per_step ({cfg.grpo.prompts_per_step}) must divide by the {self.world} processes"
+            )
+        self.pad_id = self.tokenizer.pad_token_id
+        self.stream = QuestionStream(self.problems, cfg.data.seed + cfg.seed)
+        self.total_steps = train_steps(cfg, len(self.problems))
+        self.update_hooks = list(parts.update_hooks)  # diagnostics (regroup.diagnostics.hooks), run blind
+        self.watch = SignalWatch.for_config(cfg, getattr(parts, "references_verify", None))
+        self.shared_prefix = use_shared_prefix(cfg.grpo.shared_prefix, self.acc.device)
+        self._prompt_ids: dict[str, list[int]] = {}
+        self.skipped_long = 0
+        self._eval_problems: list | None = None
+        self.ctx = self._context()
+        self.step = 0
+        if self.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            save_config(cfg, self.run_dir / "config.yaml")
+        self.logger = MetricsLogger(
+            self.run_dir,
+            cfg.to_dict(),
+            enabled=self.is_main,
+            warn=log,
+            accelerator=self.acc,
+            trackers=tracker_names(cfg.train),
+        )
+        self.sample_log = SampleLog(
+            self.run_dir, cfg.train.sample_every, enabled=self.is_main, tb_writer=self.logger.tensorboard_writer()
+        )
+        if resume:
+            self._resume()
+
+    @classmethod
+    def from_config(cls, cfg, run_dir: str | Path, *, resume: bool = False, accelerator=None, log=print) -> Trainer:
+        parts = setup.build_parts(cfg, Path(run_dir), accelerator=accelerator, log=log)  # late-bound: tests replace it
+        recipe = build_recipe(cfg, parts.task, lambda text: encode_response(parts.tokenizer, text), run_dir)
+        return cls(parts, recipe, run_dir, resume=resume, log=log)
+
+    # ------------------------------------------------------------------------------------------ context
+    def _encode(self, text: str) -> list[int]:
+        """Prompt ids of a question, remembered for the recent questions (bounded: a long run over a large
+        data set would otherwise keep every prompt it ever saw)."""
+        ids = self._prompt_ids.pop(text, None)
+        if ids is None:
+            ids = self.prompter.encode(text) if self.prompter is not None else encode_prompt(self.tokenizer, text)
+        self._prompt_ids[text] = ids  # most recent last
+        if len(self._prompt_ids) > PROMPT_CACHE_SIZE:
+            del self._prompt_ids[next(iter(self._prompt_ids))]
+        return ids
+
+    def _context(self) -> StepContext:
+        cfg = self.cfg
+        return StepContext(
+            seed=cfg.seed,
+            num_generations=cfg.grpo.num_generations,
+            samples_multiplier=cfg.grpo.samples_multiplier,
+            n_variants=cfg.ta.n_variants if cfg.ta.enabled else 0,
+            world=self.world,
+            rank=self.rank,
+            sampler=self.sampler,
+            sampling_params=SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.max_new_tokens, n=1),
+            encode_prompt=self._encode,
+            encode_response=lambda text: encode_response(self.tokenizer, text),
+            gather=self._gather,
+            global_sum=self._global_sum,
+            warn=self.log,
+        )
+
+    def _gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Concatenate a 1-D tensor across processes (variable lengths allowed), rank order."""
+        if self.world == 1:
+            return tensor
+        lengths = gather(torch.tensor([tensor.numel()], device=self.acc.device))
+        padded = gather(pad_across_processes(tensor.to(self.acc.device), dim=0))
+        size = padded.numel() // self.world
+        return torch.cat([padded[r * size : r * size + int(n)] for r, n in enumerate(lengths.tolist())]).cpu()
+
+    def _global_sum(self, value: float) -> float:
+        if self.world == 1:
+            return value
+        return float(reduce(torch.tensor([value], dtype=torch.float64, device=self.acc.device), reduction="sum"))
+
+    def _global_max(self, value: float) -> float:
+        if self.world == 1:
+            return value
+        return float(gather(torch.tensor([value], dtype=torch.float64, device=self.acc.device)).max())
+
+    # ------------------------------------------------------------------------------------------ collect
+    def _draw(self, step: int, round_: int) -> StepBatch:
+        """This process's slice of the next global batch of questions; group ids unique within the step."""
+        pps = self.cfg.grpo.prompts_per_step
+        questions = [p for p in self.stream.next_batch(pps) if self._prompt_fits(p)]
+        drawn = pps
+        while len(questions) < pps:  # every process draws the same stream, so all skip the same questions
+            if drawn >= 100 * pps:
+                raise ValueError(
+                    f"{drawn - len(questions)} of {drawn} questions in a row are longer than "
+                    f"data.max_prompt_tokens={self.cfg.data.max_prompt_tokens}: raise the limit or check the data"
+                )
+            questions += [p for p in self.stream.next_batch(1) if self._prompt_fits(p)]
+            drawn += 1
+        self.skipped_long += drawn - pps
+        per_rank = pps // self.world
+        first = self.rank * per_rank
+        rounds = self.cfg.dynamic_sampling.max_rounds + 1 if self.cfg.dynamic_sampling.enabled else 1
+        base = (step * rounds + round_) * pps
+        return StepBatch(
+            step=step,
+            problems=questions[first : first + per_rank],
+            group_ids=[base + first + i for i in range(per_rank)],
+        )
+
+    MAX_CHARS_PER_TOKEN = 64
+    """A question longer than max_prompt_tokens x this many characters is too long without tokenizing it."""
+
+    def _prompt_fits(self, problem) -> bool:
+        """Whether the question's prompt is within `data.max_prompt_tokens` (an over-long one is skipped and
+        counted as `data/skipped_long`, never sampled: one 50 MB question once took 18.9 GB before dying)."""
+        limit = self.cfg.data.max_prompt_tokens
+        if len(problem.question) > limit * self.MAX_CHARS_PER_TOKEN:
+            return False
+        return len(self._encode(problem.question)) <= limit
+
+    def collect(self, step: int) -> tuple[StepBatch, dict]:
+        """Run the recipe's stages for `step`: sample, reward, and whatever the recipe adds, up to masks."""
+        collect_stages = self.recipe.collect_stages()
+        extra_rounds: list[dict] = []
+
+        def refill(round_: int) -> StepBatch:  # dynamic sampling draws more questions through the same stages
+            extra = self._draw(step, round_)
+            extra_rounds.append(run_stages(collect_stages, extra, self.ctx))
+            return extra
+
+        self.ctx.refill = refill
+        batch = self._draw(step, 0)
+        metrics = run_stages(self.recipe.stages, batch, self.ctx)
+        metrics["data/skipped_long"] = float(self.skipped_long)  # since the start of the run
+        # What the extra rounds cost, and what their anchor stages decided, counts too.
+        for key in (
+            "tokens/generated",
+            "time/rollout",
+            "time/reward",
+            "anchor/too_long",
+            "anchor/rejected_reference",
+            "anchor/reward_checks",
+            "time/anchor_verify",
+        ):
+            if key in metrics or any(key in m for m in extra_rounds):
+                metrics[key] = metrics.get(key, 0.0) + sum(m.get(key, 0.0) for m in extra_rounds)
+        if "tokens/generated" in metrics and metrics.get("time/rollout"):
+            metrics["tokens_per_s"] = metrics["tokens/generated"] / max(metrics["time/rollout"], 1e-9)
+        return batch, metrics
+
+    # ------------------------------------------------------------------------------------------- update
+    def _micro_batches(self, rows: torch.Tensor) -> list[torch.Tensor]:
+        return list(rows.split(self.cfg.grpo.micro_batch_size))  # row indices [<= micro_batch_size] each
+
+    def _forwarded_rows(self, rows: range, carries: torch.Tensor) -> torch.Tensor:
+        """Row indices [n] of the mini-batch `rows` that the update forwards, in batch order: the rows that
+        carry gradient, then rows that carry none up to the largest count of any process (FSDP, DeepSpeed
+        and DDP's all-reduce need every process to run the same passes) and to at least one (AdamW steps
+        on zero gradients too, as it does when every row is forwarded)."""
+        index = torch.arange(rows.start, rows.stop)  # [R]
+        keep = carries[index]  # [R]
+        target = min(len(index), max(int(self._global_max(float(keep.sum()))), 1))
+        return torch.cat([index[keep], index[~keep]])[:target].sort().values  # [n]
+
+    def _logps_no_grad(self, model_fn, batch: RolloutBatch, rows: torch.Tensor) -> torch.Tensor:
+        """Log-probs [B, T] of the rows `rows` (0 elsewhere: those rows are never read)."""
+        out = torch.zeros(batch.completion_mask.shape, device=batch.completion_mask.device)  # [B, T]
+        with torch.no_grad():
+            for mb in self._micro_batches(rows):
+                out[mb] = model_fn(batch.select(mb)).float()
+        return out
+
+    def _mini_batches(self, n: int) -> list[range]:
+        """`grpo.mini_batches` contiguous row ranges, one optimizer step each (advantages were computed over
+        whole groups before the split, so a group may span two mini-batches)."""
+        k = self.cfg.grpo.mini_batches
+        bounds = [round(i * n / k) for i in range(k + 1)]
+        return [range(bounds[i], bounds[i + 1]) for i in range(k)]
+
+    def update(self, step_batch: StepBatch) -> dict:
+        cfg, g = self.cfg, self.cfg.grpo
+        samples = step_batch.samples
+        if self._global_sum(float(len(samples))) == 0:
+            self.log(f"step {step_batch.step + 1}: no samples left to train on (every group filtered); update skipped")
+            return {"skipped_empty": 1.0}
+        if not samples:  # another process has samples: join its collectives with a zero-weight row
+            return self._empty_update()
+        # Rows of one prompt side by side, so a micro-batch shares few prompt forwards (anchors join their group).
+        order = prompt_order(samples) if self.shared_prefix else list(range(len(samples)))
+        batch = self._to_device(collate([samples[i] for i in order], self.pad_id))
+        advantages = step_batch.advantages[order].to(self.acc.device)  # [B]
+        weights = None if step_batch.weights is None else step_batch.weights[order].to(self.acc.device)  # [B]
+        metrics: dict = {}
+        for hook in self.update_hooks:
+            metrics.update(hook.before_update(self.acc.unwrap_model(self.model), batch, advantages, step_batch.step))
+        anchor_tokens = batch.completion_mask.bool() & ~batch.sampled_mask  # [B, T] forced (off-policy) tokens
+        temperature = cfg.rollout.temperature
+
+        def score(model, mb):
+            return response_logps(model, mb, temperature, shared_prefix=self.shared_prefix)[0]
+
+        minis = self._mini_batches(len(batch))
+        spec = self.recipe.loss
+        carries = (
+            rows_with_gradient(advantages, weights, spec.moves_every_row)
+            if g.skip_zero_gradient_rows
+            else torch.ones(len(batch), dtype=torch.bool)
+        )  # [B]
+        forwarded = [self._forwarded_rows(rows, carries.cpu()) for rows in minis]  # per mini-batch, [n] each
+        all_forwarded = torch.cat(forwarded)  # [N]
+        metrics["update/forwarded_frac"] = len(all_forwarded) / len(batch)
+
+        # pi_old is computed once per rollout, before the first update, whenever it can differ from pi_theta.
+        needs_old = g.num_iterations > 1 or g.mini_batches > 1
+        old_logps = self._logps_no_grad(lambda mb: score(self.model, mb), batch, all_forwarded) if needs_old else None
+        ref_logps = (
+            self._logps_no_grad(lambda mb: self.reference(lambda m: score(m, mb)), batch, all_forwarded)
+            if self.reference
+            else None
+        )
+
+        sums: dict[str, float] = {}
+        for iteration in range(g.num_iterations):
+            for rows, rows_forwarded in zip(minis, forwarded):
+                # Normalisers count every row of the mini-batch, forwarded or not (the loss is unchanged).
+                mask_all = batch.completion_mask[rows.start : rows.stop]  # [R, T]
+                totals = LossTotals(
+                    total_tokens=self._global_sum(float(mask_all.sum())),
+                    total_sequences=int(self._global_sum(float(len(mask_all)))),
+                    max_completion_length=cfg.rollout.max_new_tokens,
+                )
+                micro = self._micro_batches(rows_forwarded)
+                loss_total = 0.0
+                for k, mb in enumerate(micro):
+                    part = batch.select(mb)
+                    sync = k == len(micro) - 1
+                    context = self.acc.no_sync(self.model) if (not sync and self.world > 1) else nullcontext()
+                    with context:
+                        logps, entropy = response_logps(
+                            self.model,
+                            part,
+                            temperature,
+                            with_entropy=iteration == 0,
+                            shared_prefix=self.shared_prefix,
+                            entropy_grad=spec.needs_entropy,
+                        )  # [b, T] x2
+                        old = (
+                            logps.detach() if old_logps is None else old_logps[mb]
+                        )  # mu = 1, one mini-batch: ratio 1 (TRL)
+                        inputs = LossInputs(
+                            advantages=advantages[mb],
+                            loss_mask=part.completion_mask,
+                            ref_logps=None if ref_logps is None else ref_logps[mb],
+                            sample_weight=None if weights is None else weights[mb],
+                            anchor_token_mask=anchor_tokens[mb] if bool(anchor_tokens[mb].any()) else None,
+                            is_weight=self._is_weight(old, part),
+                            entropy=entropy if spec.needs_entropy else None,
+                        )
+                        loss, loss_metrics = policy_loss(logps, old, inputs, spec, totals)
+                        self.acc.backward(loss * self.world)  # DDP averages over ranks; normalisers are global
+                    loss_total += float(loss.detach())
+                    if iteration == 0:
+                        self._accumulate(
+                            sums,
+                            part,
+                            None if entropy is None else entropy.detach(),
+                            loss_metrics,
+                            anchor_tokens[mb],
+                            logps.detach(),
+                        )
+                metrics.update(self._optimizer_step(loss_total))
+        metrics.update(self._finish_sums(sums))
+        return metrics
+
+    def _is_weight(self, old: torch.Tensor, part: RolloutBatch) -> torch.Tensor | None:
+        """The sampler IS weight ([b, T], or [b, 1] in a sequence mode) per row: rows without sampler
+        log-probs (anchors) get weight 1.
+
+        The sampler scored each response on the prompt it answered; config validation refuses
+        `rollout.tis_cap > 0` with ratios on q0, where π_old(o|q0)/π_sampler(o|q_n) would compare two prompts.
+        """
+        spec = self.recipe.loss
+        if spec.is_cap <= 0 or not bool(part.has_behaviour_logps.any()):
+            return None
+        weight = sampler_is_weight(
+            old, part.behaviour_logps, part.completion_mask, spec.is_mode, spec.is_cap, spec.is_min or None
+        )  # [b, T] or [b, 1]
+        return torch.where(part.has_behaviour_logps.unsqueeze(1), weight, torch.ones_like(weight))
+
+    def _empty_update(self) -> dict:
+        """This process kept no sample (dynamic sampling): it joins the collectives the others make, in
+        their order — each mini-batch's forwarded-row count, then per optimizer step the two normaliser
+        sums and a zero-loss forward/backward on a two-token row — so DDP's all-reduce and the schedule
+        stay in step."""
+        g = self.cfg.grpo
+        row = torch.full((1, 2), self.pad_id, dtype=torch.long, device=self.acc.device)
+        metrics: dict = {}
+        for _ in range(g.mini_batches):
+            self._global_max(0.0)
+        for _ in range(g.num_iterations * g.mini_batches):
+            self._global_sum(0.0)  # total_tokens
+            self._global_sum(0.0)  # total_sequences
+            logits = self.model(input_ids=row, attention_mask=torch.ones_like(row), use_cache=False).logits
+            self.acc.backward(logits.float().sum() * 0.0)
+            metrics = self._optimizer_step(0.0)
+        return metrics
+
+    def _optimizer_step(self, loss_total: float) -> dict:
+        """Clip, then step unless the loss or the gradient is not finite (then the weights stay as they were)."""
+        grad_norm = self.acc.clip_grad_norm_(self.model.parameters(), self.cfg.optim.max_grad_norm)
+        grad_norm = float(grad_norm) if grad_norm is not None else math.nan
+        finite = math.isfinite(loss_total) and math.isfinite(grad_norm)
+        if finite:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        with warnings.catch_warnings():  # a skipped step still advances the schedule, on purpose
+            warnings.simplefilter("ignore", UserWarning)
+            self.scheduler.step()
+        return {
+            "loss": loss_total,
+            "grad_norm": grad_norm,
+            "skipped_nonfinite": float(not finite),
+            "lr": self.scheduler.get_last_lr()[0],
+        }
+
+    @staticmethod
+    def _accumulate(sums, part, entropy, loss_metrics, anchor_tokens, logps) -> None:
+        on_policy = part.completion_mask.bool() & ~anchor_tokens  # [b, T]
+        n_tok = float(on_policy.sum())
+        sums["tok"] = sums.get("tok", 0.0) + n_tok
+        if entropy is not None:
+            sums["entropy"] = sums.get("entropy", 0.0) + float((entropy * on_policy).sum())
+        for src, key in (("clip_low_frac", "clip/low_frac"), ("clip_high_frac", "clip/high_frac"), ("kl_mean", "kl")):
+            if src in loss_metrics:
+                sums[key] = sums.get(key, 0.0) + float(loss_metrics[src]) * n_tok
+        if anchor_tokens.any():
+            sums["anchor_tok"] = sums.get("anchor_tok", 0.0) + float(anchor_tokens.sum())
+            sums["anchor_logp"] = sums.get("anchor_logp", 0.0) + float((logps * anchor_tokens).sum())
+
+    @staticmethod
+    def _finish_sums(sums) -> dict:
+        out = {}
+        tok = max(sums.get("tok", 0.0), 1.0)
+        for key in ("entropy", "clip/low_frac", "clip/high_frac", "kl"):
+            if key in sums:
+                out[key] = sums[key] / tok
+        if sums.get("anchor_tok"):
+            out["anchor/logp_mean"] = sums["anchor_logp"] / sums["anchor_tok"]
+        return out
+
+    def _to_device(self, batch: RolloutBatch) -> RolloutBatch:
+        if self.acc.device.type == "cpu":
+            return batch
+        return RolloutBatch(**{k: v.to(self.acc.device) for k, v in batch.__dict__.items()})
+
+    # ------------------------------------------------------------------------------------------- loop
+    def train_step(self, step: int) -> dict:
+        t0 = time.perf_counter()
+        batch, metrics = self.collect(step)
+        for hook in self.update_hooks:
+            metrics.update(hook.after_collect(batch))
+        self.sample_log.maybe_log(step + 1, batch)
+        t1 = time.perf_counter()
+        metrics.update(self.update(batch))
+        t2 = time.perf_counter()
+        self.sampler.sync_weights(self.acc.unwrap_model(self.model))
+        metrics["time/sync"] = time.perf_counter() - t2  # weight push to the sampler (0 for the HF loop)
+        metrics["time/update"] = time.perf_counter() - t1
+        metrics["time/step"] = time.perf_counter() - t0
+        return self._reduce_metrics(metrics)
+
+    def _reduce_metrics(self, metrics: dict) -> dict:
+        """One record of the step's metrics, the same on every process.
+
+        `loss` is summed: each rank's loss is its share of a loss normalised by global totals, so the sum
+        is the single-process loss. Every other metric is the mean over the processes that reported it
+        (counts are per-process means). Keys may differ between ranks (anchor metrics exist only where
+        an anchor was injected), so the key set is agreed first: reducing tensors of different lengths
+        hangs the collective. A non-finite value on any rank stays non-finite (logged as null).
+        """
+        if self.world == 1:
+            return metrics
+        summed = {"loss"}  # a rank's share of a global quantity
+        keys = sorted(set(gather_object(list(metrics))))
+        values = [float(metrics.get(k, 0.0)) for k in keys]
+        present = [float(k in metrics) for k in keys]
+        both = torch.tensor([values, present], dtype=torch.float64, device=self.acc.device)  # [2, K]
+        totals, counts = reduce(both, reduction="sum").cpu().tolist()
+        return {k: total if k in summed else total / count for k, total, count in zip(keys, totals, counts)}
+
+    def _finished(self) -> bool:
+        return self.step >= self.total_steps
+
+    def train(self, on_step=None) -> dict:
+        """Run to `train.steps` (or `train.epochs` passes over the questions); returns the last step's metrics."""
+        metrics: dict = {}
+        every = self.cfg.train.checkpoint_every
+        eval_every = self.cfg.train.eval_every
+        while not self._finished():
+            metrics = self.train_step(self.step)
+            self.step += 1
+            if eval_every and self.step % eval_every == 0:
+                metrics.update(self.evaluate())
+            for line in self.watch.observe(self.step, metrics):
+                if self.is_main:
+                    self.log(line)
+            self.logger.log(self.step, metrics)
+            if on_step is not None and self.is_main:
+                on_step(self.step, metrics)
+            if (every and self.step % every == 0) or self._finished():
+                self.save()
+        self.logger.close()
+        self.sample_log.close()
+        return metrics
+
+    def evaluate(self) -> dict:
+        """Held-out evaluation during training (`train.eval_every`), logged as `eval/*` metrics."""
+        if self._eval_problems is None:  # chosen once, on the first evaluation
+            self._eval_problems = eval_problems(self.cfg, self.task, self.problems, self.log)
+        return evaluate_during_training(self, self._eval_problems)
+
+    # ------------------------------------------------------------------------------------ checkpoints
+    def state(self) -> dict:
+        return {
+            "step": self.step,
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "rng": rng_state(),
+            "stream": self.stream.state_dict(),
+            "stages": stage_states(self.recipe.stages),
+            "watch": self.watch.state_dict(),
+        }
+
+    def save(self) -> Path | None:
+        self.acc.wait_for_everyone()
+        if is_sharded(self.acc):
+            return self._save_sharded()
+        path = None
+        if self.is_main:
+            path = save_checkpoint(
+                self.run_dir,
+                self.step,
+                self.acc.unwrap_model(self.model),
+                self.tokenizer,
+                self.state(),
+                keep=self.cfg.train.keep_checkpoints,
+                config=self.cfg.to_dict(),
+            )
+        self.acc.wait_for_everyone()
+        return path
+
+    def _save_sharded(self) -> Path | None:
+        """FSDP / ZeRO-3: every process joins the weight gather and writes its optimizer shards; rank 0 then
+        writes the checkpoint (full HF weights + those shards + trainer state) atomically as usual."""
+        weights = full_state_dict(self.acc, self.model)  # collective; the full tensors on rank 0
+        staging = self.run_dir / "checkpoints" / f".sharded-step-{self.step:06d}"
+        save_training_state(self.acc, staging)  # collective: each process its own shards
+        path = None
+        if self.is_main:
+
+            def write_weights(folder: Path) -> None:
+                write_hf_weights(self.acc.unwrap_model(self.model), weights, folder)
+                self.tokenizer.save_pretrained(folder)
+                (staging / TRAINING_STATE_DIR).rename(folder / TRAINING_STATE_DIR)
+
+            state = self.state()
+            state["optimizer"] = None  # sharded: restored from accelerate_state/ on every process
+            path = save_checkpoint(
+                self.run_dir,
+                self.step,
+                self.acc.unwrap_model(self.model),
+                self.tokenizer,
+                state,
+                keep=self.cfg.train.keep_checkpoints,
+                write_weights=write_weights,
+                config=self.cfg.to_dict(),
+            )
+            shutil.rmtree(staging, ignore_errors=True)
+        self.acc.wait_for_everyone()
+        return path
+
+    def _resume(self) -> None:
+        path = latest_valid_checkpoint(self.run_dir, warn=self.log)
+        if path is None:
+            self.log(f"no checkpoint in {self.run_dir}; starting from step 0")
+            self.logger.truncate_after(0)  # steps logged before the crash are logged again
+            self.sample_log.truncate_after(0)
+            return
+        check_resume_config(path, load_run_config(path), self.cfg.to_dict(), f"{self.run_dir / 'config.yaml'}")
+        state = load_trainer_state(path)
+        if state.get("optimizer") is None:  # a sharded run's checkpoint: weights and optimizer shards
+            load_training_state(self.acc, path)
+        else:
+            load_model_weights(self.acc.unwrap_model(self.model), path)
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.stream.load_state_dict(state["stream"])
+        stages = state.get("stages")
+        if stages is None and state.get("anchors"):  # checkpoints written before stages had names
+            stages = {"anchors": state["anchors"]}
+        load_stage_states(self.recipe.stages, stages)
+        self.watch.load_state_dict(state.get("watch") or {})
+        set_rng_state(state["rng"])
+        self.step = state["step"]
+        self.sampler.sync_weights(self.acc.unwrap_model(self.model))
+        self.logger.truncate_after(self.step)
+        self.sample_log.truncate_after(self.step)
+        self.log(f"resumed from {path} at step {self.step}")

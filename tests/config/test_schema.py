@@ -1,0 +1,290 @@
+"""Config loading: YAML recipes, dotted overrides, type and cross-field errors naming the key."""
+
+from pathlib import Path
+
+import pytest
+
+from regroup.config.schema import field_docs
+from regroup.errors import ConfigError
+from regroup.train.run_config import config_from_dict, load_config, save_config
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in CONFIGS.glob("*.yaml")))
+def test_every_shipped_recipe_loads(name):
+    cfg = load_config(CONFIGS / name)
+    assert cfg.recipe == name.removesuffix(".yaml")
+
+
+def test_recipes_switch_the_documented_pieces():
+    ta = load_config(CONFIGS / "ta_grpo.yaml")
+    assert ta.ta.enabled and ta.ta.ratio_anchor == "original" and not ta.mask.enabled
+    da = load_config(CONFIGS / "dagrpo.yaml")
+    assert da.mask.enabled and da.anchors.enabled and da.grpo.adv_scale == "none" and da.grpo.beta == 0
+    both = load_config(CONFIGS / "dagrpo_ta.yaml")
+    assert both.ta.enabled and both.mask.enabled and both.anchors.enabled
+    matched = load_config(CONFIGS / "grpo_matched.yaml")
+    # the same samples per question as TA-GRPO: (N+1)·G
+    assert (
+        matched.grpo.samples_multiplier * matched.grpo.num_generations
+        == (ta.ta.n_variants + 1) * ta.grpo.num_generations
+    )
+
+
+def test_overrides_are_typed():
+    cfg = load_config(
+        CONFIGS / "grpo.yaml",
+        [
+            "optim.lr=3e-4",
+            "train.steps=7",
+            "grpo.loss_agg=seq_sum_constant",
+            "model.lora.enabled=true",
+            "rewards=task,math*0.5",
+        ],
+    )
+    assert cfg.optim.lr == pytest.approx(3e-4) and isinstance(cfg.optim.lr, float)
+    assert cfg.train.steps == 7 and cfg.grpo.loss_agg == "seq_sum_constant" and cfg.model.lora.enabled
+    assert cfg.rewards.functions == ["task", "math*0.5"]
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("optim.lrr=1", "optim.lrr"),
+        ("nosuch=1", "nosuch"),
+        ("grpo.num_generations=eight", "grpo.num_generations"),
+        ("grpo.loss_agg=mean", "grpo.loss_agg"),
+        ("train.progress=yes please", "train.progress"),
+        ("grpo.prompts_per_step=0", "grpo.prompts_per_step"),
+        ("rollout.top_p=1.5", "rollout.top_p"),
+        ("grpo.num_generations=1", "grpo.num_generations"),
+        ("model.path=/no/such/model", "model.path"),
+        ("data.train_file=/no/such.jsonl", "data.train_file"),
+        ("rewards=task*heavy", "rewards"),
+    ],
+)
+def test_bad_config_names_the_key(override, key):
+    with pytest.raises(ConfigError) as err:
+        load_config(CONFIGS / "grpo.yaml", [override])
+    assert key in str(err.value)
+
+
+def test_impossible_anchor_count_is_rejected():
+    with pytest.raises(ConfigError, match="anchors.count"):
+        load_config(CONFIGS / "dagrpo.yaml", ["anchors.count=8"])
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("grpo: [unclosed")
+    with pytest.raises(ConfigError, match="invalid YAML"):
+        load_config(bad)
+
+
+def test_saved_config_round_trips(tmp_path):
+    cfg = load_config(CONFIGS / "dagrpo_ta.yaml", ["seed=3"])
+    save_config(cfg, tmp_path / "config.yaml")
+    import yaml
+
+    again = config_from_dict(yaml.safe_load((tmp_path / "config.yaml").read_text()))
+    assert again == cfg
+
+
+def test_every_field_has_a_docstring():
+    rows = field_docs()
+    assert len(rows) > 60
+    undocumented = [key for key, _, doc in rows if not doc]
+    # section fields (model, data, ...) are documented by their class; every leaf has its own line
+    assert undocumented == [], undocumented
+
+
+# -- numeric rules: every int/float field has one ---------------------------------------------------------
+
+
+def test_every_numeric_field_has_bounds():
+    """A new int/float field must declare its bounds on the field (F(..., ge=/gt=/le=/lt=, or finite=True)),
+    and only numeric fields may carry bounds."""
+    from regroup.config.schema import numeric_keys, numeric_rules
+
+    keys, rules = numeric_keys(), numeric_rules()
+    assert len(keys) > 50
+    assert "optim.lr" in keys and "mask.scorer.timeout_s" in keys and "diagnostics.grad_conflict_every" in keys
+    assert sorted(set(keys) - set(rules)) == [], "numeric fields without bounds"
+    assert sorted(set(rules) - set(keys)) == [], "bounds on a field that is not a number"
+
+
+def test_the_bounds_check_catches_a_field_without_bounds():
+    """The check above can fail: a section with an unbounded int field is reported by numeric_rules/keys."""
+    import dataclasses
+
+    from regroup.config import fields
+
+    @dataclasses.dataclass
+    class Extra:
+        bounded: int = fields.F(1, "has bounds", ge=0)
+        unbounded: int = fields.F(1, "has none")
+
+    assert fields.numeric_keys(Extra) == ["bounded", "unbounded"]
+    rules = fields.numeric_rules(Extra)
+    assert list(rules) == ["bounded"] and rules["bounded"].ok(0) and not rules["bounded"].ok(-1)
+
+
+def test_numeric_rule_bounds_by_hand():
+    from regroup.config.fields import NumericRule, above, at_least
+
+    lr = above(0.0, 1.0)
+    assert [lr.ok(v) for v in (0.0, 1e-9, 1.0, 1.0001, float("nan"), float("inf"))] == [
+        False,
+        True,
+        True,
+        False,
+        False,
+        False,
+    ]
+    ratio = NumericRule(0.0, 1.0)
+    assert [ratio.ok(v) for v in (-1e-12, 0.0, 1.0, 1.5)] == [False, True, True, False]
+    assert at_least(0).describe() == "a finite number >= 0" and lr.describe() == "a finite number > 0 and <= 1"
+    assert NumericRule(0.0, 1.0, high_open=True).ok(1.0) is False
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("optim.max_grad_norm=-1", "optim.max_grad_norm"),
+        ("optim.max_grad_norm=0", "optim.max_grad_norm"),
+        ("optim.min_lr_ratio=-5", "optim.min_lr_ratio"),
+        ("optim.lr=.inf", "optim.lr"),
+        ("optim.lr=.nan", "optim.lr"),
+        ("rollout.temperature=0", "rollout.temperature"),
+        ("seed=-1", "seed"),
+        ("train.threads=-3", "train.threads"),
+        ("mask.delta=.nan", "mask.delta"),
+        ("anchors.gamma=-0.1", "anchors.gamma"),
+        ("grpo.mini_batches=0", "grpo.mini_batches"),
+        ("rewards.workers=0", "rewards.workers"),
+        ("rewards.correct_threshold=.nan", "rewards.correct_threshold"),
+    ],
+)
+def test_out_of_range_values_name_the_key(override, key):
+    with pytest.raises(ConfigError) as err:
+        load_config(CONFIGS / "grpo.yaml", [override])
+    assert str(err.value).startswith(key + " must be"), err.value
+
+
+def test_overlong_buffer_must_fit_under_max_new_tokens():
+    load_config(CONFIGS / "grpo.yaml", ["overlong.buffer=100"])  # unused without soft_punish
+    with pytest.raises(ConfigError, match="overlong.buffer"):
+        load_config(
+            CONFIGS / "grpo.yaml", ["overlong.soft_punish=true", "overlong.buffer=48", "rollout.max_new_tokens=48"]
+        )
+    load_config(CONFIGS / "grpo.yaml", ["overlong.soft_punish=true", "overlong.buffer=47", "rollout.max_new_tokens=48"])
+
+
+# -- named pieces and data files, before any model loads ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("rewards=[]", "no reward function"),
+        ("rewards=[nosuch]", "unknown reward 'nosuch'"),
+        ("rewards=[mth]", "did you mean 'math'"),
+        ("rewards=[task*nan]", "finite"),
+        ("rewards=[json:nosuch_fn]", "no attribute"),
+        ("rewards=[no_such_module_xyz:fn]", "cannot import"),
+        ("rewards=[json:__doc__]", "not callable"),
+        ("mask.enabled=true mask.scorer.name=jduge", "did you mean 'judge'"),
+        ("ta.rephraser=rulez", "did you mean 'rules'"),
+        ("data.task=arithmetc", "did you mean 'arithmetic'"),
+    ],
+)
+def test_piece_names_are_checked_with_did_you_mean(override, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("*", r"\*")):
+        load_config(CONFIGS / "grpo.yaml", override.split())
+
+
+def test_a_dotted_reward_that_imports_is_accepted():
+    cfg = load_config(CONFIGS / "grpo.yaml", ["rewards=[json:dumps*0.5,task]"])
+    assert cfg.rewards.functions == ["json:dumps*0.5", "task"]
+
+
+def _data(tmp_path, rows):
+    import json
+
+    path = tmp_path / "train.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.mark.parametrize(
+    "override, alternative",
+    [
+        ("rewards=[task]", "rewards=[math]"),
+        ("rewards=[math] mask.enabled=true mask.scorer.name=step", "judge or similarity"),
+        ("rewards=[math] ta.enabled=true ta.rephraser=rules", "ta.rephraser=openai, or dataset"),
+    ],
+)
+def test_task_bound_pieces_refuse_external_data(tmp_path, override, alternative):
+    data = _data(tmp_path, [{"question": "1+1?", "answer": "2"}])
+    with pytest.raises(ConfigError, match=alternative.replace("[", r"\[").replace("]", r"\]")):
+        load_config(CONFIGS / "grpo.yaml", [f"data.train_file={data}", *override.split()])
+    # the same pieces on the built-in generated data stay the default path
+    load_config(CONFIGS / "dagrpo_ta.yaml")
+    load_config(CONFIGS / "grpo.yaml", [f"data.train_file={data}", "rewards=[math]"])
+
+
+def test_a_user_task_owns_its_data(tmp_path):
+    data = _data(tmp_path, [{"question": "1+1?", "answer": "2"}])
+    cfg = load_config(
+        CONFIGS / "grpo.yaml", [f"data.train_file={data}", "data.task=regroup.tasks.arithmetic:ArithmeticTask"]
+    )
+    assert cfg.rewards.functions == ["task"]
+    with pytest.raises(ConfigError, match="data.task"):
+        load_config(CONFIGS / "grpo.yaml", ["data.task=regroup.tasks.arithmetic:NoSuchTask"])
+
+
+def test_dataset_rephraser_needs_stored_variants(tmp_path):
+    plain = _data(tmp_path, [{"question": "1+1?", "answer": "2"}])
+    base = ["rewards=[math]", "ta.enabled=true", "ta.rephraser=dataset"]
+    with pytest.raises(ConfigError, match="no 'variants' column and no index/sub_index"):
+        load_config(CONFIGS / "grpo.yaml", [f"data.train_file={plain}", *base])
+    with pytest.raises(ConfigError, match="data.train_file"):
+        load_config(CONFIGS / "grpo.yaml", base)  # generated questions have no stored variants
+    (tmp_path / "v").mkdir()
+    variants = _data(tmp_path / "v", [{"question": "1+1?", "answer": "2", "variants": ["one plus one?"]}])
+    load_config(CONFIGS / "grpo.yaml", [f"data.train_file={variants}", *base])
+    (tmp_path / "ta").mkdir()
+    folded = _data(
+        tmp_path / "ta",
+        [
+            {"index": 0, "sub_index": 0, "question": "1+1?", "answer": "2"},
+            {"index": 0, "sub_index": 1, "question": "one plus one?", "answer": "2"},
+        ],
+    )
+    load_config(CONFIGS / "grpo.yaml", [f"data.train_file={folded}", *base])
+
+
+def test_data_files_must_exist_and_be_readable(tmp_path):
+    with pytest.raises(ConfigError, match="data.eval_file: no such file"):
+        load_config(CONFIGS / "grpo.yaml", [f"data.eval_file={tmp_path / 'nope.jsonl'}"])
+    unreadable = tmp_path / "locked.jsonl"
+    unreadable.write_text("{}")
+    unreadable.chmod(0)
+    import os
+
+    if os.geteuid() != 0:  # root reads anything
+        with pytest.raises(ConfigError, match="cannot read"):
+            load_config(CONFIGS / "grpo.yaml", [f"data.train_file={unreadable}", "rewards=[math]"])
+
+
+def test_resume_overrides_are_limited_to_keys_that_take_effect():
+    from regroup.config.schema import check_resume_overrides
+
+    check_resume_overrides(["train.steps=30", "train.keep_checkpoints=1", "train.progress=false"])
+    with pytest.raises(ConfigError, match="--resume cannot change optim.lr"):
+        check_resume_overrides(["train.steps=30", "optim.lr=0.5"])
+    with pytest.raises(ConfigError, match="rewards"):
+        check_resume_overrides(["rewards=[math]"])

@@ -1,0 +1,594 @@
+"""regroup.algo == TRL's GRPOTrainer on the same tensors (SPEC §1: "the same settings must give the same loss").
+
+Reference: trl 1.16 `trl/trainer/grpo_trainer.py`:
+- advantages: `GRPOTrainer._generate_and_score_completions` (the `scale_rewards` block), called for real
+  here with a reward function that returns crafted rewards (None = unscorable);
+- loss: `GRPOTrainer._compute_loss` for `loss_type` dapo / grpo / dr_grpo, called for real with crafted
+  inputs (old / ref log-probs, advantages, masks), compared to `regroup.algo.losses.policy_loss` on
+  log-probs from a plain forward pass of the same model — loss value, every parameter gradient, and the
+  clip / KL metrics TRL logs.
+Also: accumulation invariance of `policy_loss` (8 micro-batches of 1 == 1 micro-batch of 8).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+pytest.importorskip("trl")
+from datasets import Dataset  # noqa: E402
+from loss_call import call_policy_loss  # noqa: E402
+from transformers import Qwen3Config, Qwen3ForCausalLM  # noqa: E402
+from trl import GRPOConfig, GRPOTrainer  # noqa: E402
+
+from regroup.algo.advantages import group_advantages  # noqa: E402
+from regroup.algo.losses import AGG_MODES, TRL_LOSS_TYPES  # noqa: E402
+from regroup.models.tiny import build_tokenizer  # noqa: E402
+
+B, P, T = 8, 5, 7  # sequences, prompt length, completion length (= max_completion_length)
+NUM_GEN = 4
+ATOL = 1e-5
+
+# Rewards the reward function hands to TRL, one list per call (None = could not be scored).
+_REWARD_QUEUE: list[list[float | None]] = []
+
+
+def _reward_fn(prompts, completions, **kwargs):  # the signature TRL calls reward functions with
+    return _REWARD_QUEUE.pop(0)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """A tiny random Qwen3 (hidden 32, 2 layers) and its tokenizer, saved once for all trainers."""
+    tok = build_tokenizer()
+    cfg = Qwen3Config(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        tie_word_embeddings=True,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(cfg)
+    path = tmp_path_factory.mktemp("tiny")
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path), tok
+
+
+def _trainer(model_dir, tmp_path_factory, **overrides) -> GRPOTrainer:
+    """A real GRPOTrainer over the saved tiny model (β > 0 makes TRL load its own reference copy)."""
+    path, tok = model_dir
+    kw = dict(
+        output_dir=str(tmp_path_factory.mktemp("out")),
+        report_to=[],
+        use_cpu=True,
+        # TRL defaults to bf16=True, which on CPU autocasts TRL's forward to bf16 (logps off by ~1e-3);
+        # both sides run in fp32 here so that the comparison is about the algorithm, not the precision.
+        bf16=False,
+        per_device_train_batch_size=B,
+        num_generations=NUM_GEN,
+        max_completion_length=T,
+        save_strategy="no",
+        logging_steps=1,
+    )
+    kw.update(overrides)
+    ds = Dataset.from_dict({"prompt": ["1+1=", "2+3=", "4-1=", "5+5="]})
+    trainer = GRPOTrainer(
+        model=path, reward_funcs=_reward_fn, args=GRPOConfig(**kw), train_dataset=ds, processing_class=tok
+    )
+    trainer.model.train()
+    # Set by transformers' training loop before each step; _compute_loss reads it.
+    trainer.current_gradient_accumulation_steps = kw.get("gradient_accumulation_steps", 1)
+    return trainer
+
+
+# ---- advantages ---------------------------------------------------------------------------------------
+
+REWARD_PATTERNS = {
+    # 4 groups of 4: mixed binary, all-correct, one unscored, a single scored sample
+    "binary": [1, 0, 0, 1, 1, 1, 1, 1, None, 1, 0, 0, None, None, 1, None],
+    # real-valued: mixed, uniform 0.5, one unscored, two-and-two
+    "real": [0.3, 0.7, 0.2, 0.9, 0.5, 0.5, 0.5, 0.5, 0.0, 0.25, None, 1.0, 0.1, 0.1, 0.6, 0.6],
+}
+
+
+@pytest.mark.parametrize("scale", ["group", "batch", "none"])
+@pytest.mark.parametrize("pattern", sorted(REWARD_PATTERNS))
+def test_advantages_equal_trl(model_dir, tmp_path_factory, scale, pattern):
+    trainer = _trainer(model_dir, tmp_path_factory, scale_rewards=scale)
+    rewards = REWARD_PATTERNS[pattern]
+    _REWARD_QUEUE.append(list(rewards))
+    prompts = ["1+1=", "2+3=", "4-1=", "5+5="]
+    batch = [{"prompt": p} for p in prompts for _ in range(NUM_GEN)]  # TRL's RepeatSampler layout
+    with torch.no_grad():
+        out = trainer._generate_and_score_completions(batch)
+    trl_adv = out["advantages"].float()  # [16]
+
+    r = torch.tensor([math.nan if x is None else x for x in rewards], dtype=torch.float32)  # [16]
+    gid = torch.arange(len(rewards)) // NUM_GEN  # [16] positional groups, as TRL
+    ours = group_advantages(r, gid, scale=scale, eps=1e-4)
+    assert torch.allclose(ours, trl_adv, atol=ATOL), (ours, trl_adv)
+    assert (trl_adv != 0).any()  # the case is not vacuous
+    # regroup groups by id, not position: a shuffled batch with scrambled ids gives the same values
+    perm = torch.randperm(len(rewards), generator=torch.Generator().manual_seed(1))
+    ours_p = group_advantages(r[perm], (gid * 37 - 11)[perm], scale=scale, eps=1e-4)
+    assert torch.allclose(ours_p, trl_adv[perm], atol=ATOL)
+
+
+# ---- loss ---------------------------------------------------------------------------------------------
+
+
+def _crafted_inputs(vocab: int, pad_id: int) -> dict[str, torch.Tensor]:
+    """Left-padded prompts, right-padded completions of varied length (one empty), mixed-sign advantages."""
+    gen = torch.Generator().manual_seed(123)
+    prompt_ids = torch.randint(5, vocab, (B, P), generator=gen)  # [B, P]
+    prompt_mask = torch.ones(B, P, dtype=torch.long)
+    prompt_mask[1, :2] = 0
+    prompt_mask[5, :1] = 0
+    prompt_ids[prompt_mask == 0] = pad_id
+    completion_ids = torch.randint(5, vocab, (B, T), generator=gen)  # [B, T]
+    lengths = torch.tensor([7, 3, 5, 1, 7, 6, 0, 4])
+    completion_mask = (torch.arange(T)[None, :] < lengths[:, None]).long()  # [B, T]
+    completion_ids[completion_mask == 0] = pad_id
+    return {
+        "prompt_ids": prompt_ids,
+        "prompt_mask": prompt_mask,
+        "completion_ids": completion_ids,
+        "completion_mask": completion_mask,
+        "advantages": torch.tensor([1.2, -0.7, 0.0, 0.5, -1.5, 0.9, -0.3, 2.0]),  # [B]
+        "num_items_in_batch": completion_mask.sum(),
+    }
+
+
+def _forward_logps(model, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """log π(completion token | prefix) by a plain forward pass  -> [B, T]."""
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)  # [B, P+T]
+    attn = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)  # [B, P+T]
+    logits = model(input_ids=ids, attention_mask=attn).logits  # [B, P+T, V]
+    logits = logits[:, P - 1 : -1].float()  # [B, T] positions that predict the completion tokens
+    return torch.log_softmax(logits, dim=-1).gather(-1, inputs["completion_ids"].unsqueeze(-1)).squeeze(-1)
+
+
+def _add_old_and_ref(model, inputs):
+    """π_old and π_ref log-probs = current ones shifted by noise in ±0.5, so both clip sides are hit."""
+    gen = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        lp = _forward_logps(model, inputs)  # [B, T]
+    inputs["old_per_token_logps"] = lp + (torch.rand(B, T, generator=gen) - 0.5)
+    inputs["ref_per_token_logps"] = lp + (torch.rand(B, T, generator=gen) - 0.5)
+    return inputs
+
+
+def _grads(model) -> list[torch.Tensor]:
+    return [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
+
+
+def _trl_loss_and_grads(trainer, model_dir, beta: float):
+    """The crafted inputs (with old / ref log-probs; no ref when beta is 0), TRL's loss on them and its
+    parameter gradients; the model's gradients are zeroed again for the regroup side."""
+    model = trainer.model
+    inputs = _add_old_and_ref(model, _crafted_inputs(model.config.vocab_size, model_dir[1].pad_token_id))
+    if beta == 0.0:
+        inputs.pop("ref_per_token_logps")
+    model.zero_grad()
+    trl_loss = trainer._compute_loss(model, inputs)
+    trl_loss.backward()
+    trl_grads = _grads(model)
+    model.zero_grad()
+    return inputs, trl_loss, trl_grads
+
+
+LOSS_CASES = list(
+    itertools.product(
+        sorted(AGG_MODES),
+        [(0.0, False), (0.04, False), (0.04, True)],  # (beta, TRL use_bias_correction_kl)
+        [(0.2, None), (0.2, 0.28)],  # (epsilon, epsilon_high)
+    )
+)
+
+
+@pytest.mark.parametrize(("agg", "kl", "eps"), LOSS_CASES)
+def test_loss_and_gradients_equal_trl(model_dir, tmp_path_factory, agg, kl, eps):
+    beta, correction = kl
+    eps_low, eps_high = eps
+    trainer = _trainer(
+        model_dir,
+        tmp_path_factory,
+        loss_type=TRL_LOSS_TYPES[agg],
+        beta=beta,
+        use_bias_correction_kl=correction,
+        epsilon=eps_low,
+        epsilon_high=eps_high,
+    )
+    model = trainer.model
+    inputs, trl_loss, trl_grads = _trl_loss_and_grads(trainer, model_dir, beta)
+    trl_metrics = {k: v[-1] for k, v in trainer._metrics["train"].items()}
+
+    model.zero_grad()
+    mask = inputs["completion_mask"]
+    loss, met = call_policy_loss(
+        _forward_logps(model, inputs),
+        inputs["old_per_token_logps"],
+        inputs["advantages"],
+        mask,
+        ref_logps=inputs.get("ref_per_token_logps"),
+        beta=beta,
+        eps_low=eps_low,
+        eps_high=eps_low if eps_high is None else eps_high,
+        agg=agg,
+        total_tokens=float(mask.sum()),
+        total_sequences=B,
+        max_completion_length=T,
+        kl_ratio_correction=correction,
+    )
+    loss.backward()
+    ours_grads = _grads(model)
+
+    assert loss.item() == pytest.approx(trl_loss.item(), abs=ATOL)
+    for g_ours, g_trl in zip(ours_grads, trl_grads):
+        assert torch.allclose(g_ours, g_trl, atol=ATOL)
+    assert any(g.abs().sum() > 0 for g in trl_grads)
+    # both clip sides are exercised, and the logged fractions agree with TRL's
+    assert met["clip_low_frac"].item() > 0 and met["clip_high_frac"].item() > 0
+    assert met["clip_low_frac"].item() == pytest.approx(trl_metrics["clip_ratio/low_mean"], abs=ATOL)
+    assert met["clip_high_frac"].item() == pytest.approx(trl_metrics["clip_ratio/high_mean"], abs=ATOL)
+    if beta != 0.0 and not correction:
+        assert met["kl_mean"].item() == pytest.approx(trl_metrics["kl"], abs=ATOL)
+
+
+@pytest.mark.parametrize("agg", sorted(AGG_MODES))
+def test_trl_gradient_accumulation_equals_whole_batch(model_dir, tmp_path_factory, agg):
+    """TRL with 2 accumulation steps of 4 sequences == regroup on the 8 at once with the same totals."""
+    trainer = _trainer(
+        model_dir,
+        tmp_path_factory,
+        loss_type=TRL_LOSS_TYPES[agg],
+        beta=0.04,
+        use_bias_correction_kl=False,
+        epsilon_high=0.28,
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=2,
+    )
+    model = trainer.model
+    full = _add_old_and_ref(model, _crafted_inputs(model.config.vocab_size, model_dir[1].pad_token_id))
+    model.zero_grad()
+    trl_total = 0.0
+    for half in (slice(0, 4), slice(4, 8)):
+        micro = {k: (v if k == "num_items_in_batch" else v[half]) for k, v in full.items()}
+        loss = trainer._compute_loss(model, micro)
+        loss.backward()
+        trl_total += loss.item()
+    trl_grads = _grads(model)
+
+    model.zero_grad()
+    mask = full["completion_mask"]
+    loss, _ = call_policy_loss(
+        _forward_logps(model, full),
+        full["old_per_token_logps"],
+        full["advantages"],
+        mask,
+        ref_logps=full["ref_per_token_logps"],
+        beta=0.04,
+        eps_low=0.2,
+        eps_high=0.28,
+        agg=agg,
+        total_tokens=float(mask.sum()),
+        total_sequences=B,
+        max_completion_length=T,
+    )
+    loss.backward()
+    assert loss.item() == pytest.approx(trl_total, abs=ATOL)
+    for g_ours, g_trl in zip(_grads(model), trl_grads):
+        assert torch.allclose(g_ours, g_trl, atol=ATOL)
+
+
+# ---- accumulation invariance of policy_loss itself -----------------------------------------------------
+
+
+@pytest.mark.parametrize("agg", sorted(AGG_MODES))
+def test_accumulation_invariance(agg):
+    """Σ of gradients over 8 micro-batches of 1 sequence == gradient of 1 micro-batch of 8 (whole-batch totals)."""
+    gen = torch.Generator().manual_seed(3)
+    V = 11
+    logits = torch.randn(B, T, V, generator=gen, dtype=torch.float64, requires_grad=True)  # [B, T, V]
+    tokens = torch.randint(0, V, (B, T), generator=gen)  # [B, T]
+    lengths = torch.tensor([7, 3, 5, 1, 7, 6, 0, 4])
+    mask = torch.arange(T)[None, :] < lengths[:, None]  # [B, T]
+    with torch.no_grad():
+        lp0 = torch.log_softmax(logits, -1).gather(-1, tokens[..., None]).squeeze(-1)  # [B, T]
+    old = lp0 + (torch.rand(B, T, generator=gen, dtype=torch.float64) - 0.5)
+    ref = lp0 + (torch.rand(B, T, generator=gen, dtype=torch.float64) - 0.5)
+    adv = torch.tensor([1.2, -0.7, 0.0, 0.5, -1.5, 0.9, -0.3, 2.0], dtype=torch.float64)
+    anchor = torch.zeros(B, T, dtype=torch.bool)
+    anchor[7] = True  # one whole sequence is a forced anchor
+    sample_weight = torch.tensor([1, 1, 0, 1, 0, 1, 1, 1], dtype=torch.float64)  # DaGRPO mask
+    is_weight = torch.rand(B, T, generator=gen, dtype=torch.float64) + 0.5
+    totals = dict(total_tokens=float(mask.sum()), total_sequences=B, max_completion_length=T)
+
+    def loss_of(rows: slice) -> torch.Tensor:
+        lp = torch.log_softmax(logits[rows], -1).gather(-1, tokens[rows, :, None]).squeeze(-1)  # [b, T]
+        loss, _ = call_policy_loss(
+            lp,
+            old[rows],
+            adv[rows],
+            mask[rows],
+            ref_logps=ref[rows],
+            beta=0.05,
+            agg=agg,
+            sample_weight=sample_weight[rows],
+            anchor_token_mask=anchor[rows],
+            is_weight=is_weight[rows],
+            eps_high=0.28,
+            **totals,
+        )
+        return loss
+
+    full = loss_of(slice(0, B))
+    (g_full,) = torch.autograd.grad(full, logits)
+    micro_total, g_micro = 0.0, torch.zeros_like(logits)
+    for i in range(B):
+        li = loss_of(slice(i, i + 1))
+        micro_total += li.item()
+        g_micro += torch.autograd.grad(li, logits)[0]
+    assert micro_total == pytest.approx(full.item(), abs=1e-12)
+    assert torch.allclose(g_micro, g_full, atol=1e-12)
+    assert g_full.abs().sum() > 0
+    # a micro-batch-local normaliser would break it: e.g. token_mean over the first 4 rows alone
+    if agg == "token_mean":
+        local = sum(
+            call_policy_loss(
+                torch.log_softmax(logits[r], -1).gather(-1, tokens[r, :, None]).squeeze(-1),
+                old[r],
+                adv[r],
+                mask[r],
+                agg=agg,
+                total_tokens=float(mask[r].sum()),
+                total_sequences=4,
+                max_completion_length=T,
+            )[0].item()
+            for r in (slice(0, 4), slice(4, 8))
+        )
+        whole = call_policy_loss(lp0, old, adv, mask, agg=agg, **totals)[0].item()
+        assert abs(local - whole) > 1e-3
+
+
+# ---- GSPO: sequence-level ratio and clip against TRL's importance_sampling_level="sequence" ---------------
+
+
+@pytest.mark.parametrize("agg", ["seq_mean_token_mean", "token_mean"])
+@pytest.mark.parametrize(("beta", "correction"), [(0.0, False), (0.04, False), (0.04, True)])
+def test_gspo_sequence_ratio_equals_trl(model_dir, tmp_path_factory, agg, beta, correction):
+    trainer = _trainer(
+        model_dir,
+        tmp_path_factory,
+        loss_type=TRL_LOSS_TYPES[agg],
+        beta=beta,
+        importance_sampling_level="sequence",
+        epsilon=0.2,
+        epsilon_high=0.28,
+        use_bias_correction_kl=correction,
+    )
+    model = trainer.model
+    inputs, trl_loss, trl_grads = _trl_loss_and_grads(trainer, model_dir, beta)
+
+    model.zero_grad()
+    mask = inputs["completion_mask"]
+    loss, met = call_policy_loss(
+        _forward_logps(model, inputs),
+        inputs["old_per_token_logps"],
+        inputs["advantages"],
+        mask,
+        ref_logps=inputs.get("ref_per_token_logps"),
+        beta=beta,
+        eps_low=0.2,
+        eps_high=0.28,
+        agg=agg,
+        ratio_level="sequence",
+        kl_ratio_correction=correction,
+        total_tokens=float(mask.sum()),
+        total_sequences=B,
+        max_completion_length=T,
+    )
+    loss.backward()
+    assert loss.item() == pytest.approx(trl_loss.item(), abs=ATOL)
+    for g_ours, g_trl in zip(_grads(model), trl_grads):
+        assert torch.allclose(g_ours, g_trl, atol=ATOL)
+    # not vacuous: the crafted old log-probs move the sequence ratios away from 1
+    assert abs(met["ratio_mean"].item() - 1.0) > 1e-3
+
+
+# ---- CISPO, SAPO, entropy bonus, sampler IS modes: against TRL's own code -------------------------------
+
+
+def _ours(model, inputs, **kw):
+    """regroup's policy_loss on the crafted inputs (one micro-batch: the totals are this batch's)."""
+    mask = inputs["completion_mask"]
+    return call_policy_loss(
+        _forward_logps(model, inputs),
+        inputs["old_per_token_logps"],
+        inputs["advantages"],
+        mask,
+        ref_logps=inputs.get("ref_per_token_logps"),
+        total_tokens=float(mask.sum()),
+        total_sequences=B,
+        max_completion_length=T,
+        **kw,
+    )
+
+
+def _assert_equal_to_trl(model, trl_loss, trl_grads, loss):
+    loss.backward()
+    assert loss.item() == pytest.approx(trl_loss.item(), abs=ATOL)
+    for g_ours, g_trl in zip(_grads(model), trl_grads):
+        assert torch.allclose(g_ours, g_trl, atol=ATOL)
+    assert any(g.abs().sum() > 0 for g in trl_grads)
+
+
+@pytest.mark.parametrize(("beta", "correction"), [(0.0, False), (0.04, False), (0.04, True)])
+def test_cispo_equals_trl(model_dir, tmp_path_factory, beta, correction):
+    """TRL loss_type="cispo" (ε_max = epsilon_high; its normaliser is dapo's: token_mean)."""
+    cap = 1.2  # inside the crafted ratios' range [e^-0.5, e^0.5], so the cap truncates some tokens
+    trainer = _trainer(
+        model_dir, tmp_path_factory, loss_type="cispo", beta=beta, epsilon_high=cap, use_bias_correction_kl=correction
+    )
+    model = trainer.model
+    inputs, trl_loss, trl_grads = _trl_loss_and_grads(trainer, model_dir, beta)
+    trl_metrics = {k: v[-1] for k, v in trainer._metrics["train"].items()}
+    loss, met = _ours(
+        model, inputs, policy="cispo", cispo_clip_max=cap, beta=beta, kl_ratio_correction=correction, agg="token_mean"
+    )
+    _assert_equal_to_trl(model, trl_loss, trl_grads, loss)
+    assert met["clip_high_frac"].item() > 0
+    assert met["clip_high_frac"].item() == pytest.approx(trl_metrics["cispo_clip_ratio"], abs=ATOL)
+
+
+@pytest.mark.parametrize(("tau_pos", "tau_neg"), [(1.0, 1.05), (2.0, 0.5)])
+@pytest.mark.parametrize(("beta", "correction"), [(0.0, False), (0.04, True)])
+def test_sapo_equals_trl(model_dir, tmp_path_factory, tau_pos, tau_neg, beta, correction):
+    """TRL loss_type="sapo" (its normaliser is grpo's: seq_mean_token_mean)."""
+    trainer = _trainer(
+        model_dir,
+        tmp_path_factory,
+        loss_type="sapo",
+        beta=beta,
+        sapo_temperature_pos=tau_pos,
+        sapo_temperature_neg=tau_neg,
+        use_bias_correction_kl=correction,
+    )
+    model = trainer.model
+    inputs, trl_loss, trl_grads = _trl_loss_and_grads(trainer, model_dir, beta)
+    loss, _ = _ours(
+        model,
+        inputs,
+        policy="sapo",
+        sapo_temperature_pos=tau_pos,
+        sapo_temperature_neg=tau_neg,
+        beta=beta,
+        kl_ratio_correction=correction,
+        agg="seq_mean_token_mean",
+    )
+    _assert_equal_to_trl(model, trl_loss, trl_grads, loss)
+
+
+def _forward_logps_and_entropy(model, inputs):
+    """Log-probs and the differentiable entropy [B, T] through regroup's own `_token_logps` (the trainer's)."""
+    from regroup.models.logprobs import _token_logps
+
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)  # [B, P+T]
+    attn = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)  # [B, P+T]
+    logits = model(input_ids=ids, attention_mask=attn).logits[:, P - 1 : -1]  # [B, T, V]
+    return _token_logps(logits, inputs["completion_ids"], 1.0, "grad")
+
+
+@pytest.mark.parametrize("agg", sorted(AGG_MODES))
+@pytest.mark.parametrize("coef", [0.05, 1.0])
+def test_entropy_bonus_equals_trl(model_dir, tmp_path_factory, agg, coef):
+    """TRL's entropy_coef: loss − c · mean token entropy, whatever the loss type's normaliser."""
+    trainer = _trainer(
+        model_dir, tmp_path_factory, loss_type=TRL_LOSS_TYPES[agg], beta=0.0, entropy_coef=coef, epsilon_high=0.28
+    )
+    model = trainer.model
+    inputs, trl_loss, trl_grads = _trl_loss_and_grads(trainer, model_dir, 0.0)
+    model.zero_grad()
+    logps, entropy = _forward_logps_and_entropy(model, inputs)
+    assert entropy.requires_grad
+    mask = inputs["completion_mask"]
+    loss, met = call_policy_loss(
+        logps,
+        inputs["old_per_token_logps"],
+        inputs["advantages"],
+        mask,
+        entropy=entropy,
+        eps_high=0.28,
+        agg=agg,
+        terms=(("entropy", coef),),
+        total_tokens=float(mask.sum()),
+        total_sequences=B,
+        max_completion_length=T,
+    )
+    _assert_equal_to_trl(model, trl_loss, trl_grads, loss)
+    # the bonus is there: without it the loss differs by c · mean H
+    h = (entropy.detach() * mask).sum() / mask.sum()
+    assert met["term/entropy"].item() == pytest.approx(-h.item(), abs=ATOL)
+    assert (loss - met["pg_loss"]).item() == pytest.approx(-coef * h.item(), abs=ATOL)
+
+
+IS_CASES = [
+    (mode, cap, floor)
+    for mode in ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+    for cap, floor in ((3.0, None), (1.5, 0.5))
+]
+
+
+@pytest.mark.parametrize(("mode", "cap", "floor"), IS_CASES)
+def test_sampler_is_modes_equal_trl(model_dir, tmp_path_factory, mode, cap, floor):
+    """TRL's vllm_importance_sampling_mode: its own weight computation (`_generate_and_score_completions`,
+    with the vLLM generation replaced by crafted completions and sampler log-probs) and its loss with
+    that weight, against `sampler_is_weight` and `policy_loss(is_weight=...)`."""
+    from regroup.algo.sampler_is import sampler_is_weight
+
+    trainer = _trainer(model_dir, tmp_path_factory, loss_type="dapo", epsilon_high=0.28)
+    trainer.use_vllm = True  # only the IS branches read it once _generate is replaced
+    trainer.vllm_importance_sampling_correction = True
+    trainer.vllm_importance_sampling_mode = mode
+    trainer.vllm_importance_sampling_clip_max = cap
+    trainer.vllm_importance_sampling_clip_min = floor
+    model = trainer.model
+    crafted = _crafted_inputs(model.config.vocab_size, model_dir[1].pad_token_id)
+    lengths = crafted["completion_mask"].sum(1).tolist()
+    prompt_lists = [row[m.bool()].tolist() for row, m in zip(crafted["prompt_ids"], crafted["prompt_mask"])]
+    completion_lists = [row[:n].tolist() for row, n in zip(crafted["completion_ids"], lengths)]
+    with torch.no_grad():
+        true_lp = _forward_logps(model, crafted)  # [B, T]
+    gen = torch.Generator().manual_seed(11)
+    sampler = true_lp + torch.randn(B, T, generator=gen)  # a sampler that disagrees per token
+    sampler_lists = [row[:n].tolist() for row, n in zip(sampler, lengths)]
+    sampler_lists[0][2] = None  # a token the sampler could not score (TRL: ratio 1)
+    trainer._generate = lambda prompts: (prompt_lists, completion_lists, None, ["x"] * B, sampler_lists, {}, None, None)
+    _REWARD_QUEUE.append([1, 0, 0, 1, 1, 0.5, 0, 1, 0, 0, 1, 1, 0, 1, 0, 0][:B])
+    prompts = ["1+1=", "2+3="]
+    with torch.no_grad():
+        out = trainer._generate_and_score_completions([{"prompt": p} for p in prompts for _ in range(NUM_GEN)])
+    mask = out["completion_mask"]
+    assert torch.equal(mask, crafted["completion_mask"])
+    sampler_t = torch.tensor(sampler.tolist())
+    sampler_t[0, 2] = float("nan")
+    sampler_t[mask == 0] = 0.0
+    ours_w = sampler_is_weight(out["old_per_token_logps"], sampler_t, mask, mode, cap, floor)
+    trl_w = out["importance_sampling_ratio"]
+    assert ours_w.shape == trl_w.shape
+    assert torch.allclose(ours_w, trl_w, atol=ATOL)
+    # not vacuous: some weights are capped / zeroed, some kept unequal to 1
+    assert bool((trl_w == (cap if "truncate" in mode else 0.0)).any()) and bool(((trl_w - 1).abs() > 1e-3).any())
+
+    # the loss with that weight: ratios moved off 1 as in the other cases
+    inputs = {
+        k: out[k]
+        for k in (
+            "prompt_ids",
+            "prompt_mask",
+            "completion_ids",
+            "completion_mask",
+            "advantages",
+            "num_items_in_batch",
+            "importance_sampling_ratio",
+        )
+    }
+    inputs["advantages"] = crafted["advantages"]
+    inputs["old_per_token_logps"] = out["old_per_token_logps"] + (torch.rand(B, T, generator=gen) - 0.5)
+    model.zero_grad()
+    trl_loss = trainer._compute_loss(model, inputs)
+    trl_loss.backward()
+    trl_grads = _grads(model)
+    model.zero_grad()
+    loss, met = _ours(model, inputs, eps_high=0.28, agg="token_mean", is_weight=ours_w)
+    _assert_equal_to_trl(model, trl_loss, trl_grads, loss)

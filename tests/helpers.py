@@ -1,0 +1,57 @@
+"""Helpers shared by several test modules: a small training config on the tiny model, weight snapshots, and
+the accelerate launcher for real multi-process runs."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+from regroup.train.run_config import load_config
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+def small_config(model_dir, run_dir, recipe="grpo.yaml", *extra):
+    return load_config(
+        CONFIGS / recipe,
+        [
+            f"model.path={model_dir}",
+            f"run_dir={run_dir}",
+            "data.num_train=64",
+            "grpo.prompts_per_step=4",
+            "grpo.num_generations=4",
+            "rollout.max_new_tokens=12",
+            "train.steps=4",
+            "train.checkpoint_every=2",
+            "train.progress=false",
+            "diagnostics.diversity_every=2",
+            "diagnostics.embedder=char-ngram",
+            "optim.warmup_steps=1",
+            "optim.lr=1e-3",
+            *extra,
+        ],
+    )
+
+
+def weights(model):
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def accelerate_exe() -> str:
+    exe = Path(sys.executable).parent / "accelerate"
+    if exe.exists():
+        return str(exe)
+    found = shutil.which("accelerate")
+    if not found:
+        pytest.skip("the accelerate launcher is not installed")
+    return found

@@ -1,0 +1,398 @@
+"""regroup.report: run folders → summary rows, plots and an honest HTML/Markdown page."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import pytest
+import yaml
+
+from regroup.report import build_report, stats, summarize_runs
+from regroup.report.runs import config_diff, flatten, load_run
+from regroup.report.smoothing import ema
+
+BASE_CONFIG = {
+    "recipe": "grpo",
+    "seed": 0,
+    "run_dir": None,
+    "grpo": {"num_generations": 8, "scale": "group", "beta": 0.0},
+    "optim": {"lr": 1e-4},
+    "mask": {"enabled": False, "delta": 3.0},
+}
+
+ALWAYS = [
+    "reward/mean",
+    "groups/all_correct_frac",
+    "groups/all_wrong_frac",
+    "grad_norm",
+    "entropy",
+    "length/mean",
+    "diversity",
+]
+EXPECTED_PLOTS = [
+    "reward",
+    "uniform_groups",
+    "masked",
+    "anchors",
+    "grad_norm",
+    "entropy",
+    "length",
+    "diversity",
+    "variants",
+    "passk",
+    "difficulty",
+]
+
+
+def _summary(mean: float, se: float, pass8: float, greedy: float) -> dict:
+    return {
+        "num_problems": 64,
+        "n": 8,
+        "pass@k": {"1": mean, "2": (mean + pass8) / 2, "8": pass8},
+        "mean@n": mean,
+        "stderr": se,
+        "greedy": greedy,
+        "by_difficulty": {
+            "1": {"mean@n": min(1.0, mean + 0.2), "count": 32},
+            "2": {"mean@n": max(0.0, mean - 0.2), "count": 32},
+        },
+    }
+
+
+def _write_run(
+    root,
+    name: str,
+    config: dict,
+    keys: list[str],
+    eval_mean: float | None,
+    eval_se: float = 0.03,
+    steps: int = 30,
+    extra_lines: str = "",
+) -> str:
+    run = root / name
+    run.mkdir()
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    with open(run / "metrics.jsonl", "w") as f:
+        for step in range(1, steps + 1):
+            rec = {"step": step, "time/step": 2.0}
+            for i, key in enumerate(keys):
+                if key == "diversity" and step % 10:
+                    continue  # logged every 10 steps only, as the trainer does
+                rec[key] = 0.3 + 0.01 * step + 0.05 * math.sin(step + i) if key != "grad_norm" else 10.0 ** (step % 5)
+            f.write(json.dumps(rec) + "\n")
+        f.write(extra_lines)
+    if eval_mean is not None:
+        (run / "eval").mkdir()
+        (run / "eval" / "summary.json").write_text(
+            json.dumps(_summary(eval_mean, eval_se, min(1.0, eval_mean + 0.25), eval_mean))
+        )
+        (run / "eval_before").mkdir()
+        (run / "eval_before" / "summary.json").write_text(json.dumps(_summary(0.40, 0.03, 0.6, 0.38)))
+    return str(run)
+
+
+@pytest.fixture
+def runs(tmp_path):
+    """grpo ×2 seeds (0.50, 0.54), dagrpo 0.53 (within 2 SE of grpo), ta_grpo 0.70 (clearly above)."""
+    root = tmp_path / "runs"
+    root.mkdir()
+    dirs = [
+        _write_run(root, "grpo-s0", {**BASE_CONFIG, "seed": 0, "run_dir": "runs/grpo-s0"}, ALWAYS, 0.50),
+        _write_run(root, "grpo-s1", {**BASE_CONFIG, "seed": 1, "run_dir": "runs/grpo-s1"}, ALWAYS, 0.54),
+        _write_run(
+            root,
+            "dagrpo",
+            {
+                **BASE_CONFIG,
+                "recipe": "dagrpo",
+                "grpo": {**BASE_CONFIG["grpo"], "scale": "none"},
+                "mask": {"enabled": True, "delta": 3.0},
+            },
+            ALWAYS + ["mask/pos_frac", "mask/neg_frac", "anchor/count", "anchor/adv_mean"],
+            0.53,
+            extra_lines='{"step": 31, "reward/me',
+        ),  # a crash left half a line
+        _write_run(
+            root,
+            "ta",
+            {**BASE_CONFIG, "recipe": "ta_grpo", "ta": {"num_variants": 3}},
+            ALWAYS + [f"variant/acc/{k}" for k in range(4)],
+            0.70,
+            eval_se=0.02,
+        ),
+    ]
+    return dirs
+
+
+def test_summarize_runs_aggregates_seeds_and_compares_with_hand_values(runs):
+    rows = {r["label"]: r for r in summarize_runs(runs)}
+    assert list(rows) == ["grpo", "dagrpo", "ta_grpo"]
+    g = rows["grpo"]
+    assert g["is_baseline"] and g["num_runs"] == 2 and g["seeds"] == [0, 1]
+    assert g["mean@n"] == pytest.approx(0.52)
+    assert g["mean@n_std"] == pytest.approx(math.sqrt(0.0008))  # std of (0.50, 0.54)
+    # eval noise √(0.03² + 0.03²)/2 = 0.02121 beats seed noise 0.02828/√2 = 0.02
+    assert g["stderr"] == pytest.approx(math.sqrt(0.0018) / 2)
+    assert g["pass@k"][8] == pytest.approx((0.75 + 0.79) / 2)
+    assert g["wall_time_s"] == pytest.approx(60.0) and g["steps"] == 30
+    d = rows["dagrpo"]
+    assert d["delta_baseline"] == pytest.approx(0.01)
+    assert d["delta_baseline_se"] == pytest.approx(math.sqrt(0.03**2 + 0.0018 / 4))
+    assert d["verdict_baseline"] == stats.UNCLEAR
+    assert d["bad_metric_lines"] == 1
+    assert ("mask.enabled", False, True) in d["config_diff"]
+    assert ("grpo.scale", "group", "none") in d["config_diff"]
+    assert all(k not in ("seed", "run_dir", "recipe") for k, _, _ in d["config_diff"])
+    t = rows["ta_grpo"]
+    assert t["verdict_baseline"] == stats.BETTER
+    assert t["delta_start"] == pytest.approx(0.30) and t["verdict_start"] == stats.BETTER
+    assert ("ta.num_variants", "(absent)", 3) in t["config_diff"]
+
+
+def test_build_report_writes_plots_table_diff_and_honest_text(runs, tmp_path):
+    out = tmp_path / "report"
+    html_path, md_path = build_report(runs, str(out), title="test report")
+    html = open(html_path).read()
+    md = open(md_path).read()
+    for name in EXPECTED_PLOTS:
+        assert (out / "plots" / f"{name}.png").stat().st_size > 1000, name
+        assert f'src="plots/{name}.png"' in html, name
+        assert f"(plots/{name}.png)" in md, name
+    # nobody logged kl: no file, a note instead
+    assert not (out / "plots" / "kl.png").exists()
+    assert "KL to the reference: not logged by any run" in html
+    assert "not logged" in md
+    for recipe in ("grpo", "dagrpo", "ta_grpo"):
+        assert f"<b>{recipe}</b>" in html
+    assert "<code>mask.enabled</code>: false → <b>true</b>" in html
+    assert "no clear difference" in html
+    assert "dagrpo does not beat grpo on this evidence" in html
+    assert "ta_grpo beats grpo" in html
+    assert "dagrpo beats" not in html
+    assert "mean over 2 runs (seeds 0, 1)" in html
+    assert "1 unreadable line(s) in metrics.jsonl" in html
+    assert "<title>test report</title>" in html
+    table = [
+        line for line in md.split("## Results")[1].split("## What was run")[0].splitlines() if line.startswith("|")
+    ]
+    assert len(table) == 2 + 3 and len({line.count(" | ") for line in table if "---" not in line}) == 1
+    assert table[1].count("|") == table[0].count("|")
+
+
+def test_no_baseline_run_and_no_eval_are_said_plainly(tmp_path):
+    root = tmp_path / "runs"
+    root.mkdir()
+    d = _write_run(root, "only", {**BASE_CONFIG, "recipe": "dagrpo"}, ["reward/mean"], None)
+    html_path, _ = build_report([d], str(tmp_path / "rep"))
+    html = open(html_path).read()
+    assert "No run of the baseline recipe &#x27;grpo&#x27; was given" in html
+    assert "dagrpo: no eval/summary.json" in html
+    assert "pass@k curves: not logged" in html
+    assert "Each recipe ran once" in html
+    assert not (tmp_path / "rep" / "plots" / "entropy.png").exists()
+
+
+def test_stale_plot_of_an_omitted_metric_is_removed(tmp_path):
+    root = tmp_path / "runs"
+    root.mkdir()
+    d = _write_run(root, "a", BASE_CONFIG, ["reward/mean"], 0.5)
+    plots = tmp_path / "rep" / "plots"
+    plots.mkdir(parents=True)
+    (plots / "entropy.png").write_bytes(b"old")
+    build_report([d], str(tmp_path / "rep"))
+    assert not (plots / "entropy.png").exists()
+    assert (plots / "reward.png").exists()
+
+
+def test_missing_config_is_a_clear_error(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="has no config.yaml"):
+        load_run(str(tmp_path / "empty"))
+
+
+def test_verdict_boundaries_and_group_stderr():
+    assert stats.verdict(0.02, 0.01) == stats.UNCLEAR  # exactly 2 SE: not a clear difference
+    assert stats.verdict(0.0201, 0.01) == stats.BETTER
+    assert stats.verdict(-0.03, 0.01) == stats.WORSE
+    assert stats.verdict(0.5, None) == stats.NO_SE
+    assert stats.verdict(None, 0.1) is None
+    assert stats.group_stderr([0.5], [0.04]) == 0.04
+    # seed spread dominates: std(0.4, 0.6) = 0.1414, /√2 = 0.1 > √(2·0.01²)/2 = 0.00707
+    assert stats.group_stderr([0.4, 0.6], [0.01, 0.01]) == pytest.approx(0.1)
+    assert stats.group_stderr([0.4, 0.6], [0.01, None]) is None
+    assert stats.diff_stderr(0.03, 0.04) == pytest.approx(0.05)
+
+
+def test_ema_is_debiased():
+    assert ema([1.0, 3.0], 0.5) == pytest.approx([1.0, 1.75 / 0.75])
+    assert ema([2.0, 2.0, 2.0], 0.9) == pytest.approx([2.0, 2.0, 2.0])  # a constant stays put
+    assert ema([1.0, 5.0], 0.0) == [1.0, 5.0]
+    with pytest.raises(ValueError):
+        ema([1.0], 1.0)
+
+
+def test_flatten_and_config_diff():
+    flat = flatten({"a": {"b": 1, "c": {"d": [1, 2]}}, "seed": 3, "e": {}})
+    assert flat == {"a.b": 1, "a.c.d": [1, 2], "seed": 3, "e": {}}
+    assert config_diff({"a.b": 1, "seed": 1}, {"a.b": 2, "seed": 2, "x": 0})[0] == ("a.b", 1, 2)
+    assert [k for k, _, _ in config_diff({"a.b": 1, "seed": 1}, {"a.b": 2, "seed": 2, "x": 0})] == ["a.b", "x"]
+
+
+def test_same_recipe_with_different_settings_gets_two_labelled_rows(tmp_path):
+    root = tmp_path / "runs"
+    root.mkdir()
+    a = _write_run(root, "lr-a", BASE_CONFIG, ["reward/mean"], 0.5)
+    b = _write_run(root, "lr-b", {**BASE_CONFIG, "optim": {"lr": 3e-4}}, ["reward/mean"], 0.6)
+    rows = summarize_runs([a, b])
+    assert [r["label"] for r in rows] == ["grpo [lr-a]", "grpo [lr-b]"]
+    assert rows[1]["config_diff"] == [("optim.lr", 1e-4, 3e-4)]
+    assert rows[1]["delta_baseline"] == pytest.approx(0.1)
+
+
+def test_paired_standard_error_uses_per_problem_results(tmp_path):
+    """Two single runs on the same 4 problems: the Δ SE is the SE of the per-problem differences."""
+    import json as _json
+    import math as _math
+
+    import yaml as _yaml
+
+    from regroup.report import summarize_runs
+    from regroup.report.stats import paired_diff_stderr
+
+    # per-problem accuracies; differences b − a = [0.5, 0.25, 0.5, 0.25]: mean 0.375, std 0.1443, SE 0.0722
+    acc_a = {"p1": 0.25, "p2": 0.5, "p3": 0.0, "p4": 0.75}
+    acc_b = {"p1": 0.75, "p2": 0.75, "p3": 0.5, "p4": 1.0}
+    expected = _math.sqrt(((0.125**2) * 4) / 3) / 2
+    assert abs(paired_diff_stderr(acc_b, acc_a) - expected) < 1e-12
+    assert paired_diff_stderr(acc_b, {"p1": 0.0}) is None  # different problem sets: no pairing
+
+    dirs = []
+    for recipe, acc in (("grpo", acc_a), ("ta_grpo", acc_b)):
+        d = tmp_path / recipe
+        (d / "eval").mkdir(parents=True)
+        (d / "config.yaml").write_text(
+            _yaml.safe_dump({"recipe": recipe, "seed": 0, "ta": {"enabled": recipe != "grpo"}})
+        )
+        mean = sum(acc.values()) / 4
+        (d / "eval" / "summary.json").write_text(
+            _json.dumps(
+                {"num_problems": 4, "n": 4, "mean@n": mean, "stderr": 0.2, "pass@k": {"1": mean}, "greedy": 0.5}
+            )
+        )
+        (d / "eval" / "per_problem.jsonl").write_text(
+            "".join(_json.dumps({"id": k, "n": 4, "correct": int(v * 4)}) + "\n" for k, v in acc.items())
+        )
+        dirs.append(str(d))
+    rows = {r["recipe"]: r for r in summarize_runs(dirs, baseline="grpo")}
+    ta = rows["ta_grpo"]
+    assert abs(ta["delta_baseline"] - 0.375) < 1e-12
+    assert ta["delta_baseline_paired"] and abs(ta["delta_baseline_se"] - expected) < 1e-12
+    assert ta["verdict_baseline"] == "better"  # 0.375 > 2 x 0.072; unpaired (√(0.2²+0.2²) = 0.28) would say unclear
+
+
+def _md_results_table(md: str) -> list[list[str]]:
+    """The cells of each line of report.md's results table (outer pipes stripped)."""
+    block = md.split("## Results")[1].split("## What was run")[0]
+    return [
+        [cell.strip() for cell in re.split(r"(?<!\\)\|", line.strip()[1:-1])]
+        for line in block.splitlines()
+        if line.startswith("|")
+    ]
+
+
+def test_markdown_table_without_any_eval_has_one_cell_per_header(tmp_path):
+    # No run has eval/summary.json, so there is no pass@k column: the header must not grow an empty cell.
+    root = tmp_path / "runs"
+    root.mkdir()
+    dirs = [
+        _write_run(root, "grpo", BASE_CONFIG, ["reward/mean"], None),
+        _write_run(root, "dagrpo", {**BASE_CONFIG, "recipe": "dagrpo"}, ["reward/mean"], None),
+    ]
+    _, md_path = build_report(dirs, str(tmp_path / "rep"))
+    table = _md_results_table(open(md_path).read())
+    header, separator, *body = table
+    assert "" not in header
+    assert header[:2] == ["recipe", "runs"] and not any(c.startswith("pass@") for c in header)
+    assert len(body) == 2
+    assert {len(row) for row in table} == {len(header)}
+    assert separator[0] == "---" and all(c == "---:" for c in separator[1:])
+
+
+def test_training_axes_have_integer_step_ticks_and_labels():
+    from matplotlib.figure import Figure
+
+    from regroup.report.plots import label_step_axes
+
+    ax = Figure().subplots()
+    ax.plot([1, 2, 3], [0.1, 0.5, 0.2])  # left alone, matplotlib ticks this at 1.0, 1.25, 1.5, ...
+    label_step_axes(ax, "mean reward")
+    ticks = [t for t in ax.get_xticks() if 1 <= t <= 3]
+    assert ticks and all(float(t).is_integer() for t in ticks)
+    assert ax.get_xlabel() == "optimizer step" and ax.get_ylabel() == "mean reward"
+
+
+def test_eval_during_training_answers_and_dynamic_sampling_are_drawn(tmp_path):
+    root = tmp_path / "runs"
+    root.mkdir()
+    keys = ["reward/mean", "eval/pass@1", "eval/pass@4", "reward/extracted_frac", "dynamic/informative_frac"]
+    run = _write_run(root, "grpo", {**BASE_CONFIG, "seed": 0, "run_dir": "runs/grpo"}, keys, None)
+    out = tmp_path / "report"
+    html_path, _ = build_report([run], str(out), title="t")
+    html = open(html_path).read()
+    for name in ("heldout", "answers", "dynamic_sampling"):
+        assert (out / "plots" / f"{name}.png").stat().st_size > 1000, name
+        assert f'src="plots/{name}.png"' in html, name
+
+
+@pytest.mark.parametrize("panels", [1, 3])
+def test_legend_of_many_long_labels_stays_inside_the_figure(panels):
+    """11 study arms above one half-width panel once ran past the figure's right edge."""
+    from regroup.report.plots import _legend, _new_figure
+
+    fig, axes = _new_figure(1, panels)
+    labels = [
+        "grpo",
+        "grpo_data",
+        "grpo_dynamic",
+        "grpo_matched",
+        "ta_grpo",
+        "ta_grpo_eqsamples",
+        "ta_grpo_rename",
+        "dagrpo_mask",
+        "dagrpo_anchor",
+        "dagrpo",
+        "dagrpo_ta",
+    ]
+    handles = [axes[0].plot([1, 2], [i, i + 1])[0] for i in range(len(labels))]
+    _legend(fig, handles, labels)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)
+    legend = fig.legends[0].get_window_extent(renderer)
+    assert legend.x0 >= 0 and legend.x1 <= fig.bbox.width, (legend, fig.bbox.width)
+
+
+def test_student_t_tails_and_quantiles_by_closed_forms_and_tables():
+    # closed forms: 1 df is the Cauchy, 2 df has P(T > t) = (1 − t/√(t² + 2)) / 2
+    for t in (0.3, 1.0, 2.4, 7.0):
+        assert stats.t_sf(t, 1.0) == pytest.approx(0.5 - math.atan(t) / math.pi, rel=1e-9)
+        assert stats.t_sf(t, 2.0) == pytest.approx(0.5 * (1 - t / math.sqrt(t * t + 2)), rel=1e-9)
+        assert stats.t_sf(-t, 3.0) == pytest.approx(1 - stats.t_sf(t, 3.0), rel=1e-12)
+    # table values: t_{0.975} for 4, 10, 30 df; the normal limit
+    for df, q in ((4, 2.776445), (10, 2.228139), (30, 2.042272)):
+        assert stats.t_ppf(0.975, df) == pytest.approx(q, abs=1e-5)
+        assert 2 * stats.t_sf(q, df) == pytest.approx(0.05, abs=1e-6)
+    assert stats.t_sf(1.959964, math.inf) == pytest.approx(0.025, abs=1e-6)
+    assert stats.t_sf(1.959964, 1e7) == pytest.approx(0.025, abs=1e-6)
+    assert stats.betainc(2.0, 3.0, 0.4) == pytest.approx(0.5248, abs=1e-4)  # 1 − Σ_{j<2} C(4,j) .4^j .6^(4-j)
+    with pytest.raises(ValueError):
+        stats.t_sf(1.0, 0.0)
+
+
+def test_holm_by_hand():
+    # sorted 0.005, 0.01, 0.03, 0.04 (m = 4): 0.02, 0.03, 0.06, max(0.06, 0.04) = 0.06; None stays None
+    assert stats.holm([0.01, 0.04, 0.03, None, 0.005]) == pytest.approx([0.03, 0.06, 0.06, None, 0.02])
+    assert stats.holm([0.9, 0.8]) == [1.0, 1.0] and stats.holm([]) == []
