@@ -39,6 +39,11 @@ def ok_choices(body: dict, mode: str = "ok") -> list[dict]:
     return choices
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 128  # the sampler sends up to 64 requests at once; socketserver's default backlog is 5
+
+
 class FakeVLLM:
     def __init__(self, api_key=None):
         self.api_key = api_key
@@ -93,8 +98,7 @@ class FakeVLLM:
                 length = int(self.headers.get("Content-Length") or 0)
                 self._handle(json.loads(self.rfile.read(length) or b"null"))
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
+        self.httpd = _Server(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
