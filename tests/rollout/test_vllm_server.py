@@ -246,6 +246,7 @@ HOSTILE_REPLIES = [
         _first_choice_with(logprobs=_lps([-0.1, float("nan"), -0.1, -0.1])),
         r"log-prob nan: not a finite number <= 0",
     ),
+    ("log-prob beyond float", _first_choice_with(logprobs=_lps([-0.1, -(10**400), -0.1, -0.1])), r"log-prob -1000"),
     (
         "log-prob -inf",
         _first_choice_with(logprobs=_lps([-0.1, float("-inf"), -0.1, -0.1])),
@@ -285,9 +286,12 @@ def test_a_bad_reply_is_one_server_error_line(tiny_model, what, reply, says):
 
 
 def test_a_reply_at_the_limits_is_accepted(tiny_model):
-    """The edges are not refused: the last id of the vocabulary, exactly max_tokens tokens, log-prob 0."""
+    """The edges are not refused: the last id of the vocabulary, exactly max_tokens tokens, log-prob 0,
+    and choices indexed past 9 (sorted as numbers, not as text)."""
     with FakeVLLM() as srv:
         sampler = VLLMServerSampler(tiny_model, Tok(), rollout_cfg(srv.url))
+        many = sampler.generate([[1, 5]], SamplingParams(max_new_tokens=4, n=12), seed=0)
+        assert len(many) == 12 and all(c.token_ids == [10, 11, 12, 13] for c in many)
         srv.completion_reply = _first_choice_with(token_ids=[0, VOCAB - 1, 12, 13], logprobs=_lps([0.0, -50.0, -1, -2]))
         out = sampler.generate([[1, 5]], SamplingParams(max_new_tokens=4, n=2), seed=0)
         sampler.close()

@@ -245,8 +245,8 @@ class VLLMServerSampler:
             if not isinstance(choice, dict):
                 raise ServerError(f"{where}: choice {k} is a JSON {_json_kind(choice)}, not an object")
         indices = [c.get("index", k) for k, c in enumerate(choices)]
-        if sorted(indices, key=repr) != list(range(n)) or any(type(i) is not int for i in indices):
-            raise ServerError(f"{where}: the choices' indices {indices[:8]} are not 0..{n - 1}")
+        if any(type(i) is not int for i in indices) or sorted(indices) != list(range(n)):
+            raise ServerError(f"{where}: the choices' indices {_clip_value(indices)} are not 0..{n - 1}")
         return sorted(choices, key=lambda c: c.get("index", 0))
 
     def to_completion(self, prompt_index: int, choice: dict, max_new_tokens: int | None = None) -> Completion:
@@ -307,7 +307,13 @@ LOGPROB_TOLERANCE = 1e-4  # float32 rounding may put a log-prob of a near-certai
 
 def _is_logprob(value) -> bool:
     """A finite number <= 0 (a probability's log), not a bool, a string or None."""
-    return type(value) in (int, float) and math.isfinite(value) and value <= LOGPROB_TOLERANCE
+    if type(value) not in (int, float):
+        return False
+    try:
+        x = float(value)
+    except OverflowError:  # an int beyond float range
+        return False
+    return math.isfinite(x) and x <= LOGPROB_TOLERANCE
 
 
 def _json_kind(value) -> str:
