@@ -23,6 +23,7 @@ from regroup.models.prompting import build_prompter
 from regroup.models.tiny import build_tokenizer
 from regroup.rollout.factory import build_sampler  # the sampler factory; importable from here as before
 from regroup.rollout.vllm import check_platform
+from regroup.runtime.agreement import check_ranks_agree
 from regroup.runtime.cpu_memory import keep_freed_memory
 from regroup.runtime.metrics import tracker_names
 from regroup.stages.groups import samples_per_question
@@ -145,6 +146,7 @@ def build_parts(cfg, run_dir: Path, accelerator=None, log=print) -> RunParts:
         checked = True
     model_path = resolve_model_path(cfg, log)
     tokenizer = load_tokenizer(model_path)
+    check_ranks_agree(acc, cfg, problems, tokenizer)  # every process trains the same config, code and data
     prompter = build_prompter(cfg.data, tokenizer, builtin_model=not cfg.model.path)
     if not checked:
         references = check(tokenizer, model_path)
