@@ -68,7 +68,7 @@ from regroup.stages.base import StepBatch, StepContext, load_stage_states, run_s
 from regroup.stages.groups import samples_per_question
 from regroup.tasks import get_task
 from regroup.train.build import training_problems
-from regroup.train.recipes import build_recipe
+from regroup.train.recipes import build_recipe, features
 
 __all__ = [
     "ANCHOR_MASK",
@@ -157,9 +157,9 @@ class RegroupGRPOTrainer(GRPOTrainer):
                 raise ConfigError(f"GRPOConfig.{name}: the recipe's loss does not implement it; use {use}")
         if cfg.rollout.tis_cap > 0:
             raise ConfigError("rollout.tis_cap > 0: under TRL use GRPOConfig.vllm_importance_sampling_correction")
-        if cfg.ta.enabled and cfg.grpo.samples_multiplier != 1:
+        if features(cfg).variants and cfg.grpo.samples_multiplier != 1:
             raise ConfigError("grpo.samples_multiplier with ta.enabled: TRL samples every prompt row equally often")
-        if cfg.ta.enabled:
+        if features(cfg).variants:
             pool, unique = cfg.ta.n_variants + 1, args.generation_batch_size // args.num_generations
             if unique % pool:
                 raise ConfigError(
@@ -192,7 +192,7 @@ class RegroupGRPOTrainer(GRPOTrainer):
         first, last = names.index("sample"), names.index("reward")
         self._reward_stages = self.recipe.stages[first + 1 : last + 1]  # run where the completions are
         self._batch_stages = self.recipe.stages[last + 1 :]  # run on the whole generation batch
-        self.regroup_n_variants = cfg.ta.n_variants if cfg.ta.enabled else 0
+        self.regroup_n_variants = self.recipe.n_variants
         self._group_size = samples_per_question(
             cfg.grpo.num_generations, cfg.grpo.samples_multiplier, self.regroup_n_variants
         )
