@@ -401,7 +401,7 @@ def test_uniform_groups_warn_at_step_3(tiny_model_dir, tmp_path, caplog):
 @pytest.mark.slow  # a TRL run and a native run (~70 s on the loaded 2-core machine)
 def test_uniform_warnings_are_the_native_trainers_lines(tiny_model_dir, tmp_path, caplog):
     """The same config through the native trainer prints the very lines the TRL adapter logged."""
-    from regroup.train.trainer import Trainer
+    from regroup.train.build import build_trainer
 
     _, warned = _uniform_run(tiny_model_dir, tmp_path, caplog)
     native = _cfg(
@@ -414,7 +414,7 @@ def test_uniform_warnings_are_the_native_trainers_lines(tiny_model_dir, tmp_path
         "grpo.prompts_per_step=2",
     )
     lines: list[str] = []
-    Trainer.from_config(native, tmp_path / "native", log=lines.append).train()
+    build_trainer(native, tmp_path / "native", log=lines.append).train()
     assert len(warned) == 2 and [line for line in lines if line.startswith("warning (step")] == warned
 
 

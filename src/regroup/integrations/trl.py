@@ -228,7 +228,7 @@ class RegroupGRPOTrainer(GRPOTrainer):
             raise ValueError("no training rows: every question was left out")
         self.regroup_last_batch: StepBatch | None = None
         self.regroup_rows: list[int] = []
-        self.regroup_watch = SignalWatch.for_config(cfg)
+        self.regroup_watch = SignalWatch.for_recipe(cfg, self.recipe)
         self.regroup_warnings: list[str] = []
         self._local_samples: list[Sample] | None = None
         self._reward_metrics: dict[str, float] = {}
