@@ -15,17 +15,17 @@ import pytest
 import torch
 
 pytest.importorskip("trl")
-from trl import GRPOTrainer  # noqa: E402
+from trl import GRPOTrainer
 
-from regroup.algo.advantages import group_advantages  # noqa: E402
+from regroup.algo.advantages import group_advantages
 from regroup.errors import ConfigError
-from regroup.integrations.trl import (  # noqa: E402
+from regroup.integrations.trl import (
     ANCHOR_MASK,
     GROUP_ID,
     IS_ANCHOR,
     Q0_PROMPT,
     QUESTION_ID,
-    STAGE_STATES,  # noqa: E402
+    STAGE_STATES,
     VARIANT,
     PooledRepeatSampler,
     RegroupGRPOTrainer,
@@ -33,11 +33,11 @@ from regroup.integrations.trl import (  # noqa: E402
     loss_totals,
     problem_rows,
 )
-from regroup.integrations.trl_helpers import check_shared_settings  # noqa: E402
-from regroup.models.tiny import build_tokenizer  # noqa: E402
-from regroup.tasks import get_task  # noqa: E402
-from regroup.tasks.base import Problem  # noqa: E402
-from regroup.train.run_config import load_config  # noqa: E402
+from regroup.integrations.trl_helpers import check_shared_settings
+from regroup.models.tiny import build_tokenizer
+from regroup.tasks import get_task
+from regroup.tasks.base import Problem
+from regroup.train.run_config import load_config
 
 TASK = get_task("arithmetic")
 MAX_LEN = 24  # completion tokens; every reference solution below fits (+ eos)
@@ -454,8 +454,8 @@ probs = [p for p in task.generate(64, 0) if len(p.solution) <= 20][:8]
 cfg = load_config("dagrpo_ta", ["grpo.num_generations=2", "rollout.max_new_tokens=24", "grpo.beta=0.01",
                                 "rewards.functions=[ddp_reward:reward]", "data.num_train=8"])
 # 4 rows per rank, G = 2: one pool of (3+1)·2 = 8 samples spans both ranks.
-args = grpo_args(cfg, output_dir=tempfile.mkdtemp(), bf16=False, report_to=[], use_cpu=True, per_device_train_batch_size=4,
-                 max_steps=2, logging_steps=1, save_strategy="no")
+args = grpo_args(cfg, output_dir=tempfile.mkdtemp(), bf16=False, report_to=[], use_cpu=True,
+                 per_device_train_batch_size=4, max_steps=2, logging_steps=1, save_strategy="no")
 tr = RegroupGRPOTrainer(model=sys.argv[1], args=args, regroup_config=cfg, problems=probs,
                         processing_class=build_tokenizer())
 inner = tr._generate_and_score_completions

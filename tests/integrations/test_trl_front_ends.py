@@ -19,16 +19,16 @@ import pytest
 import torch
 
 pytest.importorskip("trl")
-import plugins  # noqa: E402  (tests/plugins.py)
+import plugins  # tests/plugins.py
 
 from regroup.errors import ConfigError
-from regroup.integrations.trl import RegroupGRPOTrainer, grpo_args  # noqa: E402
-from regroup.models.tiny import build_tokenizer  # noqa: E402
-from regroup.rollout.base import Completion  # noqa: E402
-from regroup.stages.base import StepBatch, run_stages  # noqa: E402
-from regroup.tasks import get_task  # noqa: E402
-from regroup.train.run_config import load_config  # noqa: E402
-from regroup.train.trainer import Trainer  # noqa: E402
+from regroup.integrations.trl import RegroupGRPOTrainer, grpo_args
+from regroup.models.tiny import build_tokenizer
+from regroup.rollout.base import Completion
+from regroup.stages.base import StepBatch, run_stages
+from regroup.tasks import get_task
+from regroup.train.run_config import load_config
+from regroup.train.trainer import Trainer
 
 TASK = get_task("arithmetic")
 PROBLEMS = [p for p in TASK.generate(64, 0) if len(p.solution) <= 20][:4]  # references fit 24 tokens (+ eos)
@@ -229,4 +229,6 @@ def test_trl_refuses_what_its_batch_cannot_do(tiny_model_dir, tmp_path):
     cfg = load_config("grpo", [*COMMON, "grpo.num_generations=2"])
     args = grpo_args(cfg, output_dir=str(tmp_path), use_cpu=True, bf16=False)
     with pytest.raises(ValueError, match="takes no reward_funcs: the reward is the recipe's"):
-        RegroupGRPOTrainer(model=tiny_model_dir, args=args, regroup_config=cfg, reward_funcs=[plugins.noisy_reward_mod7])
+        RegroupGRPOTrainer(
+            model=tiny_model_dir, args=args, regroup_config=cfg, reward_funcs=[plugins.noisy_reward_mod7]
+        )

@@ -10,8 +10,8 @@ import textwrap
 
 import pytest
 import torch
-from loss_call import call_policy_loss
 from helpers import CONFIGS, small_config, weights
+from loss_call import call_policy_loss
 
 from regroup.algo.losses import LossSpec, rows_with_gradient
 from regroup.errors import ConfigError

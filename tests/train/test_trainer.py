@@ -18,8 +18,8 @@ from regroup.train.trainer import Trainer
 def test_train_writes_metrics_checkpoints_and_config(tiny_model_dir, tmp_path):
     cfg = small_config(tiny_model_dir, tmp_path / "run", "grpo.yaml", "train.steps=3")
     Trainer.from_config(cfg, tmp_path / "run", log=lambda m: None).train()
-    lines = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [l["step"] for l in lines] == [1, 2, 3]
+    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in lines] == [1, 2, 3]
     for key in [
         "reward/mean",
         "groups/uniform_frac",
@@ -66,8 +66,8 @@ def test_resume_is_bit_identical(tiny_model_dir, tmp_path):
     resumed.train()
     a, b = weights(straight.model), weights(resumed.model)
     assert all(torch.equal(a[k], b[k]) for k in a)
-    ma = [json.loads(l) for l in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
-    mb = [json.loads(l) for l in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    ma = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    mb = [json.loads(line) for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in mb] == [1, 2, 3, 4]
     assert [m["reward/mean"] for m in ma] == [m["reward/mean"] for m in mb]
 
@@ -211,10 +211,10 @@ def test_samples_log_and_eval_during_training(tiny_model_dir, tmp_path):
         "train.sample_every=2",
     )
     Trainer.from_config(cfg, tmp_path / "ev", log=lambda m: None).train()
-    lines = [json.loads(l) for l in (tmp_path / "ev" / "metrics.jsonl").read_text().splitlines()]
+    lines = [json.loads(line) for line in (tmp_path / "ev" / "metrics.jsonl").read_text().splitlines()]
     assert "eval/pass@1" in lines[1] and "eval/pass@1" not in lines[0]
     assert 0.0 <= lines[1]["eval/pass@2"] <= 1.0
-    records = [json.loads(l) for l in (tmp_path / "ev" / "samples.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (tmp_path / "ev" / "samples.jsonl").read_text().splitlines()]
     assert {r["step"] for r in records} == {1, 2}
     assert all({"question", "response", "reward", "advantage"} <= set(r) for r in records)
 
