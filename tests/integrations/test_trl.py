@@ -19,21 +19,19 @@ from trl import GRPOTrainer
 
 from regroup.algo.advantages import group_advantages
 from regroup.errors import ConfigError
-from regroup.integrations.trl import (
+from regroup.integrations.trl import STAGE_STATES, RegroupGRPOTrainer, grpo_args
+from regroup.integrations.trl_helpers import (
     ANCHOR_MASK,
     GROUP_ID,
     IS_ANCHOR,
     Q0_PROMPT,
     QUESTION_ID,
-    STAGE_STATES,
     VARIANT,
     PooledRepeatSampler,
-    RegroupGRPOTrainer,
-    grpo_args,
+    check_shared_settings,
     loss_totals,
     problem_rows,
 )
-from regroup.integrations.trl_helpers import check_shared_settings
 from regroup.models.tiny import build_tokenizer
 from regroup.tasks import get_task
 from regroup.tasks.base import Problem
@@ -444,7 +442,8 @@ import torch
 from accelerate.utils import gather
 from regroup.algo.advantages import group_advantages
 from regroup.train.run_config import load_config
-from regroup.integrations.trl import IS_ANCHOR, RegroupGRPOTrainer, grpo_args
+from regroup.integrations.trl import RegroupGRPOTrainer, grpo_args
+from regroup.integrations.trl_helpers import IS_ANCHOR
 from regroup.models.tiny import build_tokenizer
 from regroup.tasks import get_task
 

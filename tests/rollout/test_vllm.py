@@ -251,8 +251,8 @@ def test_param_names_match_what_vllm_loads():
 
 
 def test_build_sampler_selects_vllm(fake_vllm, tmp_path):
+    from regroup.rollout.factory import build_sampler
     from regroup.rollout.vllm import VLLMSampler
-    from regroup.train.build import build_sampler
 
     sampler = build_sampler(RolloutConfig(backend="vllm"), TinyPolicy(str(tmp_path)), TinyTokenizer())
     assert isinstance(sampler, VLLMSampler)

@@ -272,7 +272,7 @@ def test_structured_mode_is_part_of_the_cache_key(server, tmp_path):
 
 
 def test_unscored_responses_are_warned_about(server, caplog):
-    """FINDINGS (cb0f51a): 0 of 16 scored against a real server with no warning. Now one warning line."""
+    """A real vLLM server's plain-text grades once scored 0 of 16 with no warning. Now one warning line."""
     server.responder = lambda body: "17 + 25 = "  # what SmolLM2 wrote when asked for a plain-text grade
     judge = JudgeScorer(client_for(server), structured="none")
     with caplog.at_level("WARNING", logger="regroup.scorers.judge"):

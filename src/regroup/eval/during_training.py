@@ -7,7 +7,6 @@ sampled with the training sampler at the training temperature, so the number is 
 
 from __future__ import annotations
 
-from regroup.data.heldout import eval_problems  # noqa: F401  (importable from here as before)
 from regroup.eval.runner import evaluate
 
 

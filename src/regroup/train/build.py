@@ -15,13 +15,12 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import InitProcessGroupKwargs
 
-from regroup.data.heldout import heldout_problems  # noqa: F401  (the held-out set; importable from here as before)
 from regroup.data.load import FieldMap, load_problems
 from regroup.diagnostics.hooks import build_update_hooks
 from regroup.models.load import ReferenceModel, configured_model_path, load_policy, load_tokenizer
 from regroup.models.prompting import build_prompter
 from regroup.models.tiny import build_tokenizer
-from regroup.rollout.factory import build_sampler  # the sampler factory; importable from here as before
+from regroup.rollout.factory import build_sampler
 from regroup.rollout.vllm import check_platform
 from regroup.runtime.cpu_memory import keep_freed_memory
 from regroup.runtime.metrics import tracker_names

@@ -24,8 +24,9 @@ from accelerate.utils import gather, gather_object, pad_across_processes, reduce
 from regroup.algo.losses import LossInputs, LossTotals, policy_loss, rows_with_gradient
 from regroup.algo.sampler_is import sampler_is_weight
 from regroup.batch import RolloutBatch, collate
+from regroup.data.heldout import eval_problems
 from regroup.diagnostics.signals import SignalWatch
-from regroup.eval.during_training import eval_problems, evaluate_during_training
+from regroup.eval.during_training import evaluate_during_training
 from regroup.models.logprobs import prompt_order, response_logps, use_shared_prefix
 from regroup.models.prompting import encode_prompt, encode_response
 from regroup.rollout.base import SamplingParams
