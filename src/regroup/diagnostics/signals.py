@@ -204,7 +204,8 @@ class SignalWatch:
             return (
                 f"{v:.0%} of groups had uniform rewards for {n} steps: advantages are 0 and nothing is learned "
                 f"(all-wrong {m.get('groups/all_wrong_frac', math.nan):.0%}, all-correct "
-                f"{m.get('groups/all_correct_frac', math.nan):.0%}, unscored {m.get('groups/unscored_frac', 0.0):.0%}). "
+                f"{m.get('groups/all_correct_frac', math.nan):.0%}, "
+                f"unscored {m.get('groups/unscored_frac', 0.0):.0%}). "
                 f"Check reward/extracted_frac and samples.jsonl; try {self._uniform_remedies()}."
             )
         if name == "unscored":

@@ -192,7 +192,7 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
     """Redirects are not followed: a POST would lose its deadline watch (and its body), and the API key
     would go along to another address. The 3xx surfaces as an HTTP error naming the new address."""
 
-    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: PLR0913 - urllib's signature
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # urllib's signature
         return None
 
 
@@ -202,8 +202,9 @@ class ChatClient:
     `base_url` is the API root (e.g. `https://api.openai.com/v1` or a local vLLM `http://host:8000/v1`);
     `api_key_env` names the environment variable holding the key (None or "": send no Authorization
     header, for local servers). `extra_body` is merged into every request body: server-specific options
-    such as a `response_format` JSON schema, or vLLM's `structured_outputs`. `max_retries` counts retries after the first attempt. `timeout_s` is the total
-    deadline of one call, retries included; `attempt_timeout_s` (None: `timeout_s`) bounds one attempt.
+    such as a `response_format` JSON schema, or vLLM's `structured_outputs`. `max_retries` counts retries
+    after the first attempt. `timeout_s` is the total deadline of one call, retries included;
+    `attempt_timeout_s` (None: `timeout_s`) bounds one attempt.
     `max_backoff_s` caps both the backoff and a server's `Retry-After`. `max_response_bytes` caps a reply.
     `max_tokens` None (default) sends none: the server's own limit. vLLM refuses a request whose
     max_tokens exceeds its max_model_len (HTTP 400: measured with 1024 against a 512-token SmolLM2 server,
@@ -392,7 +393,7 @@ class ChatClient:
             if expiry.expired:
                 raise self._expired(ends_call, per_attempt) from None
             raise err from None
-        except Exception as exc:  # noqa: BLE001 - every transport failure becomes a kind, never a crash
+        except Exception as exc:  # every transport failure becomes a kind, never a crash
             if expiry.expired or _is_timeout(exc):
                 raise self._expired(ends_call, per_attempt) from None
             raise self._transport_error(exc, key) from None
@@ -638,7 +639,7 @@ def request_json(
         exc.close()
         detail = clip(" ".join(detail.split()), ERROR_CHARS, [api_key])
         raise RequestError(f"{url}: HTTP {exc.code}" + (f": {detail}" if detail else "")) from None
-    except Exception as exc:  # noqa: BLE001 - every transport failure becomes one line
+    except Exception as exc:  # every transport failure becomes one line
         if expiry.expired or _is_timeout(exc):
             raise RequestError(f"{url}: no complete answer within the {timeout_s:g} s deadline") from None
         reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
