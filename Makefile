@@ -1,4 +1,4 @@
-# The two commands a newcomer types: `make demo` and `make test`.
+# The two commands a newcomer types: `make demo` and `make test`. `make lint` is what CI runs before the tests.
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -11,7 +11,7 @@ VERL_STAMP := $(VERL_VENV)/.installed
 VERL_SPEC ?= verl==0.9.1
 VERL_IMPORTS ?= numpy omegaconf ray orjson codetiming "tensordict>=0.8.0,<=0.10.0,!=0.9.0" "transformers>=5.5.3,<5.11,!=5.6.0"
 
-.PHONY: venv verl-venv vllm demo demo-quick study study-quick test test-all test-vllm vllm-smoke warmup bench clean
+.PHONY: venv verl-venv vllm demo demo-quick study study-quick test test-all test-vllm vllm-smoke warmup bench lint fmt clean
 
 # torch goes first: a plain `torch` requirement would pull a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -84,6 +84,18 @@ vllm-smoke: $(VLLM_STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/vs_trl.py
+
+# ruff's lint and format check over the whole tree, then mypy over algo/, stages/ and train/
+# (pyproject.toml's [tool.ruff] and [tool.mypy] say what each checks).
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+# Rewrites what `make lint`'s ruff half would reject and can fix by itself: formatting, import order.
+fmt: $(STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
 
 clean:
 	rm -rf runs .pytest_cache

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import benchmark_model_dir, median  # noqa: E402
+from common import benchmark_model_dir, median
 
 ROOT = Path(__file__).resolve().parents[1]
 PAIRS = [("ta_grpo", "grpo_matched"), ("dagrpo", "grpo")]
@@ -96,7 +96,8 @@ def judge_throughput(requests: int = 512, concurrency: int = 32) -> float:
     assert all(s == 7.0 for s in scores)
     rate = requests / seconds
     print(
-        f"judge scorer: {requests} responses at {concurrency} concurrent requests in {seconds:.2f} s = {rate:.0f} scored/s"
+        f"judge scorer: {requests} responses at {concurrency} concurrent requests in {seconds:.2f} s "
+        f"= {rate:.0f} scored/s"
     )
     return rate
 

@@ -12,11 +12,11 @@ import time
 
 import torch
 
-torch.set_num_threads(1)
 import regroup.models.logprobs as L
 from regroup.batch import Sample, collate
 from regroup.models.tiny import build_model, build_tokenizer
 
+torch.set_num_threads(1)
 tok = build_tokenizer()
 model = build_model(tok)
 model.train()
@@ -37,7 +37,7 @@ def no_trim(b, p, t):
 
 
 times = {"trim": [], "no_trim": []}
-for i in range(8):
+for _round in range(8):
     for name, fn in (("trim", trim), ("no_trim", no_trim)):
         L._trim_padding = fn
         t0 = time.perf_counter()
@@ -47,4 +47,4 @@ for i in range(8):
         model.zero_grad(set_to_none=True)
         times[name].append(time.perf_counter() - t0)
 for k, v in times.items():
-    print(k, "median %.3f min %.3f max %.3f" % (statistics.median(v[1:]), min(v[1:]), max(v[1:])))
+    print(k, f"median {statistics.median(v[1:]):.3f} min {min(v[1:]):.3f} max {max(v[1:]):.3f}")

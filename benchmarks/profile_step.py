@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import benchmark_model_dir  # noqa: E402
+from common import benchmark_model_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 PARTS = {  # label: (file suffix, function name) whose cumulative time is the part

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import benchmark_model_dir, median  # noqa: E402
+from common import benchmark_model_dir, median
 
 
 def main() -> None:

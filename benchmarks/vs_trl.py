@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import benchmark_model_dir, median  # noqa: E402
+from common import benchmark_model_dir, median
 
 PROMPTS, NEW_TOKENS = 4, 32
 # name: (regroup config, regroup overrides, samples per question = TRL's num_generations)
@@ -186,7 +186,8 @@ def run_setting(setting: str, args) -> tuple[float, tuple]:
     step_ratios = sorted(o / t for o, t in zip(times["regroup"][skip:], times["trl"][skip:]))
     print(f"\n== {setting}: regroup {config_file} {' '.join(setting_overrides)} vs TRL G = {generations}")
     print(
-        f"model: {model_desc}; {PROMPTS} prompts x {generations} samples x {NEW_TOKENS} new tokens, beta 0, {args.threads} threads"
+        f"model: {model_desc}; {PROMPTS} prompts x {generations} samples x {NEW_TOKENS} new tokens, beta 0, "
+        f"{args.threads} threads"
     )
     print(f"steps measured: {len(times['trl']) - skip} each (after {skip} warm-up steps)")
     print(f"trl      median step {t_trl:.3f} s")

@@ -180,7 +180,7 @@ def child_regroup(args) -> dict:
     )
     trainer = build_trainer(cfg, run, log=lambda m: None)
     times, lengths = [], []
-    for step in range(args.steps + args.warmup_steps):
+    for _ in range(args.steps + args.warmup_steps):
         t0 = time.perf_counter()
         metrics = trainer.train_step(trainer.step)
         trainer.step += 1
@@ -349,7 +349,8 @@ def main(argv) -> None:
     )
     if not args.skip_race:
         print(
-            "\n| fine-tuning | side | median step s | steps | mean response tokens | peak RSS MiB | load before / after |"
+            "\n| fine-tuning | side | median step s | steps | mean response tokens | peak RSS MiB "
+            "| load before / after |"
         )
         print("|---|---|---|---|---|---|---|")
         for mode in args.finetune.split(","):
@@ -378,7 +379,8 @@ def main(argv) -> None:
     prompt_file = Path(tempfile.mkdtemp(prefix="rollout-")) / "rows.json"
     prompt_file.write_text(json.dumps([rows, seeds]))
     print(
-        f"\nrollout: {len(rows)} rows ({args.prompts} prompts x {args.generations}), <= {args.new_tokens} new tokens, T = 1"
+        f"\nrollout: {len(rows)} rows ({args.prompts} prompts x {args.generations}), "
+        f"<= {args.new_tokens} new tokens, T = 1"
     )
     print("| sampler | median tokens/s | repeats | mean response tokens | peak RSS MiB | load before / after |")
     print("|---|---|---|---|---|---|")

@@ -51,7 +51,7 @@ class Status:
     message: str = "fake error"
 
 
-def RateLimit(retry_after: float | str | None = None) -> Status:  # noqa: N802 (reads like the others)
+def RateLimit(retry_after: float | str | None = None) -> Status:  # reads like the others
     """HTTP 429 with `Retry-After: <retry_after>`."""
     return Status(429, None if retry_after is None else str(retry_after), "rate limited")
 
@@ -131,10 +131,10 @@ def completion_json(content: str, model: str = "fake-model") -> bytes:
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - keep test output quiet
+    def log_message(self, format: str, *args: Any) -> None:  # keep test output quiet
         return
 
-    def do_POST(self) -> None:  # noqa: N802 (http.server naming)
+    def do_POST(self) -> None:  # http.server naming
         fake = self.server.fake
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""

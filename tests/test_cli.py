@@ -48,17 +48,17 @@ def test_train_and_resume_from_the_command_line(tiny_model_dir, tmp_path):
         "diagnostics.diversity_every=0",
     ]
     assert main(args) == 0
-    assert [json.loads(l)["step"] for l in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2]
     # resume with a longer budget continues from step 2
     assert main(["train", "--resume", str(run), "train.steps=3"]) == 0
-    assert [json.loads(l)["step"] for l in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+    assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
 
 
 def test_rephrase_and_eval_commands(tiny_model_dir, tmp_path, capsys):
     data = tmp_path / "p.jsonl"
     save_problems(get_task("arithmetic").generate(4, seed=2), data)
     assert main(["rephrase", "--data", str(data), "--out", str(tmp_path / "ta.jsonl"), "--n", "2"]) == 0
-    rows = [json.loads(l) for l in (tmp_path / "ta.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (tmp_path / "ta.jsonl").read_text().splitlines()]
     assert all(len(r["variants"]) == 2 for r in rows)
     assert (
         main(

@@ -43,10 +43,10 @@ def test_wheel_install_finds_its_recipes(tmp_path):
     )
     script = (
         "import regroup, regroup.experiments.demo as d; from regroup.train.run_config import load_config\n"
-        "assert regroup.__file__.startswith(%r), regroup.__file__\n"
+        f"assert regroup.__file__.startswith({str(site)!r}), regroup.__file__\n"
         "cfg = load_config('dagrpo_ta'); assert cfg.recipe == 'dagrpo_ta' and cfg.ta.enabled and cfg.anchors.enabled\n"
         "assert (d.CONFIG_DIR / 'grpo.yaml').is_file() and (d.CONFIG_DIR / 'paper' / 'dagrpo_both.yaml').is_file()\n"
-        "print('ok')\n" % str(site)
+        "print('ok')\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", script],

@@ -401,7 +401,8 @@ def cmd_study(args) -> int:
         chosen = [ARMS_BY_NAME[n] for n in arms or DEFAULT_ARMS]
         print(json.dumps(study_plan(s, chosen), indent=2, default=str))
         _log(
-            f"estimated wall time on 2 CPU cores: {estimate_seconds(s, chosen) / 60:.0f} min (a cost model, not a measurement)"
+            f"estimated wall time on 2 CPU cores: {estimate_seconds(s, chosen) / 60:.0f} min "
+            "(a cost model, not a measurement)"
         )
         return 0
     html = run_study(quick=args.quick, out_root=args.out, log=_log, settings=s if arms else None)

@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from regroup.algo.distinctiveness import distinctiveness_mask, mask_stats
+from regroup.algo.distinctiveness import distinctiveness_mask, mask_stats, pair_masked_advantages
 
 NAN = float("nan")
 
@@ -120,7 +120,6 @@ def test_mask_stats():
 
 
 # ------------------------------------------------------------------------------ the per-pair reading
-from regroup.algo.distinctiveness import pair_masked_advantages  # noqa: E402
 
 
 def _group(n):

@@ -8,7 +8,8 @@ import pytest
 import torch
 from loss_call import call_policy_loss
 
-from regroup.algo.losses import aggregate, clipped_pg_loss, kl_k3
+from regroup.algo.kl import kl_k3
+from regroup.algo.losses import aggregate, clipped_pg_loss
 from regroup.algo.ratios import clip_ratio, importance_ratio, log_ratio, truncated_is_weight
 
 LOG = math.log

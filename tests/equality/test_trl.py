@@ -19,14 +19,14 @@ import pytest
 import torch
 
 pytest.importorskip("trl")
-from datasets import Dataset  # noqa: E402
-from loss_call import call_policy_loss  # noqa: E402
-from transformers import Qwen3Config, Qwen3ForCausalLM  # noqa: E402
-from trl import GRPOConfig, GRPOTrainer  # noqa: E402
+from datasets import Dataset
+from loss_call import call_policy_loss
+from transformers import Qwen3Config, Qwen3ForCausalLM
+from trl import GRPOConfig, GRPOTrainer
 
-from regroup.algo.advantages import group_advantages  # noqa: E402
-from regroup.algo.losses import AGG_MODES, TRL_LOSS_TYPES  # noqa: E402
-from regroup.models.tiny import build_tokenizer  # noqa: E402
+from regroup.algo.advantages import group_advantages
+from regroup.algo.losses import AGG_MODES, TRL_LOSS_TYPES
+from regroup.models.tiny import build_tokenizer
 
 B, P, T = 8, 5, 7  # sequences, prompt length, completion length (= max_completion_length)
 NUM_GEN = 4

@@ -16,29 +16,27 @@ import pytest
 import torch
 
 pytest.importorskip("trl")
-from trl import GRPOTrainer  # noqa: E402
+from trl import GRPOTrainer
 
-from regroup.algo.advantages import group_advantages  # noqa: E402
+from regroup.algo.advantages import group_advantages
 from regroup.errors import ConfigError
-from regroup.integrations.trl import (  # noqa: E402
+from regroup.integrations.trl import STAGE_STATES, RegroupGRPOTrainer, grpo_args
+from regroup.integrations.trl_helpers import (
     ANCHOR_MASK,
     GROUP_ID,
     IS_ANCHOR,
     Q0_PROMPT,
     QUESTION_ID,
-    STAGE_STATES,  # noqa: E402
     VARIANT,
     PooledRepeatSampler,
-    RegroupGRPOTrainer,
-    grpo_args,
+    check_shared_settings,
     loss_totals,
     problem_rows,
 )
-from regroup.integrations.trl_helpers import check_shared_settings  # noqa: E402
-from regroup.models.tiny import build_tokenizer  # noqa: E402
-from regroup.tasks import get_task  # noqa: E402
-from regroup.tasks.base import Problem  # noqa: E402
-from regroup.train.run_config import load_config  # noqa: E402
+from regroup.models.tiny import build_tokenizer
+from regroup.tasks import get_task
+from regroup.tasks.base import Problem
+from regroup.train.run_config import load_config
 
 TASK = get_task("arithmetic")
 MAX_LEN = 24  # completion tokens; every reference solution below fits (+ eos)
@@ -496,7 +494,8 @@ import torch
 from accelerate.utils import gather
 from regroup.algo.advantages import group_advantages
 from regroup.train.run_config import load_config
-from regroup.integrations.trl import IS_ANCHOR, RegroupGRPOTrainer, grpo_args
+from regroup.integrations.trl import RegroupGRPOTrainer, grpo_args
+from regroup.integrations.trl_helpers import IS_ANCHOR
 from regroup.models.tiny import build_tokenizer
 from regroup.tasks import get_task
 

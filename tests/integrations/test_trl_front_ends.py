@@ -19,16 +19,16 @@ import pytest
 import torch
 
 pytest.importorskip("trl")
-import plugins  # noqa: E402  (tests/plugins.py)
+import plugins  # tests/plugins.py
 
 from regroup.errors import ConfigError
-from regroup.integrations.trl import RegroupGRPOTrainer, grpo_args  # noqa: E402
-from regroup.models.tiny import build_tokenizer  # noqa: E402
-from regroup.rollout.base import Completion  # noqa: E402
-from regroup.stages.base import StepBatch, run_stages  # noqa: E402
-from regroup.tasks import get_task  # noqa: E402
-from regroup.train.build import build_trainer  # noqa: E402
-from regroup.train.run_config import load_config  # noqa: E402
+from regroup.integrations.trl import RegroupGRPOTrainer, grpo_args
+from regroup.models.tiny import build_tokenizer
+from regroup.rollout.base import Completion
+from regroup.stages.base import StepBatch, run_stages
+from regroup.tasks import get_task
+from regroup.train.build import build_trainer
+from regroup.train.run_config import load_config
 
 TASK = get_task("arithmetic")
 PROBLEMS = [p for p in TASK.generate(64, 0) if len(p.solution) <= 20][:4]  # references fit 24 tokens (+ eos)

@@ -257,7 +257,7 @@ def test_pack_rows_never_overlaps_and_keeps_prompts_apart():
         assert sorted(used) == list(range(len(line_prompt)))  # no empty line
         # first-fit leaves at most one line of a prompt half full or less
         for prompt in set(prompts):
-            total = sum(l for l, p in zip(lengths, prompts) if p == prompt)
+            total = sum(n for n, p in zip(lengths, prompts) if p == prompt)
             assert line_prompt.count(prompt) <= max(1, 2 * math.ceil(total / width))
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shared helpers
-from fake_openai import (  # noqa: E402
+from fake_openai import (
     Answer,
     Drop,
     FakeOpenAI,
@@ -28,8 +28,8 @@ from fake_openai import (  # noqa: E402
     last_user_message,
 )
 
-from regroup.net import ChatClient, DiskCache, MissingAPIKeyError, cache_key  # noqa: E402
-from regroup.net.client import backoff_delay, parse_retry_after  # noqa: E402
+from regroup.net import ChatClient, DiskCache, MissingAPIKeyError, cache_key
+from regroup.net.client import backoff_delay, parse_retry_after
 
 KEY = "sk-fake-test-key"
 ENV = "REGROUP_TEST_HTTP_KEY"

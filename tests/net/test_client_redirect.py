@@ -20,7 +20,7 @@ class Recorder(BaseHTTPRequestHandler):
     def log_message(self, *args):
         return
 
-    def do_POST(self):  # noqa: N802
+    def do_POST(self):
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
         Recorder.seen.append((self.path, self.headers.get("Authorization")))
         if self.path.startswith("/moved"):

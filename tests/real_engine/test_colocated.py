@@ -118,7 +118,7 @@ def test_training_step_samples_with_the_configs_settings_then_pushes(fp32, tmp_p
     metrics = trainer.train_step(0)
     assert math.isfinite(metrics["loss"])
     assert requests, "the step did not sample through vLLM"
-    for (prompts, params), (count, seed) in zip(requests, seeds):
+    for (_prompts, params), (count, seed) in zip(requests, seeds):
         assert [p.seed for p in params] == request_seeds(count, seed) and None not in [p.seed for p in params]
         for p in params:
             assert (p.temperature, p.top_p, p.max_tokens, p.logprobs) == (0.9, 0.95, 6, 0)

@@ -160,7 +160,8 @@ def test_logprobs_agree_and_weights_are_equal_after_a_push(server, learner):
         before = sampler.generate(prompts, params, seed=1)
         gap = _logp_gap(model, prompts, before, 0.8)
         print(
-            f"\nlog-prob |learner - server| at T=0.8, fp32, {gap.numel()} tokens: max {gap.max():.2e} mean {gap.mean():.2e}"
+            f"\nlog-prob |learner - server| at T=0.8, fp32, {gap.numel()} tokens: "
+            f"max {gap.max():.2e} mean {gap.mean():.2e}"
         )
         assert gap.numel() >= 8 * 4 and gap.max() < 1e-3
 

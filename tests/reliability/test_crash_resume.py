@@ -26,9 +26,9 @@ import torch
 from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import reliability_helpers as h  # noqa: E402
+import reliability_helpers as h
 
-from regroup.runtime.checkpoint import (  # noqa: E402
+from regroup.runtime.checkpoint import (
     CheckpointError,
     latest_valid_checkpoint,
     list_checkpoints,
@@ -145,7 +145,7 @@ def choose_trigger(rng: random.Random, kind: str, done: int, resuming: bool):
         return (lambda phases, tmps, elapsed: elapsed >= at), 0.0, f"random t={at:.2f}s", None
     if kind == "tmp":
         prefix = f".tmp-step-{step:06d}"
-        appeared = lambda phases, tmps, elapsed: any(t.startswith(prefix) for t in tmps)  # noqa: E731
+        appeared = lambda phases, tmps, elapsed: any(t.startswith(prefix) for t in tmps)
         return appeared, 0.0, f"tmp folder of step {step}", None
     target = "resume" if kind == "resume" else f"{kind} {step}"
     delay = rng.uniform(0.0, {"rollout": 0.03, "update": 0.03, "log": 0.002, "checkpoint": 0.05, "resume": 0.05}[kind])

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from fake_openai import FakeOpenAI, last_user_message  # noqa: E402
+from fake_openai import FakeOpenAI, last_user_message
 
-from regroup.net import ChatClient, DiskCache  # noqa: E402
-from regroup.scorers import JudgeScorer, ScoreItem  # noqa: E402
+from regroup.net import ChatClient, DiskCache
+from regroup.scorers import JudgeScorer, ScoreItem
 
 pytestmark = pytest.mark.reliability
 

@@ -17,11 +17,11 @@ from types import SimpleNamespace
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from fake_openai import FakeOpenAI, Hang, Huge, RateLimit, Status, Trickle  # noqa: E402
+from fake_openai import FakeOpenAI, Hang, Huge, RateLimit, Status, Trickle
 
-from regroup.net import ChatClient  # noqa: E402
-from regroup.rephrase import OpenAIRephraser  # noqa: E402
-from regroup.scorers import JudgeScorer, ScoreItem  # noqa: E402
+from regroup.net import ChatClient
+from regroup.rephrase import OpenAIRephraser
+from regroup.scorers import JudgeScorer, ScoreItem
 
 pytestmark = pytest.mark.reliability
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import reliability_helpers as h  # noqa: E402
-from fake_openai import FakeOpenAI  # noqa: E402
+import reliability_helpers as h
+from fake_openai import FakeOpenAI
 
 pytestmark = pytest.mark.reliability
 

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from fake_openai import (  # noqa: E402
+from fake_openai import (
     Answer,
     Drop,
     FakeOpenAI,
@@ -29,9 +29,9 @@ from fake_openai import (  # noqa: E402
     last_user_message,
 )
 
-from regroup.net import ChatClient, DiskCache  # noqa: E402
-from regroup.rephrase import OpenAIRephraser  # noqa: E402
-from regroup.scorers import JudgeScorer, ScoreItem  # noqa: E402
+from regroup.net import ChatClient, DiskCache
+from regroup.rephrase import OpenAIRephraser
+from regroup.scorers import JudgeScorer, ScoreItem
 
 pytestmark = pytest.mark.reliability
 

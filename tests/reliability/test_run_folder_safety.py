@@ -16,11 +16,11 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import reliability_helpers as h  # noqa: E402
+import reliability_helpers as h
 
-from regroup.cli import main  # noqa: E402
-from regroup.io import SymlinkError, write_atomic  # noqa: E402
-from regroup.runtime.checkpoint import (  # noqa: E402
+from regroup.cli import main
+from regroup.io import SymlinkError, write_atomic
+from regroup.runtime.checkpoint import (
     MANIFEST,
     CheckpointRefused,
     latest_valid_checkpoint,
@@ -30,8 +30,8 @@ from regroup.runtime.checkpoint import (  # noqa: E402
     set_rng_state,
     verify_checkpoint,
 )
-from regroup.runtime.metrics import MetricsLogger  # noqa: E402
-from regroup.runtime.rundir import RUN_OUTPUTS, RunDirError, claim_eval_dir, claim_run_dir, holds_a_run  # noqa: E402
+from regroup.runtime.metrics import MetricsLogger
+from regroup.runtime.rundir import RUN_OUTPUTS, RunDirError, claim_eval_dir, claim_run_dir, holds_a_run
 
 pytestmark = pytest.mark.reliability
 

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import reliability_helpers as h  # noqa: E402
+import reliability_helpers as h
 
-from regroup.cli import main  # noqa: E402
-from regroup.runtime.checkpoint import latest_valid_checkpoint, list_checkpoints, save_checkpoint, verify_checkpoint  # noqa: E402
-from regroup.runtime.metrics import MetricsFileWarning, MetricsLogger  # noqa: E402
-from regroup.runtime.rundir import RunDirError, RunDirLock, claim_run_dir, new_run_dir  # noqa: E402
+from regroup.cli import main
+from regroup.runtime.checkpoint import latest_valid_checkpoint, list_checkpoints, save_checkpoint, verify_checkpoint
+from regroup.runtime.metrics import MetricsFileWarning, MetricsLogger
+from regroup.runtime.rundir import RunDirError, RunDirLock, claim_run_dir, new_run_dir
 
 pytestmark = pytest.mark.reliability
 

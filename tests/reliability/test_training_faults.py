@@ -18,13 +18,13 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import reliability_helpers as h  # noqa: E402
-from fake_openai import FakeOpenAI  # noqa: E402  (reliability_helpers put tests/ on the path)
+import reliability_helpers as h
+from fake_openai import FakeOpenAI  # reliability_helpers put tests/ on the path
 
-from regroup.net import DiskCache  # noqa: E402
-from regroup.train.build import build_trainer  # noqa: E402
-from regroup.train.run_config import load_config  # noqa: E402
-from regroup.train.trainer import Trainer  # noqa: E402
+from regroup.net import DiskCache
+from regroup.train.build import build_trainer
+from regroup.train.run_config import load_config
+from regroup.train.trainer import Trainer
 
 pytestmark = pytest.mark.reliability
 

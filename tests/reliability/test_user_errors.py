@@ -15,11 +15,11 @@ import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import reliability_helpers as h  # noqa: E402
+import reliability_helpers as h
 
-from regroup.cli import main  # noqa: E402
-from regroup.errors import ConfigError  # noqa: E402
-from regroup.runtime.checkpoint import is_disk_full, list_checkpoints  # noqa: E402
+from regroup.cli import main
+from regroup.errors import ConfigError
+from regroup.runtime.checkpoint import is_disk_full, list_checkpoints
 
 pytestmark = pytest.mark.reliability
 

@@ -10,10 +10,10 @@ from types import SimpleNamespace
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shared helpers
-from fake_openai import FakeOpenAI, Status, last_user_message  # noqa: E402
+from fake_openai import FakeOpenAI, Status, last_user_message
 
-from regroup.net import ChatClient, DiskCache  # noqa: E402
-from regroup.rephrase import (  # noqa: E402
+from regroup.net import ChatClient, DiskCache
+from regroup.rephrase import (
     DatasetRephraser,
     OpenAIRephraser,
     RulesRephraser,
@@ -24,7 +24,7 @@ from regroup.rephrase import (  # noqa: E402
     rejection_reason,
     summarise,
 )
-from regroup.rephrase.llm import REWRITE_PROMPTS  # noqa: E402
+from regroup.rephrase.llm import REWRITE_PROMPTS
 
 KEY = "sk-fake-rewriter-key"
 ENV = "REGROUP_TEST_REWRITE_KEY"
@@ -69,7 +69,7 @@ def test_duplicate_and_verifier_rejections():
     ok = "Starting with 3 apples, Ann buys 12 more. How many now?"
     assert rejection_reason(ok.upper(), Q1, [ok]) == "duplicate of another variant"
     seen = []
-    verifier = lambda v, p: seen.append((v, p)) or False  # noqa: E731
+    verifier = lambda v, p: seen.append((v, p)) or False
     assert rejection_reason(ok, Q1, verifier=verifier, problem="P") == "rejected by verifier"
     assert seen == [(ok, "P")]
     assert rejection_reason("Ann has three apples", Q1, check_numbers=False) is None

@@ -194,9 +194,9 @@ def test_checker_arguments():
 
 
 def test_combine_weighted_sum_and_none():
-    one = lambda r, p: 1.0  # noqa: E731
-    half = lambda r, p: 0.5  # noqa: E731
-    none = lambda r, p: None  # noqa: E731
+    one = lambda r, p: 1.0
+    half = lambda r, p: 0.5
+    none = lambda r, p: None
     assert combine([(one, 2.0), (half, -1.0)])("x", P("1")) == pytest.approx(1.5)
     assert combine([(one, 0.5), (none, 3.0)])("x", P("1")) == pytest.approx(0.5)  # None parts are left out
     assert combine([(none, 1.0), (none, 2.0)])("x", P("1")) is None

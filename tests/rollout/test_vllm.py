@@ -154,7 +154,7 @@ def test_requests_carry_per_prompt_seeds_and_settings(fake_vllm, tmp_path):
 
 def test_outputs_become_completions(fake_vllm, tmp_path):
     sampler = make_sampler(fake_vllm, tmp_path, sleep=False)
-    lp = lambda tok, v: {tok: FakeLogprob(v), 99: FakeLogprob(-9.0, rank=2)}  # noqa: E731 extra top-1 entry
+    lp = lambda tok, v: {tok: FakeLogprob(v), 99: FakeLogprob(-9.0, rank=2)}  # extra top-1 entry
     sampler.llm.script = [
         [
             FakeCompletion(1, [2, 3], [lp(2, -0.5), lp(3, -1.5)], "length"),  # out of order on purpose
@@ -251,8 +251,8 @@ def test_param_names_match_what_vllm_loads():
 
 
 def test_build_sampler_selects_vllm(fake_vllm, tmp_path):
+    from regroup.rollout.factory import build_sampler
     from regroup.rollout.vllm import VLLMSampler
-    from regroup.train.build import build_sampler
 
     sampler = build_sampler(RolloutConfig(backend="vllm"), TinyPolicy(str(tmp_path)), TinyTokenizer())
     assert isinstance(sampler, VLLMSampler)

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import accelerate_exe as _accelerate, free_port as _free_port
+from helpers import accelerate_exe as _accelerate
+from helpers import free_port as _free_port
 
 from regroup.runtime.sharded import full_parameters, is_sharded, load_training_state, save_model_weights
 
@@ -35,7 +36,7 @@ def fsdp_run(tmp_path_factory):
     # In the full suite a worker has twice aborted at start-up or exit ("terminate called without an active
     # exception", SIGABRT inside torch's gloo process group) where it passes alone: one fresh launch on a new
     # port is allowed; a second failure fails the test with the worker's output.
-    for attempt in range(2):
+    for _attempt in range(2):
         out = tmp_path_factory.mktemp("fsdp2")
         cmd = [
             _accelerate(),

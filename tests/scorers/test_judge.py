@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shared helpers
-from fake_openai import FakeOpenAI, Status, last_user_message  # noqa: E402
+from fake_openai import FakeOpenAI, Status, last_user_message
 
-from regroup.net import ChatClient, DiskCache  # noqa: E402
-from regroup.scorers import JudgeScorer, ScoreItem, build_judge_messages, parse_judge_score  # noqa: E402
+from regroup.net import ChatClient, DiskCache
+from regroup.scorers import JudgeScorer, ScoreItem, build_judge_messages, parse_judge_score
 
 KEY = "sk-fake-judge-key"
 ENV = "REGROUP_TEST_JUDGE_KEY"
@@ -203,7 +203,7 @@ def test_judge_items_must_be_score_items(server):
         JudgeScorer(client_for(server)).score_batch([("q", "r")])  # type: ignore[list-item]
 
 
-# -- structured output (json_schema / choice), measured against vLLM 0.32 in tests/real_engine/test_server.py --------------
+# -- structured output (json_schema / choice), measured against vLLM 0.32 in tests/real_engine/test_server.py
 @pytest.mark.parametrize(
     "structured, reply, expected",
     [
@@ -272,7 +272,7 @@ def test_structured_mode_is_part_of_the_cache_key(server, tmp_path):
 
 
 def test_unscored_responses_are_warned_about(server, caplog):
-    """FINDINGS (cb0f51a): 0 of 16 scored against a real server with no warning. Now one warning line."""
+    """A real vLLM server's plain-text grades once scored 0 of 16 with no warning. Now one warning line."""
     server.responder = lambda body: "17 + 25 = "  # what SmolLM2 wrote when asked for a plain-text grade
     judge = JudgeScorer(client_for(server), structured="none")
     with caplog.at_level("WARNING", logger="regroup.scorers.judge"):

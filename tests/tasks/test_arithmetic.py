@@ -102,8 +102,8 @@ def test_no_answer_dominates(problems):
     counts = Counter(int(p.answer) for p in problems)
     # 20 possible answers, 5% each if uniform. The restricted random walk favours the middle
     # (measured: 3.3% for 1, 6.4% at most), so: every value occurs at least 1.5% of the time (a missing
-    # value would be a hole the model can exploit) and none more than 10% (the "answer 99" shortcut
-    # of FINDINGS.md was far above that).
+    # value would be a hole the model can exploit) and none more than 10% (a generator that clipped sums
+    # at 99 once made "99" a common answer, and the model learned that shortcut).
     assert set(counts) == set(range(1, 21))
     assert min(counts.values()) / 5000 > 0.015
     assert max(counts.values()) / 5000 < 0.10

@@ -21,7 +21,7 @@ def test_train_writes_metrics_checkpoints_and_config(tiny_model_dir, tmp_path):
     cfg = small_config(tiny_model_dir, tmp_path / "run", "grpo.yaml", "train.steps=3")
     build_trainer(cfg, tmp_path / "run", log=lambda m: None).train()
     lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in lines] == [1, 2, 3]
+    assert [row["step"] for row in lines] == [1, 2, 3]
     for key in [
         "reward/mean",
         "groups/uniform_frac",

@@ -8,12 +8,12 @@ from regroup.algo import cispo, entropy, gmpo, kl, sapo  # noqa: F401  (register
 from regroup.algo.advantages import group_advantages, group_reward_stats
 from regroup.algo.anchors import plain_anchor_pg_loss, shaped_objective, shaped_pg_loss
 from regroup.algo.distinctiveness import distinctiveness_mask, mask_stats
+from regroup.algo.kl import kl_k3
 from regroup.algo.losses import (
     AGG_MODES,
     TRL_LOSS_TYPES,
     aggregate,
     clipped_pg_loss,
-    kl_k3,
     policy_loss,
 )
 from regroup.algo.ratios import clip_ratio, importance_ratio, log_ratio, truncated_is_weight

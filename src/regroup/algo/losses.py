@@ -30,7 +30,6 @@ from torch import Tensor
 
 from regroup.algo.anchors import plain_anchor_pg_loss, shaped_pg_loss
 from regroup.algo.gspo import sequence_ratio
-from regroup.algo.kl import kl_k3  # noqa: F401  (k3 is defined with the other estimators; re-exported)
 from regroup.algo.ratios import clip_ratio, importance_ratio, per_token_advantages
 from regroup.algo.sampler_is import IS_MODES
 from regroup.registry import KL_ESTIMATORS, LOSS_TERMS, POLICY_LOSSES

@@ -43,23 +43,21 @@ from regroup.batch import Sample
 from regroup.config.schema import RunConfig
 from regroup.diagnostics.signals import SignalWatch, reward_diagnostics
 from regroup.errors import ConfigError
-from regroup.integrations.trl_helpers import (  # noqa: F401  (re-exported)
+from regroup.integrations.trl_helpers import (
     ANCHOR_MASK,
     GROUP_ID,
     IS_ANCHOR,
-    LOSS_AGG,
     Q0_PROMPT,
     QUESTION,
     QUESTION_ID,
     SAMPLE_WEIGHT,
-    SHARED_SETTINGS,
     VARIANT,
     PooledRepeatSampler,
-    _pad_right,
     check_shared_settings,
     completion_text,
     grpo_args,
     loss_totals,
+    pad_right,
     problem_rows,
 )
 from regroup.io import write_atomic
@@ -70,16 +68,8 @@ from regroup.tasks import get_task
 from regroup.train.build import training_problems
 from regroup.train.recipes import build_recipe, features
 
-__all__ = [
-    "ANCHOR_MASK",
-    "IS_ANCHOR",
-    "SAMPLE_WEIGHT",
-    "PooledRepeatSampler",
-    "RegroupGRPOTrainer",
-    "grpo_args",
-    "loss_totals",
-    "problem_rows",
-]
+# grpo_args (defined in trl_helpers) stays public here: the adapter's users build TRL's config with it.
+__all__ = ["STAGE_STATES", "RegroupGRPOTrainer", "grpo_args"]
 
 log = logging.getLogger(__name__)
 
@@ -404,10 +394,10 @@ class RegroupGRPOTrainer(GRPOTrainer):
             }
             for key, value in pads.items():
                 if out.get(key) is not None:
-                    out[key] = _pad_right(out[key], width, value)
+                    out[key] = pad_right(out[key], width, value)
             isr = out.get("importance_sampling_ratio")
             if isr is not None and isr.dim() == 2 and isr.shape[1] > 1:
-                out["importance_sampling_ratio"] = _pad_right(isr, width, 1.0)
+                out["importance_sampling_ratio"] = pad_right(isr, width, 1.0)
         rows = torch.tensor([k for k, _ in anchors], device=out["completion_ids"].device)
         for k, ids in anchors:
             out["completion_ids"][k] = self._tokenizer.pad_token_id

@@ -1,7 +1,7 @@
 """Pure helpers of the TRL adapter (no TRL trainer state): the TRL settings regroup's config decides, the
 dataset rows built from regroup's problems, the sampler that keeps a TA-GRPO question's N+1 rows together,
 and TRL's loss normalisers expressed as regroup's aggregation totals. Tested without building a trainer;
-`regroup.integrations.trl` re-exports them."""
+`regroup.integrations.trl` uses them (import them from here)."""
 
 from __future__ import annotations
 
@@ -211,7 +211,7 @@ def loss_totals(
     return LOSS_AGG[loss_type], totals
 
 
-def _pad_right(t: Tensor, width: int, value: float) -> Tensor:
+def pad_right(t: Tensor, width: int, value: float) -> Tensor:
     """`t` [B, T, ...] right-padded with `value` to [B, width, ...]."""
     extra = width - t.shape[1]
     if extra <= 0:

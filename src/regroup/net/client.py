@@ -192,7 +192,7 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
     """Redirects are not followed: a POST would lose its deadline watch (and its body), and the API key
     would go along to another address. The 3xx surfaces as an HTTP error naming the new address."""
 
-    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: PLR0913 - urllib's signature
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # urllib's signature
         return None
 
 
@@ -403,7 +403,7 @@ class ChatClient:
             if expiry.expired:
                 raise self._expired(ends_call, per_attempt) from None
             raise err from None
-        except Exception as exc:  # noqa: BLE001 - every transport failure becomes a kind, never a crash
+        except Exception as exc:  # every transport failure becomes a kind, never a crash
             if expiry.expired or _is_timeout(exc):
                 raise self._expired(ends_call, per_attempt) from None
             raise self._transport_error(exc, key) from None
@@ -650,7 +650,7 @@ def request_json(
         exc.close()
         detail = clip(" ".join(detail.split()), ERROR_CHARS, [api_key])
         raise RequestError(f"{url}: HTTP {exc.code}" + (f": {detail}" if detail else "")) from None
-    except Exception as exc:  # noqa: BLE001 - every transport failure becomes one line
+    except Exception as exc:  # every transport failure becomes one line
         if expiry.expired or _is_timeout(exc):
             raise RequestError(f"{url}: no complete answer within the {timeout_s:g} s deadline") from None
         reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc

@@ -25,7 +25,7 @@ MIN_FRAGMENT = 4  # a key piece this long or longer is a leak
 _BEARER = re.compile(r"(?i)\b(Bearer)\s+[^\s\"',;]+")
 # sk-<8+ key characters> not glued to a word before it ("task-based" and "risk-free" stay intact).
 _SK_TOKEN = re.compile(r"(?<![A-Za-z0-9])sk-[A-Za-z0-9_\-]{8,}")
-_WORD = re.compile(r"[A-Za-z0-9_\-]{%d,}" % MIN_FRAGMENT)
+_WORD = re.compile(rf"[A-Za-z0-9_\-]{{{MIN_FRAGMENT},}}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 _known: set[str] = set()

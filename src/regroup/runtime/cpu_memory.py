@@ -5,8 +5,8 @@ are freed. A training step on a CPU allocates and frees the same activation, KV-
 buffers (megabytes each) every micro-batch and every decode step, so each step pays to map, fault in
 and zero them again. On the tiny model's DaGRPO / GRPO pair (`benchmarks/overhead.py --steps 16`,
 2 threads) that was 1.75–1.82 million minor page faults per run; with the settings below 0.22–0.24
-million, and in paired runs the step took 0–12 % less (noisy; BENCHMARKS.md). jemalloc and tcmalloc do the same by design;
-this reaches it without preloading a library.
+million, and in paired runs the step took 0–12 % less (noisy; BENCHMARKS.md). jemalloc and tcmalloc do
+the same by design; this reaches it without preloading a library.
 
 The settings (mallopt): blocks up to 32 MiB (glibc's largest mmap threshold) come from the heap, and
 the heap is not trimmed below 1 GiB of free space. Peak memory is unchanged — what is freed stays

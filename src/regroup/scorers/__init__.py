@@ -2,7 +2,7 @@
 
 from regroup.scorers.base import ScoreItem, Scorer
 from regroup.scorers.judge import JudgeScorer, build_judge_messages, parse_judge_score
-from regroup.scorers.registry import SCORERS, build_scorer, load_dotted
+from regroup.scorers.registry import SCORERS, build_scorer
 from regroup.scorers.similarity import SimilarityScorer
 from regroup.scorers.step import StepScorer
 
@@ -15,6 +15,5 @@ __all__ = [
     "StepScorer",
     "build_judge_messages",
     "build_scorer",
-    "load_dotted",
     "parse_judge_score",
 ]

@@ -7,7 +7,7 @@ from typing import Any
 
 from regroup.net import ChatClient, DiskCache
 from regroup.net.build import client_and_cache
-from regroup.registry import SCORERS, build_named, load_dotted  # noqa: F401  (load_dotted re-exported)
+from regroup.registry import SCORERS, build_named
 from regroup.scorers.base import Scorer
 from regroup.scorers.judge import JudgeScorer
 from regroup.scorers.similarity import SimilarityScorer

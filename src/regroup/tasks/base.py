@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -73,28 +72,16 @@ class Problem:
 
 @runtime_checkable
 class Task(Protocol):
-    """What the trainer needs from a task: a name and a grader (the rest is optional per recipe)."""
+    """What the trainer needs from a task: a name and a grader.
+
+    The rest is optional, looked up where a recipe needs it (the built-in arithmetic task has all of it):
+    `generate(n, seed) -> list[Problem]` (training questions without `data.train_file`; the warm-up),
+    `step_score(response, problem) -> float` in [1, 10] (the step scorer), `rephrase(problem, n, rng)
+    -> list[str]` (the rule rephraser), `extract_answer(response)` (the reward's no-answer counts).
+    """
 
     name: str
 
     def grade(self, response: str, problem: Problem) -> float:
         """1.0 if `response` answers `problem` correctly, else 0.0."""
-        ...
-
-
-class TaskWithRules(Task, Protocol):
-    """A task that can also generate problems, score steps and rephrase (the built-in arithmetic task)."""
-
-    answer_marker: str
-
-    def generate(self, n: int, seed: int) -> list[Problem]:
-        """`n` reproducible problems for `seed`."""
-        ...
-
-    def step_score(self, response: str, problem: Problem) -> float:
-        """A deterministic fine-grained score in [1, 10]."""
-        ...
-
-    def rephrase(self, problem: Problem, n: int, rng: random.Random) -> list[str]:
-        """`n` distinct answer-preserving rephrasings of `problem.question`."""
         ...

@@ -1,8 +1,10 @@
 """Warm-up SFT of the built-in tiny model on the task's reference solutions.
 
 RL needs a starting model in the middle band: some groups all correct, some all wrong, most mixed.
-FINDINGS.md measured that accuracy jumps sharply with the number of updates (loss 0.6 → 0.03 between
-steps ~300 and ~700), so the warm-up is scheduled by steps, not wall time: a cosine schedule planned
+Accuracy jumps sharply with the number of updates (measured on this model before regroup was written:
+loss 0.6 → 0.03 between steps ~300 and ~700 of a 950-step schedule; a snapshot at ~610 steps gave
+held-out pass@1 0.47 with 84 % of groups mixed, the finished schedule 0.81 with 42 % all correct), so
+the warm-up is scheduled by steps, not wall time: a cosine schedule planned
 for `schedule_steps`, stopped after `steps` (a snapshot part-way, where the model is in the band), and
 the result is checked against the band and written to `DIR/warmup_metrics.json`.
 """

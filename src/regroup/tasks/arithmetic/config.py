@@ -40,7 +40,12 @@ _WORD = re.compile(r"^[A-Za-z]+$")
 
 @dataclass
 class ArithmeticConfig:
-    """What the generated word problems look like (defaults: FINDINGS.md's learnable setting)."""
+    """What the generated word problems look like.
+
+    The defaults are the setting the tiny model learns in minutes (measured before regroup was written):
+    its warm-up reached held-out pass@1 0.47 with 84 % of groups mixed, where numbers up to 99 with ×2/×3
+    steps gave 0.02–0.11 and 63–86 % of groups all wrong.
+    """
 
     min_value: int = 1
     """Smallest allowed start amount, intermediate value and answer."""
