@@ -195,8 +195,9 @@ class MathAnswerChecker:
     short grace); timeouts, errors and crashes score 0.0 and are counted as such (`pop_counts()`,
     `stats`), never as wrong answers. `workers` processes check in parallel: `check_many` spreads a
     batch over them, and threads calling the checker share them. The last `memo_size` finished outcomes
-    (correct, wrong, error; not timeouts) are remembered by (gold, answer). Safe after a fork (the child starts its own workers). Raises
-    RuntimeError only if a worker process cannot start at all.
+    (correct, wrong, error; not timeouts) are remembered by (gold, answer). Safe after a fork (the child
+    starts its own workers). Each worker is isolated, in its own process group, with `memory_mb` MiB of
+    address space (`regroup.rewards.isolated`). Raises RuntimeError only if a worker process cannot start.
     """
 
     def __init__(
