@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -680,3 +681,61 @@ def test_no_message_names_model_name():
         if "model.name " in p.read_text() or "model.name=" in p.read_text()
     ]
     assert found == []
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (from /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def test_a_killed_parent_leaves_no_reward_worker_behind(reward_dir, tmp_path):
+    """SIGKILL of the training process while a reward hangs: the worker and what it started go too."""
+    import signal
+    import subprocess
+
+    out = tmp_path / "grandchild"
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; sys.path.insert(0, sys.argv[1]); from regroup.rewards.deadline import DeadlineReward; "
+            "from regroup.tasks.base import Problem; "
+            "fn = DeadlineReward('r4rewards:spawns_then_hangs', timeout_s=300); "
+            "fn('r', Problem('q', '?', '1', meta={'out': sys.argv[2]}))",
+            str(reward_dir),
+            str(out),
+        ],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
+    )
+    try:
+        for _ in range(1200):  # the reward has started its child (60 s at most, on a loaded machine)
+            if out.exists() and out.read_text():
+                break
+            time.sleep(0.05)
+        grandchild = int(out.read_text())
+        workers = [
+            int(p)
+            for p in subprocess.run(["pgrep", "-P", str(parent.pid)], capture_output=True, text=True).stdout.split()
+        ]
+        assert workers and _alive(grandchild)
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait()
+        for _ in range(600):  # within 60 s (the worker checks once a second)
+            if not any(_alive(pid) for pid in (*workers, grandchild)):
+                break
+            time.sleep(0.1)
+        left = [pid for pid in (*workers, grandchild) if _alive(pid)]
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+    for pid in left:
+        os.kill(pid, 9)
+    assert left == []

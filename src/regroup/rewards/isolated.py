@@ -9,7 +9,8 @@ path says: in a git worktree the venv's editable install points elsewhere.
 
 Each worker leads its own session (and so its own process group): a timeout kills the group, so the
 processes a reward started die with it; and the terminal's job control never stops a worker that writes
-to it. An address-space limit (RLIMIT_AS) bounds what one check may allocate.
+to it. A worker whose parent dies (even by SIGKILL) kills its own group within a second or so. An
+address-space limit (RLIMIT_AS) bounds what one check may allocate.
 """
 
 from __future__ import annotations
@@ -27,7 +28,12 @@ DEFAULT_MEMORY_MB = 4096
 beyond it fails (MemoryError: that call is an error) instead of taking the machine's memory."""
 
 _BOOT = r"""
-import importlib.util, json, sys
+import importlib.util, json, os, sys, threading, time
+def _orphaned(parent=os.getppid()):  # the parent died (SIGKILL): take the whole group down with it
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os.killpg(0, 9)
+threading.Thread(target=_orphaned, daemon=True).start()
 _spec = json.loads(sys.argv.pop(1))
 sys.path[:] = _spec["path"]
 if _spec["memory_mb"]:
