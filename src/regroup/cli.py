@@ -17,8 +17,14 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from regroup.config.fields import NumericRule, above, at_least
-from regroup.config.schema import apply_overrides, check_resume_overrides, field_docs, read_sections
+from regroup.config.fields import NumericRule, above, at_least, read_yaml
+from regroup.config.schema import (
+    apply_overrides,
+    check_resume_overrides,
+    field_docs,
+    read_sections,
+    resolve_config_path,
+)
 from regroup.data.load import DataError
 from regroup.data.prepare import prepare
 from regroup.errors import ConfigError
@@ -30,13 +36,20 @@ from regroup.registry import STAGES, did_you_mean
 from regroup.rephrase import REPHRASERS
 from regroup.rephrase.run import run_rephrase
 from regroup.rollout.vllm_server import serve_command, serve_env
-from regroup.runtime.checkpoint import CheckpointError, check_resume_config, is_disk_full, newest_run_config
+from regroup.runtime.checkpoint import (
+    CheckpointError,
+    check_resume_config,
+    checkpoint_step,
+    is_disk_full,
+    newest_run_config,
+)
 from regroup.runtime.metrics import MetricsFileWarning
 from regroup.runtime.rundir import RunDirError, claim_eval_dir, claim_run_dir, new_run_dir, read_saved_config
 from regroup.tasks import get_task
 from regroup.train.preflight import collective_timeout_line
 from regroup.train.recipes import build_recipe, describe
-from regroup.train.run_config import check_readable, config_from_dict, load_config
+from regroup.train.run_config import check_readable, config_from_dict, config_pieces, load_config
+from regroup.train.schedule import resume_note
 
 
 def _log(message: str) -> None:
@@ -114,20 +127,27 @@ def cmd_train(args) -> int:
         if not os.path.lexists(saved):
             raise ConfigError(f"--resume {run_dir}: no config.yaml there")
         check_resume_overrides(args.overrides)
+        data = read_saved_config(saved)
+        _announce_code(str(saved), apply_overrides(dict(data), args.overrides), args.overrides, args.trust_config_code)
         cfg = _saved_config(saved, lambda data: config_from_dict(apply_overrides(data, args.overrides)))
         mode = "resume"
     else:
+        if args.config:
+            recipe = resolve_config_path(args.config)
+            if recipe.is_file():  # a missing recipe is reported by load_config
+                _announce_code(str(recipe), apply_overrides(read_yaml(recipe), args.overrides), args.overrides)
         cfg = load_config(args.config, args.overrides)
         run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg.recipe)
         cfg.run_dir = str(run_dir)
         mode = "overwrite" if args.overwrite else "fresh"
     lock = claim_run_dir(run_dir, mode, log=_log, lock=_is_main_process())
     try:
-        if args.resume:
-            _check_resume_config(run_dir, cfg)  # before the model loads
+        note = _check_resume_config(run_dir, cfg) if args.resume else None  # before the model loads
         from regroup.train.build import build_trainer  # heavy (transformers, accelerate): after the checks
 
         trainer = build_trainer(cfg, run_dir, resume=bool(args.resume), log=_log)
+        if note and trainer.is_main:  # said once the resume has loaded: the run goes on with it
+            _log(note)
         bar, on_step = progress_callback(
             cfg.train.steps, cfg.recipe, cfg.train.progress and trainer.is_main, trainer.step
         )
@@ -142,6 +162,24 @@ def cmd_train(args) -> int:
     return 0
 
 
+def _announce_code(source: str, data: dict, overrides, trusted: bool = True) -> None:
+    """Before any import: name the code (`pkg.mod:obj`) a config file names that the run will import and run,
+    the pieces typed on the command line aside. A resumed folder whose config.yaml another user owns is
+    refused unless `--trust-config-code` (`trusted`): resuming it would run their code as you."""
+    typed = " ".join(overrides)
+    pieces = [(key, name) for key, name in config_pieces(data) if name not in typed]
+    if not pieces:
+        return
+    named = ", ".join(f"{key}={name}" for key, name in pieces)
+    owner = os.stat(source).st_uid
+    if not trusted and owner != os.getuid():
+        raise ConfigError(
+            f"{source} belongs to another user (uid {owner}) and names code that resuming would import and run as "
+            f"you: {named}. Resume only a folder you trust, with --trust-config-code"
+        )
+    _log(f"{source} names code that this run imports and runs: {named}")
+
+
 def _saved_config(path: Path, build):
     """`build(mapping)` of a run's config.yaml; a ConfigError (invalid YAML, bad value) names the file."""
     data = read_saved_config(path)
@@ -151,12 +189,19 @@ def _saved_config(path: Path, build):
         raise ConfigError(f"{path}: {e}") from None
 
 
-def _check_resume_config(run_dir: Path, cfg) -> None:
+def _check_resume_config(run_dir: Path, cfg) -> str | None:
     """Refuse a resume whose config.yaml was edited outside RESUME_OVERRIDABLE since the newest checkpoint
-    (the trainer checks again against the checkpoint it actually loads)."""
+    (the trainer checks again against the checkpoint it actually loads). Returns the line saying what a
+    changed `train.steps` does to the lr schedule (None: nothing changes)."""
     found = newest_run_config(run_dir)
-    if found is not None:
-        check_resume_config(found[0], found[1], cfg.to_dict(), str(run_dir / "config.yaml"))
+    if found is None or found[1] is None:
+        return None
+    check_resume_config(found[0], found[1], cfg.to_dict(), str(run_dir / "config.yaml"))
+    old_steps = (found[1].get("train") or {}).get("steps")
+    step = checkpoint_step(found[0])
+    if not isinstance(old_steps, int) or step is None:
+        return None
+    return resume_note(old_steps, cfg.train.steps, step, cfg.optim.schedule, cfg.optim.min_lr_ratio)
 
 
 # --------------------------------------------------------------------------------------------- eval
@@ -536,6 +581,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--overwrite",
         action="store_true",
         help="discard the checkpoints and metrics of an earlier run in the same run_dir",
+    )
+    p.add_argument(
+        "--trust-config-code",
+        action="store_true",
+        help="--resume a folder whose config.yaml another user owns even though it names code (pkg.mod:obj) to "
+        "import and run (refused without this flag; your own folders only print what they import)",
     )
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. optim.lr=1e-4 train.steps=20")
     p.set_defaults(fn=cmd_train)

@@ -288,3 +288,24 @@ def test_resume_overrides_are_limited_to_keys_that_take_effect():
         check_resume_overrides(["train.steps=30", "optim.lr=0.5"])
     with pytest.raises(ConfigError, match="rewards"):
         check_resume_overrides(["rewards=[math]"])
+
+
+# -- round 4 (issue 31): the YAML reader's limits ------------------------------------------------------
+
+
+def test_yaml_keys_appear_once_but_merges_may_override():
+    from regroup.config.fields import load_yaml
+
+    assert load_yaml("base: &b {lr: 1}\noptim:\n  <<: *b\n  lr: 2\n", "f") == {"base": {"lr": 1}, "optim": {"lr": 2}}
+    with pytest.raises(ConfigError, match=r"f: key 'lr' appears twice \(lines 2 and 3\)"):
+        load_yaml("optim:\n  lr: 1\n  lr: 2\n", "f")
+
+
+def test_yaml_nesting_and_size_limits_are_one_line():
+    from regroup.config.fields import MAX_DEPTH, MAX_TEXT, load_yaml
+
+    assert load_yaml("a: " + "[" * (MAX_DEPTH - 1) + "]" * (MAX_DEPTH - 1), "f") is not None
+    with pytest.raises(ConfigError, match="nested more than"):
+        load_yaml("a: " + "[" * MAX_DEPTH + "]" * MAX_DEPTH, "f")
+    with pytest.raises(ConfigError, match="more than a config may have"):
+        load_yaml("a: " + "x" * MAX_TEXT, "f")

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from regroup.rewards import pop_counts, score_many
+from regroup.rewards.build import build_reward_fn
 from regroup.rewards.deadline import DeadlineReward, UserRewardError
 from regroup.tasks.base import Problem
-from regroup.train.recipes import build_reward_fn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shared helpers
 PROBLEM = Problem(id="q", question="?", answer="1")  # what the trainer passes; it crosses to the worker as JSON
@@ -28,7 +28,7 @@ def test_a_hanging_reward_is_killed_scored_none_and_counted():
         fn.close()
 
 
-def test_a_dotted_function_gets_the_deadline_a_callable_object_does_not():
+def test_a_dotted_reward_gets_the_deadline_unless_timeout_s_is_0():
     fn = build_reward_fn(["_user_rewards:length_reward"], None, timeout_s=5.0)
     try:
         assert isinstance(fn, DeadlineReward) and fn("abc", PROBLEM) == 3.0

@@ -35,11 +35,13 @@ def cfg_of(*overrides, recipe="grpo.yaml"):
 def no_weights(monkeypatch):
     """Fail the test if the policy's weights are loaded."""
     import regroup.models.load as load
+    import regroup.train.build as build  # imported first, so its own name is patched (and restored) too
 
     def refuse(*a, **k):
         raise AssertionError("the weights were loaded before the check")
 
     monkeypatch.setattr(load, "load_policy", refuse)
+    monkeypatch.setattr(build, "load_policy", refuse)
 
 
 def test_world_must_divide_the_batch():
@@ -131,7 +133,7 @@ def test_a_reward_returning_a_string_is_refused_on_the_reference_sample(monkeypa
     def says_yes(response, problem):
         return "yes"
 
-    monkeypatch.setattr(preflight, "build_reward_fn", lambda *a, **k: says_yes)
+    monkeypatch.setattr(preflight, "reward_fn_from_config", lambda *a, **k: says_yes)
     with pytest.raises(ConfigError, match="reward says_yes returned str 'yes'"):
         preflight.check_references(
             cfg_of("anchors.enabled=true", recipe="dagrpo.yaml"), TASK.generate(2, seed=4), TASK, lambda t: [1]

@@ -106,6 +106,80 @@ YamlLoader.add_implicit_resolver(
     "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
 )
 
+MAX_DEPTH = 32
+"""Nesting a config may have (sections, lists): a real one has 4 levels; 30,000 `[` is an attack, not a recipe."""
+MAX_TEXT = 1 << 20
+"""Characters a config file or one override may have."""
+MAX_INT_DIGITS = 18
+"""Digits an integer value may have: every int field is bounded far below 10**18."""
+
+
+class DuplicateKeyError(yaml.constructor.ConstructorError):
+    """A mapping that names a key twice (YAML would keep the last silently): `key`, the lines of both."""
+
+    def __init__(self, key, first_line: int, second_line: int) -> None:
+        super().__init__(problem=f"duplicate key {key!r}")
+        self.key, self.lines = key, (first_line, second_line)
+
+
+def _construct_mapping(loader: YamlLoader, node, deep: bool = False):
+    if isinstance(node, yaml.MappingNode):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<: *base` merges are overridden on purpose
+            key, line = loader.construct_object(key_node, deep=True), key_node.start_mark.line + 1
+            try:
+                if key in seen:
+                    raise DuplicateKeyError(key, seen[key], line)
+                seen[key] = line
+            except TypeError:
+                continue  # an unhashable key: the base constructor refuses it
+    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+
+YamlLoader.construct_mapping = _construct_mapping
+
+
+def _depth(value) -> int:
+    """How deeply `value` nests (a scalar: 0), without recursion."""
+    deepest, todo = 0, [(value, 0)]
+    while todo:
+        item, depth = todo.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, depth + 1)
+            if depth + 1 > MAX_DEPTH:
+                return depth + 1
+            todo.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+def load_yaml(text: str, source: str) -> Any:
+    """`text` parsed as YAML (`YamlLoader`), within the size and nesting limits, each key once; every refusal
+    is one ConfigError naming `source`. Other YAML syntax errors stay `yaml.YAMLError` (callers word them)."""
+    if len(text) > MAX_TEXT:
+        raise ConfigError(f"{source}: {len(text)} characters, more than a config may have ({MAX_TEXT})")
+    try:
+        data = yaml.load(text, Loader=YamlLoader)
+    except DuplicateKeyError as e:
+        first, second = e.lines
+        raise ConfigError(
+            f"{source}: key {e.key!r} appears twice (lines {first} and {second}); each key may appear once "
+            "(YAML would silently keep the last)"
+        ) from None
+    except RecursionError:
+        raise ConfigError(f"{source}: nested too deeply to read (a config nests at most {MAX_DEPTH} levels)") from None
+    except ValueError as e:  # int(): "Exceeds the limit (4300 digits) for integer string conversion"
+        raise ConfigError(f"{source}: a value is out of range ({str(e).split(';')[0][:120]})") from None
+    if _depth(data) > MAX_DEPTH:
+        raise ConfigError(f"{source}: nested more than {MAX_DEPTH} levels deep; a config is a few sections of values")
+    return data
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:60] + f"... ({len(text)} characters)"
+
 
 def check_value(value: Any, hint: Any, key: str) -> Any:
     """Check (and minimally coerce) one value against a type hint; raise ConfigError naming `key`."""
@@ -140,7 +214,9 @@ def check_value(value: Any, hint: Any, key: str) -> Any:
         if isinstance(value, float) and value.is_integer():
             return int(value)
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+            raise ConfigError(f"{key}: expected an integer, got {_short(value)}")
+        if abs(value) >= 10**MAX_INT_DIGITS:
+            raise ConfigError(f"{key}: a {len(str(abs(value)))}-digit integer is out of range")
     elif hint is float:
         if isinstance(value, str):  # YAML 1.1 reads "3e-4" as a string
             try:
@@ -148,8 +224,11 @@ def check_value(value: Any, hint: Any, key: str) -> Any:
             except ValueError:
                 pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{key}: expected a number, got {value!r}")
-        return float(value)
+            raise ConfigError(f"{key}: expected a number, got {_short(value)}")
+        try:
+            return float(value)
+        except OverflowError:  # an integer beyond float range (10**400)
+            raise ConfigError(f"{key}: a {len(str(abs(value)))}-digit number is out of range") from None
     elif hint is str and not isinstance(value, str):
         raise ConfigError(f"{key}: expected a string, got {value!r}")
     return value
@@ -184,11 +263,11 @@ def read_yaml(path: Path, seen: tuple = ()) -> dict:
     if path in seen:
         raise ConfigError(f"{path}: 'extends' loop")
     try:
-        data = yaml.load(path.read_text(), Loader=YamlLoader) or {}
+        data = load_yaml(path.read_text(), str(path)) or {}
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: invalid YAML: {e}") from None
+        raise ConfigError(f"{path}: invalid YAML: {' '.join(str(e).split())[:300]}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: top level must be a mapping")
     parent = data.pop("extends", None)
@@ -203,7 +282,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         raise ConfigError(f"override {text!r} is not of the form dotted.key=value")
     key, raw = text.split("=", 1)
     try:
-        value = yaml.load(raw, Loader=YamlLoader) if raw != "" else ""
+        value = load_yaml(raw, f"override {key.strip()}") if raw != "" else ""
     except yaml.YAMLError:
         value = raw
     return key.strip().split("."), value

@@ -397,14 +397,29 @@ class RewardsConfig:
         "A response is verified correct when its reward >= this (anchors, self-anchors, eval, the TRL adapter).",
         finite=True,
     )
-    workers: int = F(1, "Processes grading answers in parallel (math checker).", ge=1, le=1024)
+    workers: int = F(
+        1,
+        "Processes grading answers in parallel: the math checker's, and each user reward's (pkg.mod:obj) "
+        "worker processes, that many calls at once.",
+        ge=1,
+        le=1024,
+    )
     timeout_s: float = F(
         30.0,
-        "Deadline per call of a user reward function (pkg.mod:fn), run in a worker process: past it "
-        "the call is killed and scores None, counted as unscored (reward/timeout). 0: run it in-process, "
+        "Deadline per call of a user reward (pkg.mod:obj, any callable), run in a worker process: past it "
+        "the worker and the processes it started are killed and the call scores None, counted as unscored "
+        "(reward/timeout, reward/timeout_frac; a warning when timeouts keep happening). 0: run it in-process, "
         "with no deadline.",
         ge=0.0,
         le=86400.0,
+    )
+    worker_memory_mb: int = F(
+        4096,
+        "Address space of each reward worker process (user rewards, math checker), MiB: a call that "
+        "allocates beyond it fails instead of taking the machine's memory. 0: no limit (a reward using CUDA "
+        "in its worker needs 0).",
+        ge=0,
+        le=2**24,
     )
 
 
@@ -601,9 +616,20 @@ RESUME_OVERRIDABLE = (
     "rollout.vllm_server_api_key_env",
     "rollout.vllm_server_timeout_s",
     "rollout.vllm_server_sync_dir",
+    # where the judge and the rewriter are, and which variable holds their key: like the vLLM server's, a
+    # server's address is no part of what the run learned (the judge's scores are cached by model and text)
+    "mask.scorer.base_url",
+    "mask.scorer.api_key_env",
+    "ta.base_url",
+    "ta.api_key_env",
+    # how the reward is computed, not what it returns
+    "rewards.workers",
+    "rewards.worker_memory_mb",
 )
 """Keys a `--resume` may change: each is read afresh by the resumed process. Any other key would be written
-to config.yaml while the restored optimizer, scheduler, data and RNG states go on with the saved value."""
+to config.yaml while the restored optimizer, scheduler, data and RNG states go on with the saved value.
+`train.steps` may change: the lr schedule keeps its course to the resume step, then decays over the steps
+left (`regroup.train.schedule`)."""
 
 
 def check_resume_overrides(overrides: list[str] | tuple[str, ...]) -> None:
@@ -612,9 +638,9 @@ def check_resume_overrides(overrides: list[str] | tuple[str, ...]) -> None:
         key = ".".join(parse_override(text)[0])
         if key not in RESUME_OVERRIDABLE:
             raise ConfigError(
-                f"--resume cannot change {key}: the run's saved optimizer, scheduler and data state "
-                f"would go on with its old value; start a new run for that (keys a resume may change: "
-                f"{', '.join(RESUME_OVERRIDABLE)})"
+                f"--resume cannot change {key}: a resume goes on with the settings the run was trained with (its "
+                f"checkpoint's model, optimizer, data and stage states hold them), so the new value would not "
+                f"take effect; start a new run for that (keys a resume may change: {', '.join(RESUME_OVERRIDABLE)})"
             )
 
 

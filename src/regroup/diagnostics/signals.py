@@ -209,6 +209,12 @@ class SignalWatch:
                 f"unscored {m.get('groups/unscored_frac', 0.0):.0%}). "
                 f"Check reward/extracted_frac and samples.jsonl; try {self._uniform_remedies()}."
             )
+        if name == "unscored" and (m.get("reward/timeout_frac") or 0) > 0:
+            return (
+                f"{self.reward_name} could not score {v:.0%} of responses for {n} steps, "
+                f"{m['reward/timeout_frac']:.0%} because the call timed out (rewards.timeout_s; reward/timeout): "
+                "nothing is scored, so nothing is learned. Make the reward faster or raise rewards.timeout_s."
+            )
         if name == "unscored":
             return (
                 f"{self.reward_name} returned None or NaN for {v:.0%} of responses for {n} steps: nothing is "

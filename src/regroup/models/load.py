@@ -20,7 +20,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 def load_tokenizer(path: str):
     from transformers import AutoTokenizer  # heavy (transformers): only when a model is loaded
 
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
     if tokenizer.pad_token_id is None:  # many base models ship without a pad token
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
@@ -32,7 +32,7 @@ def load_policy(path: str, model_cfg, device: torch.device | str = "cpu", *, lor
     `model_cfg.lora` describes (peft). Whether to is the recipe's answer (`regroup.train.recipes.features`)."""
     from transformers import AutoModelForCausalLM  # heavy (transformers): only when a model is loaded
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[model_cfg.dtype])
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[model_cfg.dtype], trust_remote_code=False)
     model.to(device)
     if model_cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -109,13 +109,15 @@ def convert_gguf(src_dir: str | os.PathLike, gguf_file: str, out_dir: str | os.P
     except ImportError:
         raise ImportError("loading a GGUF file needs the `gguf` package: pip install 'regroup[gguf]'") from None
     log(f"converting {src / gguf_file} to an HF folder (once): {out}")
-    tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=gguf_file)
-    loaded = AutoModelForCausalLM.from_pretrained(src, gguf_file=gguf_file, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=gguf_file, trust_remote_code=False)
+    loaded = AutoModelForCausalLM.from_pretrained(
+        src, gguf_file=gguf_file, dtype=torch.float32, trust_remote_code=False
+    )
     config = copy.deepcopy(loaded.config)
     for attr in ("quantization_config", "_pre_quantization_dtype"):
         if hasattr(config, attr):
             delattr(config, attr)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, trust_remote_code=False)
     missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
     missing = [k for k in missing if not (k == "lm_head.weight" and config.tie_word_embeddings)]
     if missing or unexpected:
@@ -176,10 +178,10 @@ def load_for_inference(path: str, dtype: str = "float32", device: str | None = N
         base = base_path or json.loads((Path(path) / "adapter_config.json").read_text()).get("base_model_name_or_path")
         if not base or not os.path.isdir(base):
             raise FileNotFoundError(f"{path} is a LoRA adapter whose base model folder {base!r} is not there")
-        model = AutoModelForCausalLM.from_pretrained(base, dtype=_DTYPES[dtype])
+        model = AutoModelForCausalLM.from_pretrained(base, dtype=_DTYPES[dtype], trust_remote_code=False)
         model = PeftModel.from_pretrained(model, path).merge_and_unload()
     else:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[dtype])
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[dtype], trust_remote_code=False)
     if device:
         model.to(device)
     model.eval()

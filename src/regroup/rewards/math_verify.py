@@ -20,7 +20,6 @@ import os
 import queue
 import select
 import subprocess
-import sys
 import threading
 import time
 import weakref
@@ -31,6 +30,7 @@ from typing import Any
 
 from regroup.registry import REWARDS
 from regroup.rewards.counts import RewardCounts
+from regroup.rewards.isolated import DEFAULT_MEMORY_MB, kill_group, start_worker, worker_command
 
 __all__ = ["CHECK_COUNTS", "MathAnswerChecker", "extract_boxed", "extract_after_marker"]
 
@@ -122,37 +122,24 @@ class _WorkerDied(Exception):
     pass
 
 
-def _kill(proc: subprocess.Popen | None) -> None:
-    if proc is not None and proc.poll() is None:
-        proc.kill()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:  # pragma: no cover - a killed process that does not exit
-            pass
-
-
 class _Worker:
     """One math-verify child process and its line protocol."""
 
-    def __init__(self) -> None:
-        env = dict(os.environ)
-        # The child runs by file path; give it the parent's import path so it finds the same math_verify.
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
-        env.setdefault("OMP_NUM_THREADS", "1")
+    def __init__(self, memory_mb: int = DEFAULT_MEMORY_MB) -> None:
+        # Isolated (never the current folder on its path), in its own process group, under an
+        # address-space limit; it finds math_verify on the parent's path.
         code = f"import runpy; runpy.run_path({_WORKER!r}, run_name='__main__')"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", code],
+        self.proc = start_worker(
+            worker_command(code, memory_mb=memory_mb),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             bufsize=0,
-            env=env,
-            close_fds=True,
         )
         self.pid = os.getpid()
         self.ready = False
         self._buffer = b""
-        self._finalizer = weakref.finalize(self, _kill, self.proc)
+        self._finalizer = weakref.finalize(self, kill_group, self.proc)
 
     def read_line(self, deadline: float) -> dict[str, Any] | None:
         """The next reply, None at the deadline; raises _WorkerDied if the child exited."""
@@ -208,8 +195,9 @@ class MathAnswerChecker:
     short grace); timeouts, errors and crashes score 0.0 and are counted as such (`pop_counts()`,
     `stats`), never as wrong answers. `workers` processes check in parallel: `check_many` spreads a
     batch over them, and threads calling the checker share them. The last `memo_size` finished outcomes
-    (correct, wrong, error; not timeouts) are remembered by (gold, answer). Safe after a fork (the child starts its own workers). Raises
-    RuntimeError only if a worker process cannot start at all.
+    (correct, wrong, error; not timeouts) are remembered by (gold, answer). Safe after a fork (the child
+    starts its own workers). Each worker is isolated, in its own process group, with `memory_mb` MiB of
+    address space (`regroup.rewards.isolated`). Raises RuntimeError only if a worker process cannot start.
     """
 
     def __init__(
@@ -220,6 +208,7 @@ class MathAnswerChecker:
         startup_timeout_s: float = 60.0,
         workers: int = 1,
         memo_size: int = 4096,
+        memory_mb: int = DEFAULT_MEMORY_MB,
     ) -> None:
         if not timeout_s > 0:
             raise ValueError(f"MathAnswerChecker: timeout_s must be > 0, got {timeout_s}")
@@ -229,12 +218,15 @@ class MathAnswerChecker:
             raise ValueError(f"MathAnswerChecker: workers must be an integer >= 1, got {workers!r}")
         if memo_size < 0:
             raise ValueError(f"MathAnswerChecker: memo_size must be >= 0, got {memo_size}")
+        if memory_mb < 0:
+            raise ValueError(f"MathAnswerChecker: memory_mb must be >= 0 (0: no limit), got {memory_mb}")
         self.marker = marker
         self.timeout_s = float(timeout_s)
         self.max_chars = int(max_chars)
         self.startup_timeout_s = float(startup_timeout_s)
         self.workers = workers
         self.memo_size = int(memo_size)
+        self.memory_mb = int(memory_mb)
         # Grace after the worker's own alarm before the kill: the alarm handles pure-Python hangs
         # without a restart; the kill is for C code the alarm cannot interrupt.
         self.grace_s = min(1.0, 0.2 + 0.25 * self.timeout_s)
@@ -371,7 +363,7 @@ class MathAnswerChecker:
             if worker is not None and worker.pid == os.getpid():
                 worker.close()
                 self._counts.add("restarts")  # found dead while idle
-            worker = slot.worker = _Worker()
+            worker = slot.worker = _Worker(self.memory_mb)
         try:
             worker.wait_ready(self.startup_timeout_s)
         except _WorkerDied:
@@ -389,7 +381,7 @@ class MathAnswerChecker:
         if slot.worker is not None:
             slot.worker.close()
         self._counts.add("restarts")
-        slot.worker = _Worker()
+        slot.worker = _Worker(self.memory_mb)
 
     def warm_up(self) -> None:
         """Start every worker now and wait until each is ready (imported and warmed by one check), so
@@ -398,7 +390,7 @@ class MathAnswerChecker:
         try:
             for slot in slots:  # start them all first: they import in parallel
                 if slot.worker is None or slot.worker.pid != os.getpid() or slot.worker.proc.poll() is not None:
-                    slot.worker = _Worker()
+                    slot.worker = _Worker(self.memory_mb)
             for slot in slots:
                 self._ensure_worker(slot)
         finally:
@@ -422,11 +414,11 @@ class MathAnswerChecker:
 
     def __getstate__(self) -> dict[str, Any]:
         # Processes, locks and queues do not pickle; the copy starts its own workers when first called.
-        keep = ("marker", "timeout_s", "max_chars", "startup_timeout_s", "workers", "memo_size", "grace_s")
+        keep = ("marker", "timeout_s", "max_chars", "startup_timeout_s", "workers", "memo_size", "grace_s", "memory_mb")
         return {k: self.__dict__[k] for k in keep}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
+        self.__dict__.update({"memory_mb": DEFAULT_MEMORY_MB, **state})
         self._init_runtime()
 
     def __repr__(self) -> str:
@@ -437,6 +429,9 @@ class MathAnswerChecker:
 
 
 @REWARDS.register("math")
-def build_math_reward(task: Any, *, workers: int = 1, correct_threshold: float = 1.0) -> MathAnswerChecker:
-    """`rewards=[math]`: math-verify on the response's final answer, `workers` checker processes."""
-    return MathAnswerChecker(workers=workers)
+def build_math_reward(
+    task: Any, *, workers: int = 1, correct_threshold: float = 1.0, memory_mb: int = DEFAULT_MEMORY_MB
+) -> MathAnswerChecker:
+    """`rewards=[math]`: math-verify on the response's final answer, `workers` checker processes of at
+    most `memory_mb` MiB of address space each."""
+    return MathAnswerChecker(workers=workers, memory_mb=memory_mb)

@@ -277,13 +277,20 @@ def read_manifest(path: Path) -> dict:
         files = data["files"]
         if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
             raise KeyError("files")
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
-        raise CheckpointError(f"{path}: unreadable {MANIFEST}: {e}") from None
-    if data.get("format") != FORMAT:
+    except (ValueError, RecursionError, UnicodeDecodeError, KeyError, TypeError) as e:  # JSONDecodeError: a ValueError
+        raise CheckpointError(f"{path}: unreadable {MANIFEST}: {type(e).__name__}: {str(e)[:200]}") from None
+    written = data.get("format")
+    if isinstance(written, int) and not isinstance(written, bool) and written > FORMAT:
+        raise CheckpointRefused(
+            f"{path} was written by a newer regroup (checkpoint format {written}; this version reads format "
+            f"{FORMAT}): resume it with that version (upgrade regroup). Its weights are plain safetensors "
+            "(regroup eval --model PATH, or a new run with model.path=PATH)"
+        )
+    if written != FORMAT:
         raise CheckpointRefused(
             f"{path} was written by an older regroup, whose {STATE} is a pickle that could run code when loaded; "
             "it is not loaded. Its weights are safe to use (regroup eval --model PATH, or a new run with "
-            "model.name=PATH); a resume needs a checkpoint written by this version"
+            "model.path=PATH); a resume needs a checkpoint written by this version"
         )
     for name in files:
         parts = Path(name).parts
@@ -373,8 +380,8 @@ def load_run_config(path: Path) -> dict | None:
     with _open_file(path / RUN_CONFIG) as f:
         try:
             data = json.loads(f.read().decode("utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise CheckpointError(f"{path / RUN_CONFIG}: not valid JSON: {e}") from None
+        except (ValueError, RecursionError, UnicodeDecodeError) as e:  # too deep, or an int of > 4300 digits
+            raise CheckpointError(f"{path / RUN_CONFIG}: not valid JSON: {type(e).__name__}: {str(e)[:200]}") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{path / RUN_CONFIG}: not a mapping")
     return data
@@ -442,7 +449,7 @@ def _check_shapes(model, state: dict, path: Path) -> None:
         if key in own and tuple(own[key].shape) != tuple(tensor.shape):
             raise CheckpointError(
                 f"{path}: weights do not fit the model: {key} is {tuple(tensor.shape)} in the "
-                f"checkpoint and {tuple(own[key].shape)} in the model (a different model.name or "
+                f"checkpoint and {tuple(own[key].shape)} in the model (a different model.path or "
                 f"model config than the run trained)"
             )
 

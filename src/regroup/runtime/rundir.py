@@ -30,6 +30,7 @@ from pathlib import Path
 
 import yaml
 
+from regroup.config.fields import load_yaml
 from regroup.errors import ConfigError
 from regroup.io import SymlinkError, open_nofollow, read_text
 
@@ -252,7 +253,7 @@ def read_saved_config(path: str | os.PathLike) -> dict:
     """The mapping in a run's config.yaml (never read through a link); ConfigError naming the file when it
     is not valid YAML or not a mapping. Callers that build a RunConfig from it validate it further."""
     try:
-        data = yaml.safe_load(read_text(path))
+        data = load_yaml(read_text(path), str(path))
     except SymlinkError as e:
         raise ConfigError(e.strerror) from None
     except UnicodeDecodeError as e:

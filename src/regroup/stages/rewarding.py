@@ -35,7 +35,10 @@ def checked_rewards(values, fn) -> tuple[list[float | None], int]:
                 f"reward {reward_name(fn)} returned {type(value).__name__} {str(value)[:40]!r}: "
                 "a reward must return a number or None (None = could not score)"
             )
-        x = float(value)
+        try:
+            x = float(value)
+        except OverflowError:  # an int beyond float range (10**400): out of range, like 1e300
+            x = FLOAT32_MAX * 2
         if math.isfinite(x) and abs(x) > FLOAT32_MAX:
             out_of_range += 1
             x = math.nan

@@ -3,8 +3,12 @@ model is in memory. Each refusal is one `ConfigError` line (exit 2); each warnin
 
 - `check_world`: the batch divides over the processes.
 - `check_api_keys`: a judge's / rewriter's `api_key_env` variable is set (null or "": no key is sent).
+- `announce_keys`: one line per remote client that will send a key: the variable's name and the host it
+  goes to (a saved config or a shared recipe chooses both; the terminal says so before the first request).
 - `check_eval_file`: `data.eval_file` loads (else the first evaluation would fail mid-run).
 - `check_prompts`: a sample of questions fits `data.max_prompt_tokens`.
+- `check_user_rewards`: a user reward returns numbers (not strings, not beyond float32), and not every
+  call times out.
 - `check_references`: a sample of the reference solutions passes the reward and the anchor length limit,
   and the reward returns numbers (anchors on).
 - `check_train_memory`: a training step's estimate (`models.memory`) against the memory free now (a
@@ -17,18 +21,20 @@ import os
 import random
 import re
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
-from regroup.config.schema import parse_reward_spec
+from regroup.config.schema import get_dotted, parse_reward_spec
 from regroup.data.heldout import eval_problems
 from regroup.data.load import DataError
 from regroup.errors import ConfigError
 from regroup.models.memory import builtin_shape, check_memory, estimate_memory, model_shape
 from regroup.models.prompting import encode_response
-from regroup.rewards import score_many
+from regroup.rewards import pop_counts, score_many
+from regroup.rewards.build import reward_fn_from_config
 from regroup.stages.anchors import is_verified
 from regroup.stages.groups import samples_per_question
 from regroup.stages.rewarding import checked_rewards
-from regroup.train.recipes import build_reward_fn, features
+from regroup.train.recipes import features
 
 SAMPLE = 64
 """Problems drawn for the data checks (a bounded cost, whatever the data set's size)."""
@@ -60,6 +66,42 @@ def check_api_keys(cfg, environ=os.environ) -> None:
                 f"{key}={name}: the environment variable {name} is not set (export it, or set "
                 f"{key}=null for a server without authentication)"
             )
+
+
+def key_destinations(cfg) -> list[tuple[str, str, str, str]]:
+    """(client, URL key, key-variable key, environment variable) of every remote client that will send a key."""
+    out = []
+    if cfg.mask.enabled and cfg.mask.scorer.name == "judge":
+        out.append(("the judge", "mask.scorer.base_url", "mask.scorer.api_key_env", cfg.mask.scorer.api_key_env))
+    if cfg.ta.enabled and cfg.ta.rephraser == "openai":
+        out.append(("the rewriter", "ta.base_url", "ta.api_key_env", cfg.ta.api_key_env))
+    if cfg.rollout.backend == "vllm_server":
+        out.append(
+            (
+                "the vLLM server client",
+                "rollout.vllm_server_url",
+                "rollout.vllm_server_api_key_env",
+                cfg.rollout.vllm_server_api_key_env,
+            )
+        )
+    return [(who, url_key, env_key, name) for who, url_key, env_key, name in out if name]
+
+
+def _host(url: str) -> str:
+    parts = urlsplit(str(url))
+    return f"{parts.scheme}://{parts.netloc}" if parts.scheme and parts.netloc else str(url)
+
+
+def announce_keys(cfg, log=print) -> list[str]:
+    """One line per client that will send a key, naming the variable and the host, before any request: the
+    config (a saved run's config.yaml, a shared recipe) chose both. Returns the lines."""
+    lines = []
+    for who, url_key, env_key, name in key_destinations(cfg):
+        host = _host(get_dotted(cfg, url_key))
+        lines.append(f"{who} sends the value of ${name} as its key to {host} ({env_key}, {url_key})")
+    for line in lines:
+        log(line)
+    return lines
 
 
 def check_eval_file(cfg) -> None:
@@ -136,7 +178,7 @@ def check_references(cfg, problems: list, task, encode_response, log=print) -> R
             result.too_long += 1
         else:
             todo.append(p)
-    reward_fn = build_reward_fn(cfg.rewards.functions, task, 1, cfg.rewards.correct_threshold, cfg.rewards.timeout_s)
+    reward_fn = reward_fn_from_config(cfg.rewards, task)
     try:
         rewards, _ = checked_rewards(score_many(reward_fn, [p.solution for p in todo], todo), reward_fn)
     finally:
@@ -221,20 +263,36 @@ def check_train_memory(
 
 
 def check_user_rewards(cfg, problems: list, task) -> None:
-    """A user reward (`pkg.mod:fn`) returns a number or None: called on a few sampled problems' reference
-    solutions (else their answers) before any model loads, so a reward returning a string is one line now,
-    not a traceback after the weights load. Built-in rewards are known to return numbers."""
+    """A user reward (`pkg.mod:obj`) returns a number or None: called on a few sampled problems' reference
+    solutions (else their answers) before any model loads, so a reward returning a string, or a number
+    beyond float32 (10**400), is one line now, not a traceback after the weights load; and a reward whose
+    every call times out is refused (it would score nothing). Built-in rewards are known to return numbers."""
     if not any(":" in parse_reward_spec(spec)[0] for spec in cfg.rewards.functions):
         return
     sample = _sample(problems, cfg.seed)[:4]
     texts = [getattr(p, "solution", None) or str(getattr(p, "answer", "")) for p in sample]
-    reward_fn = build_reward_fn(cfg.rewards.functions, task, 1, cfg.rewards.correct_threshold, cfg.rewards.timeout_s)
+    reward_fn = reward_fn_from_config(cfg.rewards, task)
+    pop_counts(reward_fn)  # only this check's calls count
     try:
-        checked_rewards(score_many(reward_fn, texts, sample), reward_fn)
+        _, out_of_range = checked_rewards(score_many(reward_fn, texts, sample), reward_fn)
+        counts = pop_counts(reward_fn)
     finally:
         close = getattr(reward_fn, "close", None)
         if callable(close):
             close()
+    rewards_text = "rewards=[" + ",".join(cfg.rewards.functions) + "]"
+    if out_of_range:
+        raise ConfigError(
+            f"{rewards_text} returned a number beyond float32 (|r| > 3.4e38) for {out_of_range} of {len(texts)} "
+            "sampled reference answers: such a reward cannot be trained on; scale it into a small range (e.g. 0..1)"
+        )
+    checked, timeouts = counts.get("checked", 0), counts.get("timeout", 0)
+    if checked and timeouts >= checked:
+        raise ConfigError(
+            f"{rewards_text}: every call ({timeouts} of {checked}) on the sampled reference answers timed out at "
+            f"rewards.timeout_s={cfg.rewards.timeout_s:g}: the run would score nothing and wait the whole deadline "
+            "for each response; make the reward faster or raise rewards.timeout_s"
+        )
 
 
 def before_weights_load(
@@ -242,6 +300,7 @@ def before_weights_load(
 ) -> ReferenceCheck | None:
     """Every pre-load check of a training run, in order; returns the reference check (None: not run)."""
     check_api_keys(cfg)
+    announce_keys(cfg, log)
     check_eval_file(cfg)
     longest_prompt = check_prompts(cfg, problems, encode_prompt, log)
     check_train_memory(cfg, model_path, world, device, log, prompt_tokens=longest_prompt)

@@ -25,17 +25,13 @@ Named loss pieces: `regroup.train.loss_config`.
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from regroup.algo.losses import LossSpec
-from regroup.config.schema import parse_reward_spec
 from regroup.errors import ConfigError
-from regroup.registry import REWARDS, load_dotted
 from regroup.rephrase import build_rephraser as build_named_rephraser
-from regroup.rewards import combine
-from regroup.rewards.deadline import DeadlineReward
+from regroup.rewards.build import reward_fn_from_config
 from regroup.scorers.registry import build_scorer as build_named_scorer
 from regroup.stages.advantages import GroupAdvantages
 from regroup.stages.anchors import AnchorInjector, InjectAnchors, ReserveAnchorSlots
@@ -171,27 +167,6 @@ def describe(recipe: Recipe) -> str:
     return " → ".join(recipe.names) + " → " + describe_loss(recipe.loss)
 
 
-def build_reward_fn(specs: list[str], task, workers: int = 1, correct_threshold: float = 1.0, timeout_s: float = 0.0):
-    """A registered reward (`task`, `math`) or `pkg.mod:fn`, each optionally `*weight`; several are summed.
-
-    A user function (`pkg.mod:fn`, a plain function) runs in a worker process with a deadline of
-    `timeout_s` per call when `timeout_s > 0` (`rewards.timeout_s`): past it, it scores None (unscored).
-    A callable object runs in-process (it may keep state or its own pool)."""
-    parts = []
-    for spec in specs:
-        name, weight = parse_reward_spec(spec)
-        if ":" in name:
-            fn = load_dotted(name)
-            if timeout_s > 0 and inspect.isfunction(fn):
-                fn = DeadlineReward(name, timeout_s)
-        else:
-            fn = REWARDS.get(name)(task, workers=workers, correct_threshold=correct_threshold)
-        parts.append((fn, weight))
-    if len(parts) == 1 and parts[0][1] == 1.0:
-        return parts[0][0]
-    return combine(parts)
-
-
 def build_rephraser(cfg, task, run_dir: Path):
     ta = cfg.ta
     if ta.rephraser == "rules":
@@ -234,9 +209,7 @@ def build_recipe(cfg, task, encode_response, run_dir) -> Recipe:
     """The stages and loss spec `cfg` switches on, in the order of `regroup.stages.base`'s diagram, with the
     user's `stages.extra` inserted."""
     run_dir = Path(run_dir)
-    reward_fn = build_reward_fn(
-        cfg.rewards.functions, task, cfg.rewards.workers, cfg.rewards.correct_threshold, cfg.rewards.timeout_s
-    )
+    reward_fn = reward_fn_from_config(cfg.rewards, task)
     on = features(cfg)
     stages: list = []
     if on.variants:

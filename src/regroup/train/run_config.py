@@ -36,6 +36,49 @@ from regroup.registry import REPHRASERS, REWARDS, SCORERS, STAGES, TASKS, Regist
 from regroup.stages.user import check_user_stage, parse_stage_entry
 from regroup.train.recipes import features, loss_spec
 
+PIECE_KEYS = (
+    "data.task",
+    "rewards.functions",
+    "mask.scorer.name",
+    "ta.rephraser",
+    "stages.extra",
+    "grpo.policy_loss",
+    "grpo.kl_estimator",
+    "grpo.loss_terms",
+)
+"""The keys whose value may name code (`pkg.mod:obj`) that checking the config imports and training runs."""
+
+
+def _dotted(key: str, value: str) -> str | None:
+    if key == "stages.extra":
+        try:
+            return parse_stage_entry(value).path
+        except ValueError:
+            return None
+    name = parse_reward_spec(value)[0] if key in ("rewards.functions", "grpo.loss_terms") else str(value).strip()
+    return name if ":" in name else None
+
+
+def config_pieces(data: dict) -> list[tuple[str, str]]:
+    """(key, "pkg.mod:obj") of every piece of code a config mapping names, found WITHOUT importing anything
+    (what `--resume` prints before `check_config` imports them). [] when the mapping does not build: the
+    full check reports why."""
+    try:
+        cfg = build(RunConfig, shorthand(data))
+    except ConfigError:
+        return []
+    out = []
+    for key in PIECE_KEYS:
+        value = get_dotted(cfg, key)
+        for item in value if isinstance(value, list) else [value]:
+            try:
+                name = _dotted(key, item)
+            except ConfigError:
+                name = None
+            if name:
+                out.append((key, name))
+    return out
+
 
 def check_config(cfg: RunConfig) -> None:
     """`cfg.validate()` (bounds, cross-field rules), then the named pieces, the files the run will read, the key
