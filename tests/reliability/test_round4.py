@@ -368,7 +368,7 @@ def test_the_pre_load_check_fails_when_every_call_times_out(reward_dir, tiny_mod
 
 def test_a_key_sent_to_a_host_is_named_before_the_weights_load(tiny_model_dir, tmp_path, monkeypatch, no_weights):
     from regroup.train.run_config import load_config
-    from regroup.train.trainer import Trainer
+    from regroup.train.build import build_trainer
 
     monkeypatch.setenv("R4_SOME_TOKEN", "the-secret-value")
     cfg = load_config(
@@ -382,7 +382,7 @@ def test_a_key_sent_to_a_host_is_named_before_the_weights_load(tiny_model_dir, t
     )
     said = []
     with pytest.raises(AssertionError, match="weights were loaded"):
-        Trainer.from_config(cfg, tmp_path / "run", log=said.append)
+        build_trainer(cfg, tmp_path / "run", log=said.append)
     named = [line for line in said if "R4_SOME_TOKEN" in line]
     assert named == [
         "the judge sends the value of $R4_SOME_TOKEN as its key to http://judge.example.org:8443 "
