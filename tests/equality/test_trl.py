@@ -392,7 +392,7 @@ def test_gspo_sequence_ratio_equals_trl(model_dir, tmp_path_factory, agg, beta, 
         eps_low=0.2,
         eps_high=0.28,
         agg=agg,
-        ratio_level="sequence",
+        policy="gspo",
         kl_ratio_correction=correction,
         total_tokens=float(mask.sum()),
         total_sequences=B,
@@ -444,7 +444,13 @@ def test_cispo_equals_trl(model_dir, tmp_path_factory, beta, correction):
     inputs, trl_loss, trl_grads = _trl_loss_and_grads(trainer, model_dir, beta)
     trl_metrics = {k: v[-1] for k, v in trainer._metrics["train"].items()}
     loss, met = _ours(
-        model, inputs, policy="cispo", cispo_clip_max=cap, beta=beta, kl_ratio_correction=correction, agg="token_mean"
+        model,
+        inputs,
+        policy="cispo",
+        policy_args={"clip_max": cap},
+        beta=beta,
+        kl_ratio_correction=correction,
+        agg="token_mean",
     )
     _assert_equal_to_trl(model, trl_loss, trl_grads, loss)
     assert met["clip_high_frac"].item() > 0
@@ -470,8 +476,7 @@ def test_sapo_equals_trl(model_dir, tmp_path_factory, tau_pos, tau_neg, beta, co
         model,
         inputs,
         policy="sapo",
-        sapo_temperature_pos=tau_pos,
-        sapo_temperature_neg=tau_neg,
+        policy_args={"temperature_pos": tau_pos, "temperature_neg": tau_neg},
         beta=beta,
         kl_ratio_correction=correction,
         agg="seq_mean_token_mean",

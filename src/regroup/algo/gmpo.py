@@ -17,11 +17,21 @@ Which prompt the log-probs are conditioned on is the caller's choice, so TA-GRPO
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
 from regroup.algo.ratios import per_token_advantages
-from regroup.registry import POLICY_LOSSES
+from regroup.registry import POLICY_LOSSES, knob
+
+
+@dataclass(frozen=True)
+class GMPOArgs:
+    """`grpo.policy_loss_args` of `policy_loss: gmpo` (verl's clip_ratio_low / clip_ratio_high)."""
+
+    clip_low: float = knob(0.4, "A token's log ratio is clipped at -clip_low (paper: 0.4).", ge=0.0, le=20.0)
+    clip_high: float = knob(0.4, "A token's log ratio is clipped at +clip_high (paper: 0.4).", ge=0.0, le=20.0)
 
 
 def gmpo_loss(
@@ -52,12 +62,12 @@ def gmpo_loss(
     return loss, clipped & (sign < 0), clipped & (sign > 0)  # [B, T] x2
 
 
-@POLICY_LOSSES.register("gmpo")
+@POLICY_LOSSES.register("gmpo", args=GMPOArgs)
 def gmpo_policy_loss(
-    logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tensor, spec
+    logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tensor, spec, args: GMPOArgs
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """The registered form: the log-space clip is `spec.gmpo_clip_low` / `_high` (`grpo.gmpo_clip_*`)."""
-    return gmpo_loss(logps, old_logps, advantages, mask, spec.gmpo_clip_low, spec.gmpo_clip_high)
+    """The registered form: the log-space clip is `args.clip_low` / `args.clip_high`."""
+    return gmpo_loss(logps, old_logps, advantages, mask, args.clip_low, args.clip_high)
 
 
 gmpo_policy_loss.ratio_level = "sequence"  # its KL correction and ratio metric use the response's ratio

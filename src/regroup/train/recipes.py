@@ -42,7 +42,7 @@ from regroup.stages.rephrasing import VariantProvider
 from regroup.stages.rewarding import RewardResponses
 from regroup.stages.sampling import SampleResponses
 from regroup.stages.user import insert_user_stages, parse_stage_entry
-from regroup.train.loss_config import describe_loss, loss_spec  # noqa: F401  (loss_spec: the recipe's loss, from the config)
+from regroup.train.loss_config import advantage_estimator, describe_loss, loss_spec
 
 
 @dataclass
@@ -169,7 +169,7 @@ def build_recipe(cfg, task, encode_response, run_dir) -> Recipe:
         stages.append(InjectAnchors(injector))
     if cfg.dynamic_sampling.enabled:
         stages.append(DynamicSampling(cfg.grpo.prompts_per_step, cfg.dynamic_sampling.max_rounds))
-    stages.append(GroupAdvantages(cfg.grpo.adv_scale, cfg.grpo.adv_eps))
+    stages.append(GroupAdvantages(*advantage_estimator(cfg)))
     if cfg.mask.enabled:  # SPEC §2a: masks after advantages, over G_mix
         stages.append(
             DistinctivenessMasker(
