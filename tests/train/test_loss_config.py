@@ -15,9 +15,18 @@ import torch
 from helpers import CONFIGS, small_config, weights
 from loss_call import call_policy_loss
 
-from regroup.algo.losses import LossSpec, rows_with_gradient
+from regroup.algo.losses import LossInputs, LossSpec, LossTotals, policy_loss, rows_with_gradient
 from regroup.errors import ConfigError
-from regroup.registry import ADV_ESTIMATORS, KL_ESTIMATORS, LOSS_TERMS, POLICY_LOSSES, args_class, parse_args
+from regroup.registry import (
+    ADV_ESTIMATORS,
+    KL_ESTIMATORS,
+    LOSS_TERMS,
+    POLICY_LOSSES,
+    args_class,
+    call_piece,
+    knob_rows,
+    parse_args,
+)
 from regroup.train.loss_config import describe_loss
 from regroup.train.run_config import load_config
 
@@ -60,6 +69,16 @@ def test_every_built_in_knob_is_typed_bounded_and_documented():
             defaults = {f.name: f.default for f in dataclasses.fields(cls)}
             assert parse_args(cls, defaults, "k", name) == cls()
     assert seen >= 10
+
+
+def test_docs_losses_has_a_row_for_every_built_in_and_names_its_knobs():
+    text = (CONFIGS.parent / "docs" / "losses.md").read_text()
+    for registry in (POLICY_LOSSES, KL_ESTIMATORS, ADV_ESTIMATORS):
+        for name in registry.names():
+            assert f"`{name}`" in text or f" {name} " in text, name
+            cls = args_class(registry.get(name))
+            for knob_name, *_ in knob_rows(cls) if cls is not None else ():
+                assert f"`{knob_name}`" in text, (name, knob_name)
 
 
 def test_knobs_reach_the_loss_and_change_it():
@@ -530,6 +549,22 @@ RESUME_CASES = {
         "grpo.kl_estimator=low_var_kl",
         "grpo.loss_terms=[my_loss_terms:logp_square*0.01]",
     ),
+    # TRL 1.16's additions: VESPO with the off-policy sequence mask, LUSPO with the two-sided clip
+    "vespo+opsm": (
+        "grpo.yaml",
+        "grpo.policy_loss=vespo",
+        "grpo.policy_loss_args.k_neg=2.5",
+        "grpo.off_policy_mask_threshold=0.01",
+        "grpo.num_iterations=2",
+    ),
+    "luspo+delta+batch_std": (
+        "grpo.yaml",
+        "grpo.policy_loss=luspo",
+        "grpo.policy_loss_args.delta=1.5",
+        "grpo.loss_agg=seq_mean_token_mean",
+        "grpo.advantage_estimator_args.scale=batch",
+        "grpo.num_iterations=2",
+    ),
     "is_sequence_mask": (
         "grpo.yaml",
         "rollout.tis_cap=1.5",
@@ -576,3 +611,46 @@ def test_each_variant_trains_and_resumes_exactly(tiny_model_dir, tmp_path, user_
     assert all(torch.equal(a[k], b[k]) for k in a)
     lines = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
     assert any(line["grad_norm"] > 0 for line in lines)  # the weights moved: the comparison is not vacuous
+
+
+def test_the_one_file_examples_of_docs_extending_work(tmp_path, monkeypatch):
+    """docs/extending.md's built-in loss file and user advantage-estimator file, written out as they stand in
+    the docs, load, take their knobs from the config, and compute (training with such pieces:
+    test_plugin_pieces_with_knobs_train_two_steps)."""
+    import re
+
+    from regroup.stages.advantages import GroupAdvantages
+    from regroup.train.loss_config import advantage_estimator, loss_spec
+
+    text = (CONFIGS.parent / "docs" / "extending.md").read_text()
+    blocks = {m.group(1): m.group(0) for m in re.finditer(r"# (\S+\.py)\n.*?(?=```)", text, re.S)}
+    (tmp_path / "docs_my_loss.py").write_text(blocks["src/regroup/algo/my_loss.py"])
+    (tmp_path / "docs_rank_adv.py").write_text(blocks["my_pkg/rank_adv.py"])
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import docs_my_loss  # noqa: F401  (registers "my_loss" as a built-in would)
+
+    try:
+        cfg = load_config(
+            CONFIGS / "grpo.yaml",
+            [
+                "grpo.policy_loss=my_loss",
+                "grpo.policy_loss_args.cap=1.5",
+                "grpo.advantage_estimator=docs_rank_adv:rank_advantages",
+                "grpo.advantage_estimator_args.spread=2.0",
+            ],
+        )
+        with pytest.raises(ConfigError, match="grpo.policy_loss_args.cap must be"):
+            load_config(CONFIGS / "grpo.yaml", ["grpo.policy_loss=my_loss", "grpo.policy_loss_args.cap=0"])
+        spec = loss_spec(cfg)
+        assert spec.policy_args.cap == 1.5
+        c = _case()
+        lp = torch.log_softmax(c["logits"], -1).gather(-1, c["tokens"][..., None]).squeeze(-1)
+        totals = LossTotals(total_tokens=float(c["mask"].sum()), total_sequences=B, max_completion_length=T)
+        loss, met = policy_loss(lp, c["old"], LossInputs(c["adv"], c["mask"]), spec, totals)
+        loss.backward()
+        assert c["logits"].grad.abs().sum() > 0 and met["clip_high_frac"] > 0  # the cap bites somewhere
+        stage = GroupAdvantages(*advantage_estimator(cfg))
+        adv = call_piece(stage.fn, stage.args, torch.tensor([1.0, 0.0, 0.5, 0.5]), torch.tensor([0, 0, 1, 1]))
+        assert adv.tolist() == [1.0, -1.0, 0.0, 0.0]  # spread 2 over a mixed group; a uniform group gets 0
+    finally:
+        POLICY_LOSSES._items.pop("my_loss", None)  # the registry is process-wide; leave it as the package made it

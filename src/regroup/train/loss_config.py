@@ -75,10 +75,8 @@ def _piece(key: str, name: str, registry, what: str) -> Any:
 
 
 def _args(key: str, piece: Any, given: Any, name: str) -> Any:
-    try:
-        return parse_args(args_class(piece), given, key, name)
-    except ValueError as exc:
-        raise ValueError(str(exc)) from None
+    """The piece's knobs parsed from the user's mapping under `key` (None for a piece without knobs)."""
+    return parse_args(args_class(piece), given, key, name)
 
 
 def advantage_estimator(cfg) -> tuple[str, Any]:
