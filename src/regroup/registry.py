@@ -138,7 +138,8 @@ def build_named(
         else:
             raise TypeError(f"{name!r} is neither a {kind} nor a callable that builds one")
     elif name in builtins:
-        built = builtins.get(name)(**kwargs)
+        factory: Any = builtins.get(name)  # a Registry or a plain dict of factories
+        built = factory(**kwargs)
     else:
         raise ValueError(f"unknown {kind} {name!r}; known: {sorted(builtins)} or 'package.module:object'")
     if not callable(getattr(built, method, None)):

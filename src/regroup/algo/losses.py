@@ -362,12 +362,18 @@ def policy_loss(
                 kl_term = kl_term * weight  # [B, T]
             per_token = per_token + kl_term
 
-    norm = dict(
-        total_tokens=totals.total_tokens,
-        total_sequences=totals.total_sequences,
-        max_completion_length=totals.max_completion_length,
-    )
-    loss = aggregate(per_token, mask, agg, **norm)
+    def reduce(values: Tensor, mode: str) -> Tensor:
+        """`aggregate` over the loss tokens with the whole-batch totals."""
+        return aggregate(
+            values,
+            mask,
+            mode,
+            total_tokens=totals.total_tokens,
+            total_sequences=totals.total_sequences,
+            max_completion_length=totals.max_completion_length,
+        )
+
+    loss = reduce(per_token, agg)
 
     term_values: dict[str, Tensor] = {}
     if spec.terms:
@@ -391,7 +397,7 @@ def policy_loss(
             if value.dim() != 0:
                 if weight is not None:
                     value = value * weight  # [B, T]
-                value = aggregate(value, mask, getattr(term, "agg", agg), **norm)
+                value = reduce(value, getattr(term, "agg", agg))
             loss = loss + coef * value
             term_values[name] = value.detach()
 
@@ -404,7 +410,7 @@ def policy_loss(
             return torch.where(on_policy, x.to(logps.dtype), torch.zeros_like(logps)).sum() / denom
 
         metrics: dict[str, Tensor] = {
-            "pg_loss": aggregate(pg.detach(), mask, agg, **norm),
+            "pg_loss": reduce(pg.detach(), agg),
             "clip_low_frac": on_mean(is_low),
             "clip_high_frac": on_mean(is_high),
             "clip_frac": on_mean(is_low | is_high),
