@@ -10,7 +10,7 @@ token moves far less, and clips each token's log ratio in log space (paper: (e^�
 Each token of response i carries L_i, like GSPO's sequence loss; `grpo.loss_agg=seq_mean_token_mean` then
 gives verl's `mean_i L_i`. This is verl 0.9.1's `policy_loss.loss_mode="geo_mean"`
 (`verl/trainer/ppo/core_algos.py: compute_policy_loss_geo_mean`, its clip_ratio_low / clip_ratio_high
-= ε_low / ε_high here; verl divides by |o_i| + 1e-8 where this divides by max(|o_i|, 1)).
+= the knobs `clip_low` / `clip_high` here; verl divides by |o_i| + 1e-8 where this divides by max(|o_i|, 1)).
 
 Which prompt the log-probs are conditioned on is the caller's choice, so TA-GRPO's q0 ratio composes.
 """
