@@ -401,7 +401,7 @@ def test_a_broken_plugin_piece_is_one_line_before_any_model_loads(user_module, o
 def test_plugin_knobs_are_checked_like_built_ins(user_module):
     base = ["grpo.policy_loss=my_loss_terms:capped_reinforce"]
     cfg = load_config(CONFIGS / "grpo.yaml", [*base, "grpo.policy_loss_args.cap=1.5"])
-    from regroup.train.loss_config import loss_spec
+    from regroup.train.recipes import loss_spec
 
     assert (loss_spec(cfg).policy_args.cap, loss_spec(cfg).policy_args.floor) == (1.5, 0.0)
     for bad, match in (
@@ -620,7 +620,8 @@ def test_the_one_file_examples_of_docs_extending_work(tmp_path, monkeypatch):
     import re
 
     from regroup.stages.advantages import GroupAdvantages
-    from regroup.train.loss_config import advantage_estimator, loss_spec
+    from regroup.train.loss_config import advantage_estimator
+    from regroup.train.recipes import loss_spec
 
     text = (CONFIGS.parent / "docs" / "extending.md").read_text()
     blocks = {m.group(1): m.group(0) for m in re.finditer(r"# (\S+\.py)\n.*?(?=```)", text, re.S)}
