@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from regroup.algo.losses import LossInputs, LossSpec, LossTotals, policy_loss
 
-_INPUTS = {"ref_logps", "sample_weight", "anchor_token_mask", "is_weight", "entropy"}
+_INPUTS = {"ref_logps", "sample_weight", "anchor_token_mask", "is_weight", "entropy", "sampler_logps"}
 _TOTALS = {"total_tokens", "total_sequences", "max_completion_length"}
 
 

@@ -9,7 +9,8 @@ import torch
 from loss_call import call_policy_loss
 
 from regroup.algo.kl import kl_k3
-from regroup.algo.losses import aggregate, clipped_pg_loss
+from regroup.algo.losses import aggregate
+from regroup.algo.ppo_clip import clipped_pg_loss
 from regroup.algo.ratios import clip_ratio, importance_ratio, log_ratio, truncated_is_weight
 
 LOG = math.log
@@ -284,7 +285,7 @@ def test_rows_without_gradient_get_exactly_zero_gradient(agg, case):
         anchor[[0, 1, 4]] = True
         kw.update(anchor_token_mask=anchor, anchor_ratio=case.split("_")[1])
     if case == "gspo":
-        kw.update(ratio_level="sequence")
+        kw.update(policy="gspo")
     if case == "kl":
         beta = 0.1
         kw.update(beta=beta, ref_logps=logps.detach() - 0.2, kl_ratio_correction=True)

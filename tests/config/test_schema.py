@@ -21,7 +21,7 @@ def test_recipes_switch_the_documented_pieces():
     ta = load_config(CONFIGS / "ta_grpo.yaml")
     assert ta.ta.enabled and ta.ta.ratio_anchor == "original" and not ta.mask.enabled
     da = load_config(CONFIGS / "dagrpo.yaml")
-    assert da.mask.enabled and da.anchors.enabled and da.grpo.adv_scale == "none" and da.grpo.beta == 0
+    assert da.mask.enabled and da.anchors.enabled and da.grpo.advantage_estimator == "dr_grpo" and da.grpo.beta == 0
     both = load_config(CONFIGS / "dagrpo_ta.yaml")
     assert both.ta.enabled and both.mask.enabled and both.anchors.enabled
     matched = load_config(CONFIGS / "grpo_matched.yaml")

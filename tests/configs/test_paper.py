@@ -80,8 +80,12 @@ def test_paper_arm_names_data_model_hardware_time_and_benchmarks(path):
 def test_dagrpo_arms_follow_the_paper_and_luffy(tiny_model_dir, data_file):
     arms = {p.stem: _as_written(p, tiny_model_dir, data_file) for p in ARMS if p.stem.startswith("dagrpo_")}
     for name, cfg in arms.items():  # Dr. GRPO, 500 steps, judge with reference, delta 3, 7 + 1 shaped anchors
-        expected = ("group", "token_mean") if name == "dagrpo_grpo_std" else ("none", "seq_sum_constant")
-        assert (cfg.grpo.adv_scale, cfg.grpo.loss_agg, cfg.grpo.beta, cfg.train.steps) == (*expected, 0.0, 500)
+        expected = ("grpo", "token_mean") if name == "dagrpo_grpo_std" else ("dr_grpo", "seq_sum_constant")
+        assert (cfg.grpo.advantage_estimator, cfg.grpo.loss_agg, cfg.grpo.beta, cfg.train.steps) == (
+            *expected,
+            0.0,
+            500,
+        )
         assert (cfg.mask.scorer.name, cfg.mask.delta, cfg.anchors.count, cfg.anchors.mode) == (
             "judge",
             3.0,
@@ -128,7 +132,11 @@ def test_ta_grpo_arms_follow_the_authors_scripts(tiny_model_dir, data_file):
         # AdamW (0.9, 0.999) with weight decay 0.01, advantage epsilon 1e-6, the instruction before the question
         assert (cfg.grpo.beta, cfg.grpo.kl_ratio_correction, cfg.grpo.loss_agg) == (0.001, False, "token_mean")
         assert (cfg.data.max_prompt_tokens, cfg.rollout.max_new_tokens, cfg.grpo.mini_batches) == (512, 3072, 2)
-        assert (cfg.optim.beta2, cfg.optim.weight_decay, cfg.grpo.adv_eps) == (0.999, 0.01, 1e-6)
+        assert (cfg.optim.beta2, cfg.optim.weight_decay, cfg.grpo.advantage_estimator_args["eps"]) == (
+            0.999,
+            0.01,
+            1e-6,
+        )
         assert cfg.data.prompt_template.startswith("You FIRST think") and cfg.data.prompt_template.endswith(
             "{question}"
         )

@@ -72,9 +72,7 @@ def test_a_mask_that_removes_every_advantaged_sample_says_so():
     samples = [sample(0, 1.0, "a"), sample(0, 0.0, "b"), sample(1, 1.0, "c"), sample(1, 1.0, "d")]
     batch = StepBatch(step=0, samples=samples, problems=[s.problem for s in samples[::2]], group_ids=[0, 1])
     ctx = StepContext(seed=0, num_generations=2)
-    metrics = run_stages(
-        [GroupAdvantages("group", 1e-4), DistinctivenessMasker(FixedScorer({}), delta=3.0)], batch, ctx
-    )
+    metrics = run_stages([GroupAdvantages("grpo"), DistinctivenessMasker(FixedScorer({}), delta=3.0)], batch, ctx)
     assert metrics["mask/frac"] == 0.5  # uniform groups count as kept ...
     assert metrics["mask/advantaged_frac"] == 1.0  # ... but nothing with an advantage is left
     assert metrics["mask/emptied_groups"] == 1.0
@@ -99,7 +97,7 @@ def test_dynamic_sampling_keeps_a_group_the_mask_then_empties():
     scorer = FixedScorer({"a": 9.0, "b": 2.0, "c": 5.0, "d": 5.0})  # group 0 distinct, group 1 not
     stages = [
         DynamicSampling(target_groups=2, max_rounds=0),
-        GroupAdvantages("group", 1e-4),
+        GroupAdvantages("grpo"),
         DistinctivenessMasker(scorer, delta=3.0),
     ]
     metrics = run_stages(stages, batch, ctx)

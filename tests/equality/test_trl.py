@@ -392,7 +392,7 @@ def test_gspo_sequence_ratio_equals_trl(model_dir, tmp_path_factory, agg, beta, 
         eps_low=0.2,
         eps_high=0.28,
         agg=agg,
-        ratio_level="sequence",
+        policy="gspo",
         kl_ratio_correction=correction,
         total_tokens=float(mask.sum()),
         total_sequences=B,
@@ -444,7 +444,13 @@ def test_cispo_equals_trl(model_dir, tmp_path_factory, beta, correction):
     inputs, trl_loss, trl_grads = _trl_loss_and_grads(trainer, model_dir, beta)
     trl_metrics = {k: v[-1] for k, v in trainer._metrics["train"].items()}
     loss, met = _ours(
-        model, inputs, policy="cispo", cispo_clip_max=cap, beta=beta, kl_ratio_correction=correction, agg="token_mean"
+        model,
+        inputs,
+        policy="cispo",
+        policy_args={"clip_max": cap},
+        beta=beta,
+        kl_ratio_correction=correction,
+        agg="token_mean",
     )
     _assert_equal_to_trl(model, trl_loss, trl_grads, loss)
     assert met["clip_high_frac"].item() > 0
@@ -470,8 +476,7 @@ def test_sapo_equals_trl(model_dir, tmp_path_factory, tau_pos, tau_neg, beta, co
         model,
         inputs,
         policy="sapo",
-        sapo_temperature_pos=tau_pos,
-        sapo_temperature_neg=tau_neg,
+        policy_args={"temperature_pos": tau_pos, "temperature_neg": tau_neg},
         beta=beta,
         kl_ratio_correction=correction,
         agg="seq_mean_token_mean",
@@ -592,3 +597,196 @@ def test_sampler_is_modes_equal_trl(model_dir, tmp_path_factory, mode, cap, floo
     model.zero_grad()
     loss, met = _ours(model, inputs, eps_high=0.28, agg="token_mean", is_weight=ours_w)
     _assert_equal_to_trl(model, trl_loss, trl_grads, loss)
+
+
+# ---- VESPO, LUSPO, the two-sided clip (delta) and the off-policy sequence mask (OPSM): TRL 1.16's own code ----
+
+VESPO_KNOBS = {"defaults": {}, "tuned": {"k_pos": 1.0, "lambda_pos": 5.0, "k_neg": 2.0, "lambda_neg": 1.0}}
+
+
+@pytest.mark.parametrize("knobs", sorted(VESPO_KNOBS))
+@pytest.mark.parametrize(("beta", "correction"), [(0.0, False), (0.04, False), (0.04, True)])
+def test_vespo_equals_trl(model_dir, tmp_path_factory, knobs, beta, correction):
+    """TRL loss_type="vespo" (token-level log ratios, its normaliser is dapo's: token_mean)."""
+    given = VESPO_KNOBS[knobs]
+    trainer = _trainer(
+        model_dir,
+        tmp_path_factory,
+        loss_type="vespo",
+        beta=beta,
+        use_bias_correction_kl=correction,
+        **{f"vespo_{k}": v for k, v in given.items()},
+    )
+    model = trainer.model
+    inputs, trl_loss, trl_grads = _trl_loss_and_grads(trainer, model_dir, beta)
+    trl_phi = trainer._metrics["train"]["vespo/phi_seq_mean"][-1]
+    loss, _ = _ours(
+        model, inputs, policy="vespo", policy_args=given, beta=beta, kl_ratio_correction=correction, agg="token_mean"
+    )
+    _assert_equal_to_trl(model, trl_loss, trl_grads, loss)
+    assert abs(trl_phi - 1.0) > 1e-2  # not vacuous: the crafted ratios move φ away from 1
+
+
+def test_vespo_folds_the_sampler_is_weight_into_w_as_trl(model_dir, tmp_path_factory):
+    """With an IS weight, TRL's vespo puts log IS into w and does not multiply the loss by it; so does regroup."""
+    trainer = _trainer(model_dir, tmp_path_factory, loss_type="vespo")
+    model = trainer.model
+    inputs = _add_old_and_ref(model, _crafted_inputs(model.config.vocab_size, model_dir[1].pad_token_id))
+    inputs.pop("ref_per_token_logps")
+    gen = torch.Generator().manual_seed(5)
+    is_weight = (torch.rand(B, T, generator=gen) + 0.5) * inputs["completion_mask"]  # [B, T]
+    is_weight[inputs["completion_mask"] == 0] = 1.0  # TRL's ratio is 1 on padding
+    inputs["importance_sampling_ratio"] = is_weight
+    model.zero_grad()
+    trl_loss = trainer._compute_loss(model, inputs)
+    trl_loss.backward()
+    trl_grads = _grads(model)
+    model.zero_grad()
+    loss, _ = _ours(model, inputs, policy="vespo", agg="token_mean", is_weight=is_weight)
+    _assert_equal_to_trl(model, trl_loss, trl_grads, loss)
+    # not vacuous: without the weight the loss is another
+    model.zero_grad()
+    plain, _ = _ours(model, inputs, policy="vespo", agg="token_mean")
+    assert abs(plain.item() - trl_loss.item()) > 1e-4
+
+
+@pytest.mark.parametrize("delta", [None, 1.05])
+@pytest.mark.parametrize("eps", [(0.2, None), (0.2, 0.28)])
+def test_luspo_equals_trl(model_dir, tmp_path_factory, delta, eps):
+    """TRL loss_type="luspo" with importance_sampling_level="sequence" (its setup) and β = 0: GSPO's loss
+    scaled by each response's length, summed per response, averaged over responses."""
+    eps_low, eps_high = eps
+    trainer = _trainer(
+        model_dir,
+        tmp_path_factory,
+        loss_type="luspo",
+        importance_sampling_level="sequence",
+        epsilon=eps_low,
+        epsilon_high=eps_high,
+        delta=delta,
+    )
+    model = trainer.model
+    inputs, trl_loss, trl_grads = _trl_loss_and_grads(trainer, model_dir, 0.0)
+    loss, met = _ours(
+        model,
+        inputs,
+        policy="luspo",
+        policy_args={"delta": delta},
+        eps_low=eps_low,
+        eps_high=eps_low if eps_high is None else eps_high,
+        agg="seq_mean_token_mean",
+    )
+    _assert_equal_to_trl(model, trl_loss, trl_grads, loss)
+    assert abs(met["ratio_mean"].item() - 1.0) > 1e-3
+    # not vacuous: GSPO (without the length) is another loss
+    model.zero_grad()
+    gspo, _ = _ours(model, inputs, policy="gspo", policy_args={"delta": delta}, agg="seq_mean_token_mean")
+    assert abs(gspo.item() - trl_loss.item()) > 1e-3
+
+
+DELTA_CASES = [
+    (agg, kl, 1.4) for agg in sorted(AGG_MODES) for kl in [(0.0, False), (0.04, True)]
+]  # δ = 1.4 > 1 + ε_high (TRL's advice), below the crafted ratios' top e^0.5
+
+
+@pytest.mark.parametrize(("agg", "kl", "delta"), DELTA_CASES)
+def test_ppo_clip_delta_equals_trl(model_dir, tmp_path_factory, agg, kl, delta):
+    """TRL's `delta` (INTELLECT-2's two-sided clip) with loss_type dapo / grpo / dr_grpo."""
+    beta, correction = kl
+    trainer = _trainer(
+        model_dir,
+        tmp_path_factory,
+        loss_type=TRL_LOSS_TYPES[agg],
+        beta=beta,
+        use_bias_correction_kl=correction,
+        epsilon_high=0.28,
+        delta=delta,
+    )
+    model = trainer.model
+    inputs, trl_loss, trl_grads = _trl_loss_and_grads(trainer, model_dir, beta)
+    trl_metrics = {k: v[-1] for k, v in trainer._metrics["train"].items()}
+    loss, met = _ours(
+        model,
+        inputs,
+        policy_args={"delta": delta},
+        eps_high=0.28,
+        beta=beta,
+        kl_ratio_correction=correction,
+        agg=agg,
+    )
+    _assert_equal_to_trl(model, trl_loss, trl_grads, loss)
+    assert met["clip_high_frac"].item() == pytest.approx(trl_metrics["clip_ratio/high_mean"], abs=ATOL)
+    # not vacuous: the cap changes the loss
+    model.zero_grad()
+    uncapped, _ = _ours(model, inputs, eps_high=0.28, beta=beta, kl_ratio_correction=correction, agg=agg)
+    assert abs(uncapped.item() - trl_loss.item()) > 1e-4
+
+
+def test_gspo_delta_equals_trl(model_dir, tmp_path_factory):
+    """`delta` on GSPO's sequence ratio (TRL clamps its (B, 1) coef_1 the same way)."""
+    trainer = _trainer(
+        model_dir,
+        tmp_path_factory,
+        loss_type="grpo",
+        importance_sampling_level="sequence",
+        epsilon_high=0.28,
+        delta=1.05,
+    )
+    model = trainer.model
+    inputs, trl_loss, trl_grads = _trl_loss_and_grads(trainer, model_dir, 0.0)
+    loss, _ = _ours(model, inputs, policy="gspo", policy_args={"delta": 1.05}, eps_high=0.28, agg="seq_mean_token_mean")
+    _assert_equal_to_trl(model, trl_loss, trl_grads, loss)
+    model.zero_grad()
+    uncapped, _ = _ours(model, inputs, policy="gspo", eps_high=0.28, agg="seq_mean_token_mean")
+    assert abs(uncapped.item() - trl_loss.item()) > 1e-4
+
+
+OPSM_CASES = {
+    # (TRL loss_type, regroup policy and agg, beta, use the sampler's own log-probs)
+    "dapo": ("dapo", "ppo_clip", "token_mean", 0.0, False),
+    "grpo+sampler": ("grpo", "ppo_clip", "seq_mean_token_mean", 0.0, True),
+    "sapo+kl": ("sapo", "sapo", "seq_mean_token_mean", 0.04, False),
+    "cispo+sampler+kl": ("cispo", "cispo", "token_mean", 0.04, True),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OPSM_CASES))
+def test_off_policy_sequence_mask_equals_trl(model_dir, tmp_path_factory, case):
+    """TRL's off_policy_mask_threshold (OPSM, `get_off_policy_mask`): a response with A < 0 whose mean
+    KL(sampler || π_θ) exceeds δ loses its policy term; the KL term stays."""
+    loss_type, policy, agg, beta, with_sampler = OPSM_CASES[case]
+    threshold = 0.05
+    overrides = {"epsilon_high": 5.0} if loss_type == "cispo" else {}
+    trainer = _trainer(
+        model_dir,
+        tmp_path_factory,
+        loss_type=loss_type,
+        beta=beta,
+        use_bias_correction_kl=False,
+        off_policy_mask_threshold=threshold,
+        **overrides,
+    )
+    model = trainer.model
+    inputs = _add_old_and_ref(model, _crafted_inputs(model.config.vocab_size, model_dir[1].pad_token_id))
+    if beta == 0.0:
+        inputs.pop("ref_per_token_logps")
+    sampler = None
+    if with_sampler:
+        gen = torch.Generator().manual_seed(9)
+        sampler = inputs["old_per_token_logps"] + 0.3 * torch.randn(B, T, generator=gen)  # [B, T]
+        sampler[0, 1] = float("nan")  # a token the sampler could not score: no KL evidence (TRL)
+        inputs["sampling_per_token_logps"] = sampler
+    model.zero_grad()
+    trl_loss = trainer._compute_loss(model, inputs)
+    trl_loss.backward()
+    trl_grads = _grads(model)
+    model.zero_grad()
+    kw = {"policy_args": {"clip_max": 5.0}} if policy == "cispo" else {}
+    loss, met = _ours(
+        model, inputs, policy=policy, agg=agg, beta=beta, off_policy_mask=threshold, sampler_logps=sampler, **kw
+    )
+    _assert_equal_to_trl(model, trl_loss, trl_grads, loss)
+    assert 0.0 < met["off_policy_masked_frac"].item() < 1.0  # some responses dropped, not all
+    model.zero_grad()
+    unmasked, _ = _ours(model, inputs, policy=policy, agg=agg, beta=beta, **kw)
+    assert abs(unmasked.item() - trl_loss.item()) > 1e-4

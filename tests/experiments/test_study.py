@@ -331,12 +331,12 @@ def test_every_arm_builds_a_valid_config(tiny_model_dir, tmp_path):
     dr, kl, grpo = overrides["grpo_drgrpo"].grpo, overrides["grpo_kl"].grpo, overrides["grpo"].grpo
     dagrpo = overrides["dagrpo_mask"].grpo
     assert (
-        (dr.adv_scale, dr.loss_agg, dr.beta)
-        == (dagrpo.adv_scale, dagrpo.loss_agg, dagrpo.beta)
-        == ("none", "seq_sum_constant", 0.0)
+        (dr.advantage_estimator, dr.loss_agg, dr.beta)
+        == (dagrpo.advantage_estimator, dagrpo.loss_agg, dagrpo.beta)
+        == ("dr_grpo", "seq_sum_constant", 0.0)
     )
-    assert (grpo.adv_scale, grpo.loss_agg, grpo.beta) == ("group", "token_mean", 0.0)
-    assert kl.beta == overrides["ta_grpo"].grpo.beta == 0.001 and kl.adv_scale == "group"
+    assert (grpo.advantage_estimator, grpo.loss_agg, grpo.beta) == ("grpo", "token_mean", 0.0)
+    assert kl.beta == overrides["ta_grpo"].grpo.beta == 0.001 and kl.advantage_estimator == "grpo"
     assert overrides["dagrpo_mask_pair"].mask.unit == "pair" and overrides["dagrpo_mask"].mask.unit == "sample"
     author, steps = overrides["ta_grpo_author"], overrides["grpo_author_steps"]
     assert author.ta.enabled and not steps.ta.enabled and author.train.steps == steps.train.steps == 4 * s.steps
@@ -552,9 +552,11 @@ def test_real_model_arms_load_and_validate(tiny_model_dir, boxed_file, tmp_path)
         assert (cfg.data.train_file, cfg.rewards.functions, cfg.seed, cfg.train.steps) == (boxed_file, ["math"], 1, 30)
         assert cfg.rollout.max_new_tokens == 40 and cfg.model.lora.enabled and cfg.recipe == f"real_{name}"
     g, a, m, t = cfgs["grpo"], cfgs["dagrpo_anchor"], cfgs["dagrpo_anchor_mask"], cfgs["ta_grpo"]
-    assert not (g.anchors.enabled or g.mask.enabled or g.ta.enabled) and g.grpo.adv_scale == "group"
+    assert not (g.anchors.enabled or g.mask.enabled or g.ta.enabled) and g.grpo.advantage_estimator == "grpo"
     assert (
-        a.anchors.enabled and not a.mask.enabled and (a.grpo.adv_scale, a.grpo.loss_agg) == ("none", "seq_sum_constant")
+        a.anchors.enabled
+        and not a.mask.enabled
+        and (a.grpo.advantage_estimator, a.grpo.loss_agg) == ("dr_grpo", "seq_sum_constant")
     )
     assert m.anchors.enabled and m.mask.enabled and m.mask.scorer.name == "similarity"
     assert t.ta.enabled and t.ta.rephraser == "dataset" and t.grpo.prompts_per_step * 4 == g.grpo.prompts_per_step

@@ -134,7 +134,7 @@ def test_problem_rows_one_row_per_question_and_variant():
 
 
 def test_shared_settings_must_agree():
-    cfg = _cfg("dagrpo")  # adv_scale none, loss_agg seq_sum_constant
+    cfg = _cfg("dagrpo")  # advantage_estimator dr_grpo, loss_agg seq_sum_constant
     good = SimpleNamespace(
         num_generations=4,
         max_completion_length=MAX_LEN,
@@ -151,7 +151,7 @@ def test_shared_settings_must_agree():
     )
     check_shared_settings(cfg, good)  # epsilon_high None = epsilon; the KL correction is moot at beta 0
     for field, value, key in (
-        ("scale_rewards", "group", "grpo.adv_scale"),
+        ("scale_rewards", "group", "grpo.advantage_estimator"),
         ("loss_type", "dapo", "grpo.loss_agg"),
         ("num_generations", 8, "grpo.num_generations"),
         ("epsilon_high", 0.28, "grpo.eps_high"),
@@ -247,7 +247,7 @@ def test_recipes_train_with_finite_loss_and_metrics(tiny_model_dir, tmp_path, re
 
 def test_pooled_advantages_equal_group_advantages(tiny_model_dir, tmp_path):
     """TA pools + anchors: the advantages in TRL's batch == group_advantages on the same rewards / group ids."""
-    cfg = _cfg("dagrpo_ta", "grpo.num_generations=2", "mask.enabled=false", "grpo.adv_scale=group", NOISY)
+    cfg = _cfg("dagrpo_ta", "grpo.num_generations=2", "mask.enabled=false", "grpo.advantage_estimator=grpo", NOISY)
     trainer = _trainer(tiny_model_dir, tmp_path, cfg, steps_per_generation=2, max_steps=1)
     batches = _capture(trainer)
     trainer.train()

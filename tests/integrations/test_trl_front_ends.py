@@ -54,9 +54,9 @@ CASES = {
     "dagrpo_no_correct": ("dagrpo", ["grpo.num_generations=4", "anchors.when=no_correct", *MASKS], 4),
     "dagrpo_ta": ("dagrpo_ta", ["grpo.num_generations=2", *MASKS], 2),
     "dagrpo_mask_only": ("dagrpo_mask_only", ["grpo.num_generations=4", *MASKS], 4),
-    "gspo": ("grpo", ["grpo.num_generations=4", "grpo.importance_level=sequence", "grpo.beta=0.01"], 4),
+    "gspo": ("grpo", ["grpo.num_generations=4", "grpo.policy_loss=gspo", "grpo.beta=0.01"], 4),
     # the registered loss variants and the pair mask: one loss, whichever front-end runs it
-    "cispo": ("grpo", ["grpo.num_generations=4", "grpo.policy_loss=cispo", "grpo.cispo_clip_max=1.2"], 4),
+    "cispo": ("grpo", ["grpo.num_generations=4", "grpo.policy_loss=cispo", "grpo.policy_loss_args.clip_max=1.2"], 4),
     "sapo_low_var_kl": (
         "grpo",
         ["grpo.num_generations=4", "grpo.policy_loss=sapo", "grpo.beta=0.01", "grpo.kl_estimator=low_var_kl"],

@@ -85,7 +85,9 @@ def _reference_gradient(trainer, samples, prompts):
     for s, prompt in zip(samples, prompts):
         s.ratio_prompt_ids = prompt
     batch = collate(samples, trainer.pad_id)
-    adv = group_advantages(batch.rewards, batch.group_ids, "group", trainer.cfg.grpo.adv_eps)
+    adv = group_advantages(
+        batch.rewards, batch.group_ids, "group", trainer.cfg.grpo.advantage_estimator_args.get("eps", 1e-4)
+    )
     trainer.model.zero_grad(set_to_none=True)
     logps, _ = response_logps(trainer.model, batch, trainer.cfg.rollout.temperature)
     mask = batch.completion_mask

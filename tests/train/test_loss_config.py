@@ -5,32 +5,101 @@ entropy bonus, the IS modes) and tests/equality/test_verl.py (GMPO, the KL estim
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import textwrap
+import typing
 
 import pytest
 import torch
 from helpers import CONFIGS, small_config, weights
 from loss_call import call_policy_loss
 
-from regroup.algo.losses import LossSpec, rows_with_gradient
+from regroup.algo.losses import LossInputs, LossSpec, LossTotals, policy_loss, rows_with_gradient
 from regroup.errors import ConfigError
-from regroup.registry import KL_ESTIMATORS, LOSS_TERMS, POLICY_LOSSES
+from regroup.registry import (
+    ADV_ESTIMATORS,
+    KL_ESTIMATORS,
+    LOSS_TERMS,
+    POLICY_LOSSES,
+    args_class,
+    call_piece,
+    knob_rows,
+    parse_args,
+)
+from regroup.train.loss_config import describe_loss
 from regroup.train.run_config import load_config
 
 B, T = 8, 7
 
 
 def test_registries_name_the_built_ins():
-    assert {"ppo_clip", "gspo", "cispo", "sapo", "gmpo"} <= set(POLICY_LOSSES.names())
+    assert {"ppo_clip", "gspo", "cispo", "sapo", "gmpo", "vespo", "luspo"} <= set(POLICY_LOSSES.names())
     assert {"k1", "k2", "k3", "low_var_kl"} <= set(KL_ESTIMATORS.names())
     assert "entropy" in LOSS_TERMS.names()
-    assert LossSpec(ratio_level="sequence").policy == "gspo"  # the older spelling of GSPO still works
+    assert {"grpo", "dr_grpo"} <= set(ADV_ESTIMATORS.names())
     assert LossSpec(policy="gmpo").policy_ratio_level == "sequence"
-    with pytest.raises(ValueError, match="sequence ratio"):
-        LossSpec(policy="cispo", ratio_level="sequence")
+    assert LossSpec(policy="luspo").policy_ratio_level == "sequence"
+    assert LossSpec(policy="vespo").policy_ratio_level == "token"
+    with pytest.raises(TypeError):
+        LossSpec(ratio_level="sequence")  # the older spelling of GSPO is gone: policy="gspo"
     with pytest.raises(ValueError, match="did you mean 'sapo'"):
         LossSpec(policy="sappo")
+
+
+def test_every_built_in_knob_is_typed_bounded_and_documented():
+    """Each built-in piece's Args: a frozen dataclass, every knob with a help line, every number bounded on
+    both sides (the project's rule for config fields), and its defaults parse back to themselves."""
+    seen = 0
+    for registry in (POLICY_LOSSES, KL_ESTIMATORS, LOSS_TERMS, ADV_ESTIMATORS):
+        for name in registry.names():
+            cls = args_class(registry.get(name))
+            if cls is None:
+                continue
+            assert cls.__dataclass_params__.frozen, name
+            hints = typing.get_type_hints(cls)
+            for f in dataclasses.fields(cls):
+                seen += 1
+                assert f.metadata.get("help"), (name, f.name)
+                types = {hints[f.name]} | set(typing.get_args(hints[f.name]))
+                if types & {int, float}:
+                    low = f.metadata.get("ge") is not None or f.metadata.get("gt") is not None
+                    high = f.metadata.get("le") is not None or f.metadata.get("lt") is not None
+                    assert low and high, f"{name}.{f.name} is a number without both bounds"
+            defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+            assert parse_args(cls, defaults, "k", name) == cls()
+    assert seen >= 10
+
+
+def test_docs_losses_has_a_row_for_every_built_in_and_names_its_knobs():
+    text = (CONFIGS.parent / "docs" / "losses.md").read_text()
+    for registry in (POLICY_LOSSES, KL_ESTIMATORS, ADV_ESTIMATORS):
+        for name in registry.names():
+            assert f"`{name}`" in text or f" {name} " in text, name
+            cls = args_class(registry.get(name))
+            for knob_name, *_ in knob_rows(cls) if cls is not None else ():
+                assert f"`{knob_name}`" in text, (name, knob_name)
+
+
+def test_knobs_reach_the_loss_and_change_it():
+    """`policy_args` given as a mapping is parsed into the loss's Args, and each knob moves the loss."""
+    c = _case()
+    lp = torch.log_softmax(c["logits"], -1).gather(-1, c["tokens"][..., None]).squeeze(-1).detach()
+    totals = dict(total_tokens=float(c["mask"].sum()), total_sequences=B, max_completion_length=T)
+    for policy, knobs in (
+        ("cispo", {"clip_max": 1.05}),
+        ("sapo", {"temperature_pos": 3.0}),
+        ("gmpo", {"clip_low": 0.05}),
+        ("vespo", {"k_neg": 0.5}),
+        ("ppo_clip", {"delta": 1.3}),
+        ("gspo", {"delta": 1.01}),
+        ("luspo", {"delta": 1.01}),
+    ):
+        spec = LossSpec(policy=policy, policy_args=knobs)
+        assert spec.policy_args == args_class(POLICY_LOSSES.get(policy))(**knobs)
+        default, _ = call_policy_loss(lp, c["old"], c["adv"], c["mask"], policy=policy, **totals)
+        tuned, _ = call_policy_loss(lp, c["old"], c["adv"], c["mask"], policy=policy, policy_args=knobs, **totals)
+        assert abs(default.item() - tuned.item()) > 1e-6, policy
 
 
 def _case(dtype=torch.float64):
@@ -61,10 +130,13 @@ def _case(dtype=torch.float64):
 
 
 SPECS = {
-    "cispo": dict(policy="cispo", cispo_clip_max=1.2),
+    "cispo": dict(policy="cispo", policy_args={"clip_max": 1.2}),
     "sapo": dict(policy="sapo"),
-    "gmpo": dict(policy="gmpo", gmpo_clip_low=0.1, gmpo_clip_high=0.2),
+    "gmpo": dict(policy="gmpo", policy_args={"clip_low": 0.1, "clip_high": 0.2}),
     "gspo": dict(policy="gspo"),
+    "vespo": dict(policy="vespo"),
+    "luspo+delta": dict(policy="luspo", policy_args={"delta": 1.1}),
+    "ppo_clip+delta+opsm": dict(policy_args={"delta": 1.1}, off_policy_mask=0.05),
     "k1": dict(kl="k1", beta=0.05, kl_ratio_correction=True),
     "k2": dict(kl="k2", beta=0.05),
     "low_var_kl": dict(kl="low_var_kl", beta=0.05),
@@ -138,6 +210,96 @@ def reinforce(logps, old_logps, advantages, mask, spec):
     loss = -advantages.unsqueeze(1) * logps
     none = torch.zeros_like(mask)
     return loss, none, none
+
+
+# ---- pieces with their own knobs: one module, no registration ----
+from dataclasses import dataclass
+
+from regroup.registry import knob, takes
+
+SEEN = []  # the knobs each call received, for the test to read
+
+
+@dataclass(frozen=True)
+class CappedArgs:
+    cap: float = knob(2.0, "The cap on the detached ratio weight.", gt=0.0, le=100.0)
+    floor: float = knob(0.0, "The floor on it.", ge=0.0, le=1.0)
+
+
+@takes(CappedArgs)
+def capped_reinforce(logps, old_logps, advantages, mask, spec, args):
+    """-clamp(r, floor, cap).detach() * A * log pi, with the user's knobs."""
+    SEEN.append(("policy", args.cap, args.floor))
+    weight = torch.exp(logps - old_logps).clamp(min=args.floor, max=args.cap).detach()
+    loss = -weight * advantages.unsqueeze(1) * logps
+    none = torch.zeros_like(mask)
+    return loss, none, none
+
+
+@dataclass(frozen=True)
+class RankArgs:
+    spread: float = knob(1.0, "Advantage of the best response minus the worst's.", gt=0.0, le=10.0)
+
+
+@takes(RankArgs)
+def rank_advantages(rewards, group_ids, args):
+    """A user advantage estimator: each group's rewards ranked, centred, scaled to `spread`."""
+    SEEN.append(("advantage", args.spread))
+    adv = torch.zeros_like(rewards)
+    for g in group_ids.unique():
+        rows = (group_ids == g).nonzero().squeeze(1)
+        r = torch.nan_to_num(rewards[rows], nan=0.0)
+        ranks = r.argsort().argsort().to(rewards.dtype)
+        if len(rows) > 1 and r.max() > r.min():
+            adv[rows] = (ranks / (len(rows) - 1) - 0.5) * args.spread
+    return adv
+
+
+@dataclass(frozen=True)
+class ScaleArgs:
+    scale: float = knob(1.0, "Multiplies the KL estimate.", gt=0.0, le=10.0)
+
+
+@takes(ScaleArgs)
+def scaled_k1(logps, ref_logps, args):
+    return args.scale * (logps - ref_logps)
+
+
+# ---- broken pieces: each must be refused when the config is checked, in one line ----
+
+
+def policy_two_args(logps, old_logps):
+    return logps, logps, logps
+
+
+def policy_per_row(logps, old_logps, advantages, mask, spec):
+    loss = -advantages * logps.sum(1)  # [B], not [B, T]
+    return loss, mask, mask
+
+
+def policy_detached(logps, old_logps, advantages, mask, spec):
+    loss = -(advantages.unsqueeze(1) * logps).detach()
+    return loss, torch.zeros_like(mask), torch.zeros_like(mask)
+
+
+def kl_per_row(logps, ref_logps):
+    return (logps - ref_logps).sum(1)  # [B]
+
+
+def term_no_args():
+    return torch.tensor(0.0)
+
+
+def term_per_row(t):
+    return t.logps.sum(1)  # [B]
+
+
+def advantage_column(rewards, group_ids):
+    return rewards.unsqueeze(1)  # [B, 1]
+
+
+def advantage_three_args(rewards, group_ids, extra):
+    return rewards
 '''
 
 
@@ -209,31 +371,150 @@ def test_user_term_in_the_config_is_checked_and_shown(user_module, capsys):
 
 
 @pytest.mark.parametrize(
+    ("override", "match"),
+    [
+        ("grpo.policy_loss=my_loss_terms:policy_two_args", "grpo.policy_loss: .*failed on a dummy batch.*TypeError"),
+        ("grpo.policy_loss=my_loss_terms:policy_per_row", "grpo.policy_loss: .*its loss must be a \\[B, T\\]"),
+        ("grpo.policy_loss=my_loss_terms:policy_detached", "grpo.policy_loss: .*no gradient"),
+        ("grpo.kl_estimator=my_loss_terms:kl_per_row", "grpo.kl_estimator: .*must return a \\[B, T\\]"),
+        ("grpo.loss_terms=[my_loss_terms:term_no_args*0.1]", "grpo.loss_terms: .*failed on a dummy batch.*TypeError"),
+        ("grpo.loss_terms=[my_loss_terms:term_per_row]", "grpo.loss_terms: .*must return a \\[B, T\\]"),
+        (
+            "grpo.advantage_estimator=my_loss_terms:advantage_column",
+            "grpo.advantage_estimator: .*must return a \\[B\\]",
+        ),
+        (
+            "grpo.advantage_estimator=my_loss_terms:advantage_three_args",
+            "grpo.advantage_estimator: .*failed on a dummy batch.*TypeError",
+        ),
+    ],
+)
+def test_a_broken_plugin_piece_is_one_line_before_any_model_loads(user_module, override, match):
+    """Each kind of plug-in piece is called once on a dummy batch when the config is checked (issue 31
+    finding 16: before, a wrong signature or shape surfaced as a traceback after the first rollout)."""
+    extra = ["grpo.beta=0.1"] if "kl_estimator" in override else []
+    with pytest.raises(ConfigError, match=match) as err:
+        load_config(CONFIGS / "grpo.yaml", [override, *extra])
+    assert "\n" not in str(err.value)
+
+
+def test_plugin_knobs_are_checked_like_built_ins(user_module):
+    base = ["grpo.policy_loss=my_loss_terms:capped_reinforce"]
+    cfg = load_config(CONFIGS / "grpo.yaml", [*base, "grpo.policy_loss_args.cap=1.5"])
+    from regroup.train.recipes import loss_spec
+
+    assert (loss_spec(cfg).policy_args.cap, loss_spec(cfg).policy_args.floor) == (1.5, 0.0)
+    for bad, match in (
+        ("grpo.policy_loss_args.cap=0", "grpo.policy_loss_args.cap must be a finite number > 0"),
+        ("grpo.policy_loss_args.caps=3", "unknown knob 'caps' of my_loss_terms:capped_reinforce.*did you mean 'cap'"),
+        ("grpo.policy_loss_args.floor=[1]", "grpo.policy_loss_args.floor: expected a number"),
+    ):
+        with pytest.raises(ConfigError, match=match):
+            load_config(CONFIGS / "grpo.yaml", [*base, bad])
+    with pytest.raises(ConfigError, match="grpo.kl_estimator_args.scale must be"):
+        load_config(
+            CONFIGS / "grpo.yaml", ["grpo.kl_estimator=my_loss_terms:scaled_k1", "grpo.kl_estimator_args.scale=11"]
+        )
+    with pytest.raises(ConfigError, match="grpo.advantage_estimator_args: unknown knob 'spred'"):
+        load_config(
+            CONFIGS / "grpo.yaml",
+            ["grpo.advantage_estimator=my_loss_terms:rank_advantages", "grpo.advantage_estimator_args.spred=2"],
+        )
+
+
+def test_plugin_pieces_with_knobs_train_two_steps(tiny_model_dir, tmp_path, user_module):
+    """A policy loss, a KL estimator and an advantage estimator with their own knobs, from a module written in
+    tmp_path, train 2 steps; every call received the knobs the config gave."""
+    import importlib
+
+    from regroup.train.trainer import Trainer
+
+    module = importlib.import_module(user_module)
+    cfg = small_config(
+        tiny_model_dir,
+        tmp_path / "run",
+        "grpo.yaml",
+        "rewards=[_dist_worker:digit_reward]",
+        "train.steps=2",
+        "grpo.prompts_per_step=2",
+        "rollout.max_new_tokens=8",
+        "grpo.num_iterations=2",
+        f"grpo.policy_loss={user_module}:capped_reinforce",
+        "grpo.policy_loss_args={cap: 1.5, floor: 0.5}",
+        "grpo.beta=0.05",
+        f"grpo.kl_estimator={user_module}:scaled_k1",
+        "grpo.kl_estimator_args.scale=0.5",
+        f"grpo.advantage_estimator={user_module}:rank_advantages",
+        "grpo.advantage_estimator_args.spread=2.0",
+    )
+    trainer = Trainer.from_config(cfg, tmp_path / "run", log=lambda m: None)
+    module.SEEN.clear()  # the config check's dummy calls are not training
+    before = weights(trainer.model)
+    last = trainer.train()
+    assert trainer.step == 2 and last["skipped_nonfinite"] == 0.0
+    after = weights(trainer.model)
+    assert any(not torch.equal(before[k], after[k]) for k in before)  # it trained
+    policy_calls = [c for c in module.SEEN if c[0] == "policy"]
+    advantage_calls = [c for c in module.SEEN if c[0] == "advantage"]
+    assert policy_calls and set(policy_calls) == {("policy", 1.5, 0.5)}
+    assert len(advantage_calls) == 2 and set(advantage_calls) == {("advantage", 2.0)}  # once per step
+    assert "my_loss_terms:capped_reinforce(cap=1.5, floor=0.5)" in describe_loss(trainer.recipe.loss)
+
+
+@pytest.mark.parametrize(
     ("overrides", "match"),
     [
-        (
-            ["grpo.policy_loss=cispo", "grpo.importance_level=sequence"],
-            "grpo.importance_level=sequence .*grpo.policy_loss=cispo",
-        ),
+        # the old flat keys are gone (0.1.0: nothing to migrate), each refused in one line
+        (["grpo.importance_level=sequence"], "unknown config key grpo.importance_level"),
+        (["grpo.cispo_clip_max=2"], "unknown config key grpo.cispo_clip_max"),
+        (["grpo.adv_scale=none"], "unknown config key grpo.adv_scale"),
         (["grpo.policy_loss=gmpoo"], "grpo.policy_loss: unknown policy loss 'gmpoo'.*did you mean 'gmpo'"),
         (["grpo.kl_estimator=k4"], "grpo.kl_estimator: unknown KL estimator 'k4'"),
         (["grpo.loss_terms=[entropy*lots]"], "grpo.loss_terms: 'entropy\\*lots'"),
         (["rollout.tis_cap=2", "rollout.is_min=2"], "rollout.is_min .* must be < rollout.tis_cap"),
         (["rollout.is_mode=sequence_mask"], "rollout.tis_cap=0 turns off"),
         (["ta.enabled=true", "rollout.tis_cap=2", "rollout.is_mode=sequence_truncate"], "ta.ratio_anchor=original"),
-        (["grpo.cispo_clip_max=0"], "grpo.cispo_clip_max must be"),
-        (["grpo.sapo_temperature_neg=-1"], "grpo.sapo_temperature_neg must be"),
+        # knobs: out of bounds, unknown (with a suggestion), wrong type, on a piece without knobs, not a mapping
+        (
+            ["grpo.policy_loss=cispo", "grpo.policy_loss_args.clip_max=0"],
+            "grpo.policy_loss_args.clip_max must be a finite number > 0 and <= 1e",
+        ),
+        (
+            ["grpo.policy_loss=sapo", "grpo.policy_loss_args.temperature_neg=-1"],
+            "grpo.policy_loss_args.temperature_neg must be",
+        ),
+        (["grpo.policy_loss_args.delta=0.5"], "grpo.policy_loss_args.delta must be a finite number > 1"),
+        (["grpo.policy_loss_args.delta=.inf"], "grpo.policy_loss_args.delta must be a finite number"),
+        (
+            ["grpo.policy_loss=cispo", "grpo.policy_loss_args.clip_maxx=2"],
+            "grpo.policy_loss_args: unknown knob 'clip_maxx' of cispo.*did you mean 'clip_max'",
+        ),
+        (
+            ["grpo.policy_loss=cispo", "grpo.policy_loss_args.clip_max=lots"],
+            "grpo.policy_loss_args.clip_max: expected a number",
+        ),
+        (["grpo.policy_loss_args=5"], "grpo.policy_loss_args: expected a mapping"),
+        (["grpo.kl_estimator_args.clamp=3"], "grpo.kl_estimator_args: k3 takes no knobs"),
+        (
+            ["grpo.advantage_estimator=dr_grpo", "grpo.advantage_estimator_args.eps=1e-6"],
+            "grpo.advantage_estimator_args: dr_grpo takes no knobs",
+        ),
+        (["grpo.advantage_estimator_args.scale=none"], "grpo.advantage_estimator_args.scale: must be one of"),
+        (["grpo.advantage_estimator=drgrpo"], "grpo.advantage_estimator: .*did you mean 'dr_grpo'"),
+        (["grpo.loss_term_args.entropy.x=1"], "grpo.loss_term_args: 'entropy' is not among the loss terms"),
+        (["grpo.off_policy_mask_threshold=0"], "grpo.off_policy_mask_threshold must be"),
     ],
 )
 def test_bad_loss_settings_are_refused_before_any_model_loads(overrides, match):
-    with pytest.raises(ConfigError, match=match):
+    with pytest.raises(ConfigError, match=match) as err:
         load_config(CONFIGS / "grpo.yaml", overrides)
+    assert "\n" not in str(err.value)  # one line
 
 
 def test_variants_compose_with_ta_q0_ratios_and_dagrpo_masks():
     """The combinations that make sense load (the ones that do not are refused above)."""
     for recipe in ("ta_grpo.yaml", "dagrpo.yaml", "dagrpo_ta.yaml"):
-        for policy in ("ppo_clip", "gspo", "cispo", "sapo", "gmpo"):
+        for policy in ("ppo_clip", "gspo", "cispo", "sapo", "gmpo", "vespo", "luspo"):
             load_config(
                 CONFIGS / recipe,
                 [
@@ -248,7 +529,7 @@ def test_variants_compose_with_ta_q0_ratios_and_dagrpo_masks():
 # ---- each variant trains and resumes exactly ----------------------------------------------------------------
 
 RESUME_CASES = {
-    "cispo": ("grpo.yaml", "grpo.policy_loss=cispo", "grpo.cispo_clip_max=1.05", "grpo.num_iterations=2"),
+    "cispo": ("grpo.yaml", "grpo.policy_loss=cispo", "grpo.policy_loss_args.clip_max=1.05", "grpo.num_iterations=2"),
     "sapo+ta_q0": ("ta_grpo.yaml", "grpo.policy_loss=sapo", "grpo.num_iterations=2"),
     # anchors verified by the digit reward (threshold 0.01); delta 0 keeps the random model's rows, which
     # the step scorer's delta 3 would all mask (the masks' composition is test_every_piece_composes_...)
@@ -267,6 +548,22 @@ RESUME_CASES = {
         "grpo.beta=0.05",
         "grpo.kl_estimator=low_var_kl",
         "grpo.loss_terms=[my_loss_terms:logp_square*0.01]",
+    ),
+    # TRL 1.16's additions: VESPO with the off-policy sequence mask, LUSPO with the two-sided clip
+    "vespo+opsm": (
+        "grpo.yaml",
+        "grpo.policy_loss=vespo",
+        "grpo.policy_loss_args.k_neg=2.5",
+        "grpo.off_policy_mask_threshold=0.01",
+        "grpo.num_iterations=2",
+    ),
+    "luspo+delta+batch_std": (
+        "grpo.yaml",
+        "grpo.policy_loss=luspo",
+        "grpo.policy_loss_args.delta=1.5",
+        "grpo.loss_agg=seq_mean_token_mean",
+        "grpo.advantage_estimator_args.scale=batch",
+        "grpo.num_iterations=2",
     ),
     "is_sequence_mask": (
         "grpo.yaml",
@@ -315,3 +612,47 @@ def test_each_variant_trains_and_resumes_exactly(tiny_model_dir, tmp_path, user_
     assert all(torch.equal(a[k], b[k]) for k in a)
     lines = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
     assert any(line["grad_norm"] > 0 for line in lines)  # the weights moved: the comparison is not vacuous
+
+
+def test_the_one_file_examples_of_docs_extending_work(tmp_path, monkeypatch):
+    """docs/extending.md's built-in loss file and user advantage-estimator file, written out as they stand in
+    the docs, load, take their knobs from the config, and compute (training with such pieces:
+    test_plugin_pieces_with_knobs_train_two_steps)."""
+    import re
+
+    from regroup.stages.advantages import GroupAdvantages
+    from regroup.train.loss_config import advantage_estimator
+    from regroup.train.recipes import loss_spec
+
+    text = (CONFIGS.parent / "docs" / "extending.md").read_text()
+    blocks = {m.group(1): m.group(0) for m in re.finditer(r"# (\S+\.py)\n.*?(?=```)", text, re.S)}
+    (tmp_path / "docs_my_loss.py").write_text(blocks["src/regroup/algo/my_loss.py"])
+    (tmp_path / "docs_rank_adv.py").write_text(blocks["my_pkg/rank_adv.py"])
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import docs_my_loss  # noqa: F401  (registers "my_loss" as a built-in would)
+
+    try:
+        cfg = load_config(
+            CONFIGS / "grpo.yaml",
+            [
+                "grpo.policy_loss=my_loss",
+                "grpo.policy_loss_args.cap=1.5",
+                "grpo.advantage_estimator=docs_rank_adv:rank_advantages",
+                "grpo.advantage_estimator_args.spread=2.0",
+            ],
+        )
+        with pytest.raises(ConfigError, match="grpo.policy_loss_args.cap must be"):
+            load_config(CONFIGS / "grpo.yaml", ["grpo.policy_loss=my_loss", "grpo.policy_loss_args.cap=0"])
+        spec = loss_spec(cfg)
+        assert spec.policy_args.cap == 1.5
+        c = _case()
+        lp = torch.log_softmax(c["logits"], -1).gather(-1, c["tokens"][..., None]).squeeze(-1)
+        totals = LossTotals(total_tokens=float(c["mask"].sum()), total_sequences=B, max_completion_length=T)
+        loss, met = policy_loss(lp, c["old"], LossInputs(c["adv"], c["mask"]), spec, totals)
+        loss.backward()
+        assert c["logits"].grad.abs().sum() > 0 and met["clip_high_frac"] > 0  # the cap bites somewhere
+        stage = GroupAdvantages(*advantage_estimator(cfg))
+        adv = call_piece(stage.fn, stage.args, torch.tensor([1.0, 0.0, 0.5, 0.5]), torch.tensor([0, 0, 1, 1]))
+        assert adv.tolist() == [1.0, -1.0, 0.0, 0.0]  # spread 2 over a mixed group; a uniform group gets 0
+    finally:
+        POLICY_LOSSES._items.pop("my_loss", None)  # the registry is process-wide; leave it as the package made it

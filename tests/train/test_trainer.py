@@ -226,7 +226,7 @@ def test_samples_log_and_eval_during_training(tiny_model_dir, tmp_path):
     [
         ("dynamic_sampling.enabled=true", "dynamic_sampling.max_rounds=2"),
         ("overlong.filter=true", "overlong.soft_punish=true", "overlong.buffer=4"),
-        ("grpo.importance_level=sequence", "grpo.num_iterations=2"),
+        ("grpo.policy_loss=gspo", "grpo.num_iterations=2"),
     ],
 )
 def test_new_variants_train_and_resume_exactly(tiny_model_dir, tmp_path, extra):
@@ -276,7 +276,7 @@ def test_recipe_stage_lists():
         "advantages",
         "overlong_filter",
     ]
-    cfg = load_config(CONFIGS / "grpo.yaml", ["grpo.importance_level=sequence"])
+    cfg = load_config(CONFIGS / "grpo.yaml", ["grpo.policy_loss=gspo"])
     assert "sequence (GSPO)" in describe(build_recipe(cfg, get_task("arithmetic"), lambda t: [1], "/tmp/unused"))
 
 

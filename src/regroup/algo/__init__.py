@@ -1,21 +1,27 @@
 """Pure algorithm pieces: tensors in, tensors out (SPEC §1–§3). No I/O, models, or config here.
 
-Importing the package registers every built-in loss piece (`regroup.registry`: POLICY_LOSSES,
-KL_ESTIMATORS, LOSS_TERMS), each where it is defined; `losses.policy_loss` looks them up by name.
+Importing the package registers every built-in loss piece and advantage estimator (`regroup.registry`:
+POLICY_LOSSES, KL_ESTIMATORS, LOSS_TERMS, ADV_ESTIMATORS), each in its own module with its knobs;
+`losses.policy_loss` and the advantage stage look them up by name.
 """
 
-from regroup.algo import cispo, entropy, gmpo, kl, sapo  # noqa: F401  (register the built-in loss pieces)
+from regroup.algo import (  # noqa: F401  (importing each module registers its loss piece)
+    cispo,
+    entropy,
+    gmpo,
+    gspo,
+    kl,
+    luspo,
+    ppo_clip,
+    sapo,
+    vespo,
+)
 from regroup.algo.advantages import group_advantages, group_reward_stats
 from regroup.algo.anchors import plain_anchor_pg_loss, shaped_objective, shaped_pg_loss
 from regroup.algo.distinctiveness import distinctiveness_mask, mask_stats
 from regroup.algo.kl import kl_k3
-from regroup.algo.losses import (
-    AGG_MODES,
-    TRL_LOSS_TYPES,
-    aggregate,
-    clipped_pg_loss,
-    policy_loss,
-)
+from regroup.algo.losses import AGG_MODES, TRL_LOSS_TYPES, aggregate, policy_loss
+from regroup.algo.ppo_clip import clipped_pg_loss
 from regroup.algo.ratios import clip_ratio, importance_ratio, log_ratio, truncated_is_weight
 
 __all__ = [

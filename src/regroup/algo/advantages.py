@@ -3,9 +3,17 @@
 Matches TRL's `GRPOTrainer._generate_and_score_completions` (trl 1.16, `scale_rewards` group / batch /
 none) on a positional layout, but groups are taken from an explicit `group_ids` tensor, so pooled
 (TA-GRPO), anchor-augmented (DaGRPO) and out-of-order batches work unchanged.
+
+Two advantage estimators are registered on `ADV_ESTIMATORS` (`grpo.advantage_estimator`), each
+`(rewards[B], group_ids[B], args=...) -> advantages[B]`:
+- `grpo`: `(R − mean_g R) / (std + eps)`, the std of the group (or of the batch, `scale: batch`);
+- `dr_grpo`: `R − mean_g R`, unscaled (Dr. GRPO, arXiv 2503.20783 §3.1; TRL `scale_rewards="none"`).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -17,6 +25,7 @@ from regroup.algo.stats import (
     segment_count,
     segment_sum,
 )
+from regroup.registry import ADV_ESTIMATORS, knob
 
 SCALES = ("group", "batch", "none")
 
@@ -85,6 +94,28 @@ def group_advantages(
         dev = torch.where(scored, r0 - mean_all, torch.zeros_like(r0))  # [B]
         std = ((dev * dev).sum() / (n_all - 1)).sqrt().expand_as(r0)  # [B]
     return torch.where(live, centred / (std + eps), torch.zeros_like(r0))
+
+
+@dataclass(frozen=True)
+class GRPOAdvantageArgs:
+    """`grpo.advantage_estimator_args` of `advantage_estimator: grpo`."""
+
+    scale: Literal["group", "batch"] = knob(
+        "group", "Divide by the std of the sample's group, or by one std over the batch (TRL scale_rewards=batch)."
+    )
+    eps: float = knob(1e-4, "Added to the std before dividing (a uniform group has std 0).", gt=0.0, le=1.0)
+
+
+@ADV_ESTIMATORS.register("grpo", args=GRPOAdvantageArgs)
+def grpo_advantages(rewards: Tensor, group_ids: Tensor, args: GRPOAdvantageArgs) -> Tensor:
+    """GRPO's std-normalised group advantage (SPEC §1) -> [B]."""
+    return group_advantages(rewards, group_ids, args.scale, args.eps)  # [B]
+
+
+@ADV_ESTIMATORS.register("dr_grpo")
+def dr_grpo_advantages(rewards: Tensor, group_ids: Tensor) -> Tensor:
+    """Dr. GRPO's unscaled group advantage `R − mean_g R` -> [B]."""
+    return group_advantages(rewards, group_ids, "none")  # [B]
 
 
 def group_reward_stats(

@@ -13,11 +13,25 @@ the caller's (TRL's cispo normalises like dapo: `grpo.loss_agg=token_mean`).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
 from regroup.algo.ratios import importance_ratio, per_token_advantages
-from regroup.registry import POLICY_LOSSES
+from regroup.registry import POLICY_LOSSES, knob
+
+
+@dataclass(frozen=True)
+class CISPOArgs:
+    """`grpo.policy_loss_args` of `policy_loss: cispo`."""
+
+    clip_max: float = knob(
+        5.0,
+        "The cap ε_max on the detached importance weight (TRL's epsilon_high for cispo; ScaleRL: 5).",
+        gt=0.0,
+        le=1e6,
+    )
 
 
 def cispo_loss(logps: Tensor, old_logps: Tensor, advantages: Tensor, clip_max: float) -> tuple[Tensor, Tensor, Tensor]:
@@ -36,9 +50,9 @@ def cispo_loss(logps: Tensor, old_logps: Tensor, advantages: Tensor, clip_max: f
     return loss, torch.zeros_like(is_high), is_high
 
 
-@POLICY_LOSSES.register("cispo")
+@POLICY_LOSSES.register("cispo", args=CISPOArgs)
 def cispo_policy_loss(
-    logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tensor, spec
+    logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tensor, spec, args: CISPOArgs
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """The registered form: ε_max is `spec.cispo_clip_max` (`grpo.cispo_clip_max`)."""
-    return cispo_loss(logps, old_logps, advantages, spec.cispo_clip_max)
+    """The registered form: ε_max is `args.clip_max` (`grpo.policy_loss_args.clip_max`)."""
+    return cispo_loss(logps, old_logps, advantages, args.clip_max)

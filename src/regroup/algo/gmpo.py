@@ -10,18 +10,28 @@ token moves far less, and clips each token's log ratio in log space (paper: (e^�
 Each token of response i carries L_i, like GSPO's sequence loss; `grpo.loss_agg=seq_mean_token_mean` then
 gives verl's `mean_i L_i`. This is verl 0.9.1's `policy_loss.loss_mode="geo_mean"`
 (`verl/trainer/ppo/core_algos.py: compute_policy_loss_geo_mean`, its clip_ratio_low / clip_ratio_high
-= ε_low / ε_high here; verl divides by |o_i| + 1e-8 where this divides by max(|o_i|, 1)).
+= the knobs `clip_low` / `clip_high` here; verl divides by |o_i| + 1e-8 where this divides by max(|o_i|, 1)).
 
 Which prompt the log-probs are conditioned on is the caller's choice, so TA-GRPO's q0 ratio composes.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
 from regroup.algo.ratios import per_token_advantages
-from regroup.registry import POLICY_LOSSES
+from regroup.registry import POLICY_LOSSES, knob
+
+
+@dataclass(frozen=True)
+class GMPOArgs:
+    """`grpo.policy_loss_args` of `policy_loss: gmpo` (verl's clip_ratio_low / clip_ratio_high)."""
+
+    clip_low: float = knob(0.4, "A token's log ratio is clipped at -clip_low (paper: 0.4).", ge=0.0, le=20.0)
+    clip_high: float = knob(0.4, "A token's log ratio is clipped at +clip_high (paper: 0.4).", ge=0.0, le=20.0)
 
 
 def gmpo_loss(
@@ -52,12 +62,12 @@ def gmpo_loss(
     return loss, clipped & (sign < 0), clipped & (sign > 0)  # [B, T] x2
 
 
-@POLICY_LOSSES.register("gmpo")
+@POLICY_LOSSES.register("gmpo", args=GMPOArgs)
 def gmpo_policy_loss(
-    logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tensor, spec
+    logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tensor, spec, args: GMPOArgs
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """The registered form: the log-space clip is `spec.gmpo_clip_low` / `_high` (`grpo.gmpo_clip_*`)."""
-    return gmpo_loss(logps, old_logps, advantages, mask, spec.gmpo_clip_low, spec.gmpo_clip_high)
+    """The registered form: the log-space clip is `args.clip_low` / `args.clip_high`."""
+    return gmpo_loss(logps, old_logps, advantages, mask, args.clip_low, args.clip_high)
 
 
 gmpo_policy_loss.ratio_level = "sequence"  # its KL correction and ratio metric use the response's ratio

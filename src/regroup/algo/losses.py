@@ -1,15 +1,19 @@
 """Per-token policy-gradient loss, KL, aggregation modes, and their composition (SPEC §1, §2a.4, §2b.3).
 
-The loss is composed from named pieces (`regroup.registry`): a policy loss (`POLICY_LOSSES`: ppo_clip,
-gspo, cispo, sapo, gmpo, or a user's `pkg.mod:obj`), a KL estimator (`KL_ESTIMATORS`: k1, k2, k3,
-low_var_kl) and extra terms (`LOSS_TERMS`: entropy, or a user's). `LossSpec` names them; `policy_loss`
-composes them with anchors, DaGRPO weights and the sampler IS weight, and aggregates.
+The loss is composed from named pieces (`regroup.registry`), one module each: a policy loss
+(`POLICY_LOSSES`: ppo_clip, gspo, cispo, sapo, gmpo, vespo, luspo, or a user's `pkg.mod:obj`), a KL
+estimator (`KL_ESTIMATORS`: k1, k2, k3, low_var_kl) and extra terms (`LOSS_TERMS`: entropy, or a user's).
+`LossSpec` names them with their knobs; `policy_loss` composes them with anchors, DaGRPO weights, the
+sampler IS weight and the off-policy sequence mask, and aggregates.
 
-One signature per kind:
+One signature per kind; a piece that declares knobs (an `Args` dataclass, `regroup.registry.takes`) also
+gets them as the keyword `args`:
 - policy loss `(logps[B, T], old_logps[B, T], advantages[B] or [B, T], mask[B, T], spec) ->
   (per-token loss [B, T], low-clip flags [B, T], high-clip flags [B, T])`; `mask` marks the on-policy
   loss tokens (a sequence-level loss averages over them). An attribute `ratio_level = "sequence"` on
   the function says its ratio is one per response (the KL correction and the ratio metric use it);
+  `folds_is_weight = True` says it takes the sampler IS weight as the keyword `is_weight` itself (VESPO)
+  instead of having its loss multiplied by it;
 - KL estimator `(logps[B, T], ref_logps[B, T]) -> [B, T]`;
 - loss term `(TermInputs) -> [B, T]` per-token value (aggregated over the loss tokens with the policy's
   `agg`, or with the term's own `agg` attribute) or a 0-d tensor the term normalised itself (with
@@ -24,19 +28,20 @@ the full batch, whatever the micro-batch split. With one micro-batch the three m
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from regroup.algo.anchors import plain_anchor_pg_loss, shaped_pg_loss
 from regroup.algo.gspo import sequence_ratio
-from regroup.algo.ratios import clip_ratio, importance_ratio, per_token_advantages
+from regroup.algo.off_policy_mask import off_policy_mask
+from regroup.algo.ratios import per_token_advantages
 from regroup.algo.sampler_is import IS_MODES
-from regroup.registry import KL_ESTIMATORS, LOSS_TERMS, POLICY_LOSSES
+from regroup.registry import KL_ESTIMATORS, LOSS_TERMS, POLICY_LOSSES, args_class, call_piece, parse_args
 
 AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_sum_constant")
 ANCHOR_RATIOS = ("shaped", "plain")
-RATIO_LEVELS = ("token", "sequence")
 # regroup aggregation mode -> the TRL GRPOTrainer `loss_type` that computes the same loss.
 TRL_LOSS_TYPES = {"token_mean": "dapo", "seq_mean_token_mean": "grpo", "seq_sum_constant": "dr_grpo"}
 
@@ -46,38 +51,8 @@ def _adv_per_token(advantages: Tensor, logps: Tensor) -> Tensor:
 
 
 def ratio_level_of(policy) -> str:
-    """ "sequence" for a policy loss whose ratio is one per response (GSPO, GMPO), else "token"."""
+    """ "sequence" for a policy loss whose ratio is one per response (GSPO, GMPO, LUSPO), else "token"."""
     return getattr(policy, "ratio_level", "token")
-
-
-def clipped_pg_loss(
-    logps: Tensor,
-    old_logps: Tensor,
-    advantages: Tensor,
-    eps_low: float,
-    eps_high: float,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """PPO-clip per-token loss `−min(r·A, clip(r, 1−εl, 1+εh)·A)` with `r = π_θ/π_old` (SPEC §1).
-
-    Returns `(per_token_loss[B, T], is_low_clipped[B, T], is_high_clipped[B, T])`; the flags follow TRL:
-    low = `r < 1−εl and A < 0`, high = `r > 1+εh and A > 0` (the tokens whose gradient the clip removes).
-    `advantages` is [B] (one per sequence) or [B, T].
-    """
-    adv = _adv_per_token(advantages, logps)  # [B, 1] or [B, T]
-    ratio = importance_ratio(logps, old_logps)  # [B, T]
-    clipped = clip_ratio(ratio, eps_low, eps_high)  # [B, T]
-    loss = -torch.min(ratio * adv, clipped * adv)  # [B, T]
-    is_low = (ratio < 1.0 - eps_low) & (adv < 0)  # [B, T]
-    is_high = (ratio > 1.0 + eps_high) & (adv > 0)  # [B, T]
-    return loss, is_low, is_high
-
-
-@POLICY_LOSSES.register("ppo_clip")
-def ppo_clip_policy_loss(
-    logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tensor, spec
-) -> tuple[Tensor, Tensor, Tensor]:
-    """The registered PPO-clip loss (SPEC §1): `clipped_pg_loss` with `spec.eps_low` / `spec.eps_high`."""
-    return clipped_pg_loss(logps, old_logps, advantages, spec.eps_low, spec.eps_high)
 
 
 def aggregate(
@@ -126,19 +101,19 @@ def aggregate(
 class LossSpec:
     """What the policy loss is made of, decided once by the recipe (the front-ends only fill in tensors).
 
-    - `policy`: the policy-gradient term by `POLICY_LOSSES` name or "pkg.mod:obj" — "ppo_clip"
-      −min(r·A, clip(r, 1−eps_low, 1+eps_high)·A) (SPEC §1), "gspo" (the same on the response's
-      length-normalised ratio, `regroup.algo.gspo`), "cispo" (`cispo_clip_max`), "sapo"
-      (`sapo_temperature_*`), "gmpo" (`gmpo_clip_*`, log space). `ratio_level="sequence"` with
-      policy "ppo_clip" is the older spelling of "gspo" (migrated here); `policy_ratio_level` is the
-      level of the policy's ratio, which the KL correction and the ratio metric use;
+    - `policy`: the policy-gradient term by `POLICY_LOSSES` name or "pkg.mod:obj" (docs/losses.md), with its
+      knobs `policy_args` (its `Args` dataclass, or a mapping that is parsed into it; None: the defaults);
+      `eps_low` / `eps_high` are the clip of ppo_clip, gspo and luspo; `policy_ratio_level` is the level of
+      the policy's ratio, which the KL correction and the ratio metric use;
     - anchor tokens use `anchor_ratio` ("shaped": −A·p/(p+γ), SPEC §2b.3 / LUFFY; "plain": π_old := sg(π_θ)),
       whatever the policy;
-    - KL term: `beta`·`kl` (a `KL_ESTIMATORS` name, default k3) against the reference, times the ratio
-      when `kl_ratio_correction` (TRL's use_bias_correction_kl);
+    - KL term: `beta`·`kl` (a `KL_ESTIMATORS` name, default k3, knobs `kl_args`) against the reference,
+      times the ratio when `kl_ratio_correction` (TRL's use_bias_correction_kl);
     - extra `terms`: (`LOSS_TERMS` name or "pkg.mod:obj", coefficient) pairs, added as coefficient · term;
+      `term_args`: (name, knobs) of the terms that declare knobs;
     - the sampler IS correction (`is_mode`, `is_cap` > 0 turns it on, `is_min` 0: no lower bound), which
       the caller turns into `LossInputs.is_weight` with `regroup.algo.sampler_is.sampler_is_weight`;
+    - `off_policy_mask`: OPSM's threshold δ (`regroup.algo.off_policy_mask`; None: off);
     - aggregation: `agg` (token_mean | seq_mean_token_mean | seq_sum_constant) with whole-batch totals.
     """
 
@@ -147,47 +122,55 @@ class LossSpec:
     beta: float = 0.0
     kl_ratio_correction: bool = False
     agg: str = "token_mean"
-    ratio_level: str = "token"
     anchor_ratio: str = "shaped"
     shaping_gamma: float = 0.1
     policy: str = "ppo_clip"
+    policy_args: Any = None
     kl: str = "k3"
-    cispo_clip_max: float = 5.0
-    sapo_temperature_pos: float = 1.0
-    sapo_temperature_neg: float = 1.05
-    gmpo_clip_low: float = 0.4
-    gmpo_clip_high: float = 0.4
+    kl_args: Any = None
     terms: tuple[tuple[str, float], ...] = ()
+    term_args: tuple[tuple[str, Any], ...] = ()
     is_mode: str = "token_truncate"
     is_cap: float = 0.0
     is_min: float = 0.0
+    off_policy_mask: float | None = None
 
     def __post_init__(self):
-        if self.ratio_level not in RATIO_LEVELS:
-            raise ValueError(f"ratio_level must be one of {RATIO_LEVELS}, got {self.ratio_level!r}")
         if self.anchor_ratio not in ANCHOR_RATIOS:
             raise ValueError(f"anchor_ratio must be one of {ANCHOR_RATIOS}, got {self.anchor_ratio!r}")
         if self.agg not in AGG_MODES:
             raise ValueError(f"aggregation mode must be one of {AGG_MODES}, got {self.agg!r}")
         if self.is_mode not in IS_MODES:
             raise ValueError(f"is_mode must be one of {IS_MODES}, got {self.is_mode!r}")
-        if self.ratio_level == "sequence" and self.policy == "ppo_clip":
-            object.__setattr__(self, "policy", "gspo")  # the older spelling of GSPO
+        if self.off_policy_mask is not None and not self.off_policy_mask > 0:
+            raise ValueError(f"off_policy_mask must be > 0 (or None: off), got {self.off_policy_mask}")
         policy = POLICY_LOSSES.get(self.policy)  # ValueError for an unknown name; imports a dotted path
-        if self.ratio_level == "sequence" and ratio_level_of(policy) != "sequence":
-            raise ValueError(
-                f"ratio_level='sequence' is GSPO's sequence ratio; policy {self.policy!r} has a token "
-                "ratio (use policy 'gspo', or ratio_level 'token')"
-            )
-        KL_ESTIMATORS.get(self.kl)
+        object.__setattr__(
+            self, "policy_args", parse_args(args_class(policy), self.policy_args, "policy_args", self.policy)
+        )
+        kl = KL_ESTIMATORS.get(self.kl)
+        object.__setattr__(self, "kl_args", parse_args(args_class(kl), self.kl_args, "kl_args", self.kl))
         object.__setattr__(self, "terms", tuple((str(n), float(c)) for n, c in self.terms))
+        given = dict(self.term_args)
+        unknown = set(given) - {name for name, _ in self.terms}
+        if unknown:
+            raise ValueError(f"term_args names {sorted(unknown)}, which are not among the terms")
+        term_args = []
         for name, _ in self.terms:
-            LOSS_TERMS.get(name)
+            cls = args_class(LOSS_TERMS.get(name))
+            parsed = parse_args(cls, given.get(name), f"term_args.{name}", name)
+            if parsed is not None:
+                term_args.append((name, parsed))
+        object.__setattr__(self, "term_args", tuple(term_args))
 
     @property
     def policy_ratio_level(self) -> str:
-        """ "sequence" when the policy's ratio is one per response (gspo, gmpo), else "token"."""
+        """ "sequence" when the policy's ratio is one per response (gspo, gmpo, luspo), else "token"."""
         return ratio_level_of(POLICY_LOSSES.get(self.policy))
+
+    def args_of_term(self, name: str) -> Any:
+        """The knobs of the term `name` (None when it has none)."""
+        return dict(self.term_args).get(name)
 
     @property
     def needs_entropy(self) -> bool:
@@ -211,6 +194,7 @@ class LossInputs:
     anchor_token_mask: Tensor | None = None  # [B, T] forced off-policy (anchor) tokens
     is_weight: Tensor | None = None  # [B, T] or [B, 1] detached IS weight of sampler mismatch
     entropy: Tensor | None = None  # [B, T] differentiable policy entropy (when spec.needs_entropy)
+    sampler_logps: Tensor | None = None  # [B, T] behaviour log-probs for OPSM (None: π_old stands in)
 
 
 @dataclass(frozen=True)
@@ -256,9 +240,14 @@ def rows_with_gradient(advantages: Tensor, sample_weight: Tensor | None, every_r
     return carries
 
 
-def _policy_term(logps: Tensor, old_eff: Tensor, advantages: Tensor, on_policy: Tensor, spec: LossSpec):
-    """The spec's policy loss, its outputs checked (a user's loss must return [B, T] tensors)."""
-    out = POLICY_LOSSES.get(spec.policy)(logps, old_eff, advantages, on_policy, spec)
+def policy_term(
+    logps: Tensor, old_eff: Tensor, advantages: Tensor, on_policy: Tensor, spec: LossSpec, is_weight: Tensor | None
+):
+    """The spec's policy loss, its outputs checked (a user's loss must return [B, T] tensors). A policy
+    that `folds_is_weight` gets `is_weight` itself; the caller multiplies the others' loss by it."""
+    policy = POLICY_LOSSES.get(spec.policy)
+    extra = {"is_weight": is_weight} if getattr(policy, "folds_is_weight", False) else {}
+    out = call_piece(policy, spec.policy_args, logps, old_eff, advantages, on_policy, spec, **extra)
     if not (isinstance(out, tuple) and len(out) == 3):
         raise ValueError(
             f"policy loss {spec.policy!r} must return (loss, low_clip, high_clip), got {type(out).__name__}"
@@ -287,7 +276,9 @@ def policy_loss(
 
     Per loss token (`loss_mask` True):
     - on-policy token: the spec's policy loss (PPO-clip on the token ratio, SPEC §1; GSPO; CISPO; SAPO;
-      GMPO; a user's), times `is_weight` (sampler IS correction, [B, T] or [B, 1]) when given;
+      GMPO; VESPO; LUSPO; a user's), times OPSM's keep mask when `spec.off_policy_mask` is set (against
+      `sampler_logps`, else π_old), times `is_weight` (sampler IS correction, [B, T] or [B, 1]) when given
+      (a policy that `folds_is_weight`, VESPO, uses it inside its own weight instead);
     - anchor token (`anchor_token_mask` True, forced off-policy expert token): `−A·p/(p+γ)` with
       `anchor_ratio="shaped"` (SPEC §2b.3, LUFFY, no clipping), or `−A·exp(logp − sg(logp))` with "plain";
     - plus `beta · KL(π_θ ‖ π_ref)` (the spec's estimator, default k3) on every loss token when `beta != 0`
@@ -306,6 +297,7 @@ def policy_loss(
     micro-batch means can be combined exactly), `anchor_prob_mean` (mean p over anchor tokens; only when
     `anchor_token_mask` is given), `kl_mean` (mean KL estimate over loss tokens; only when `ref_logps` is
     given), `is_weight_mean` (over on-policy loss tokens; only when `is_weight` is given), and
+    `off_policy_masked_frac` (on-policy tokens OPSM dropped; only when it is on), and
     `term/<name>` (each extra term's aggregated value before its coefficient).
     """
     advantages, loss_mask = inputs.advantages, inputs.loss_mask
@@ -330,11 +322,18 @@ def policy_loss(
     # caller stored cannot produce inf/NaN in the unselected branch (0·inf = NaN in backward).
     old_eff = torch.where(on_policy, old_logps, logps.detach())  # [B, T]
     level = spec.policy_ratio_level  # [B, T] ratios or one per response
-    pg, is_low, is_high = _policy_term(logps, old_eff, advantages, on_policy, spec)  # [B, T] x3
-    if is_weight is not None:
-        if is_weight.shape not in (mask.shape, (mask.shape[0], 1)):
-            raise ValueError(f"is_weight shape {tuple(is_weight.shape)} must be [B, T] = {tuple(mask.shape)} or [B, 1]")
-        pg = torch.where(on_policy, pg * is_weight.detach(), pg)  # [B, T]
+    if is_weight is not None and is_weight.shape not in (mask.shape, (mask.shape[0], 1)):
+        raise ValueError(f"is_weight shape {tuple(is_weight.shape)} must be [B, T] = {tuple(mask.shape)} or [B, 1]")
+    is_w = None if is_weight is None else is_weight.detach()
+    folds = getattr(POLICY_LOSSES.get(spec.policy), "folds_is_weight", False)
+    pg, is_low, is_high = policy_term(logps, old_eff, advantages, on_policy, spec, is_w)  # [B, T] x3
+    keep = None
+    if spec.off_policy_mask is not None:  # OPSM: drop far-off-policy responses with A < 0 (DeepSeek-V3.2 eq. 9)
+        sampler = old_eff if inputs.sampler_logps is None else inputs.sampler_logps
+        keep = off_policy_mask(advantages, logps, sampler, on_policy, spec.off_policy_mask)  # [B, 1] or [B, T]
+        pg = pg * keep  # [B, T]
+    if is_w is not None and not folds:
+        pg = torch.where(on_policy, pg * is_w, pg)  # [B, T]
     if anchor_token_mask is not None:
         if anchor_ratio == "shaped":
             anchor_loss = shaped_pg_loss(logps, advantages, spec.shaping_gamma)  # [B, T]
@@ -352,7 +351,7 @@ def policy_loss(
     per_token = pg
     kl = None
     if ref_logps is not None:
-        kl = KL_ESTIMATORS.get(spec.kl)(logps, ref_logps)  # [B, T]
+        kl = call_piece(KL_ESTIMATORS.get(spec.kl), spec.kl_args, logps, ref_logps)  # [B, T]
         if beta != 0.0:
             kl_term = beta * kl  # [B, T]
             if spec.kl_ratio_correction:
@@ -363,12 +362,18 @@ def policy_loss(
                 kl_term = kl_term * weight  # [B, T]
             per_token = per_token + kl_term
 
-    norm = dict(
-        total_tokens=totals.total_tokens,
-        total_sequences=totals.total_sequences,
-        max_completion_length=totals.max_completion_length,
-    )
-    loss = aggregate(per_token, mask, agg, **norm)
+    def reduce(values: Tensor, mode: str) -> Tensor:
+        """`aggregate` over the loss tokens with the whole-batch totals."""
+        return aggregate(
+            values,
+            mask,
+            mode,
+            total_tokens=totals.total_tokens,
+            total_sequences=totals.total_sequences,
+            max_completion_length=totals.max_completion_length,
+        )
+
+    loss = reduce(per_token, agg)
 
     term_values: dict[str, Tensor] = {}
     if spec.terms:
@@ -386,13 +391,13 @@ def policy_loss(
             if not coef:
                 continue
             term = LOSS_TERMS.get(name)
-            value = term(t_in)
+            value = call_piece(term, spec.args_of_term(name), t_in)
             if not isinstance(value, Tensor) or (value.dim() != 0 and value.shape != mask.shape):
                 raise ValueError(f"loss term {name!r} must return a [B, T] = {tuple(mask.shape)} or a 0-d tensor")
             if value.dim() != 0:
                 if weight is not None:
                     value = value * weight  # [B, T]
-                value = aggregate(value, mask, getattr(term, "agg", agg), **norm)
+                value = reduce(value, getattr(term, "agg", agg))
             loss = loss + coef * value
             term_values[name] = value.detach()
 
@@ -405,7 +410,7 @@ def policy_loss(
             return torch.where(on_policy, x.to(logps.dtype), torch.zeros_like(logps)).sum() / denom
 
         metrics: dict[str, Tensor] = {
-            "pg_loss": aggregate(pg.detach(), mask, agg, **norm),
+            "pg_loss": reduce(pg.detach(), agg),
             "clip_low_frac": on_mean(is_low),
             "clip_high_frac": on_mean(is_high),
             "clip_frac": on_mean(is_low | is_high),
@@ -423,6 +428,8 @@ def policy_loss(
             metrics["kl_mean"] = k.sum() / mask.sum().clamp(min=1).to(logps.dtype)
         if is_weight is not None:
             metrics["is_weight_mean"] = on_mean(is_weight.detach().expand_as(logps))
+        if keep is not None:
+            metrics["off_policy_masked_frac"] = on_mean(1.0 - keep.expand_as(logps))
         for name, value in term_values.items():
             metrics[f"term/{name}"] = value
     return loss, metrics

@@ -13,11 +13,21 @@ gradient. This is TRL 1.16's `loss_type="sapo"` (`GRPOTrainer._compute_loss`, `s
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
 from regroup.algo.ratios import importance_ratio, per_token_advantages
-from regroup.registry import POLICY_LOSSES
+from regroup.registry import POLICY_LOSSES, knob
+
+
+@dataclass(frozen=True)
+class SAPOArgs:
+    """`grpo.policy_loss_args` of `policy_loss: sapo` (TRL's `sapo_temperature_pos` / `_neg`)."""
+
+    temperature_pos: float = knob(1.0, "τ_pos: the gate's temperature where A > 0 (TRL's default).", gt=0.0, le=1e3)
+    temperature_neg: float = knob(1.05, "τ_neg: the gate's temperature where A <= 0 (TRL's default).", gt=0.0, le=1e3)
 
 
 def sapo_loss(
@@ -35,9 +45,9 @@ def sapo_loss(
     return loss, none, none
 
 
-@POLICY_LOSSES.register("sapo")
+@POLICY_LOSSES.register("sapo", args=SAPOArgs)
 def sapo_policy_loss(
-    logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tensor, spec
+    logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tensor, spec, args: SAPOArgs
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """The registered form: τ_pos / τ_neg are `spec.sapo_temperature_pos` / `_neg` (`grpo.sapo_temperature_*`)."""
-    return sapo_loss(logps, old_logps, advantages, spec.sapo_temperature_pos, spec.sapo_temperature_neg)
+    """The registered form: τ_pos / τ_neg are `args.temperature_pos` / `_neg`."""
+    return sapo_loss(logps, old_logps, advantages, args.temperature_pos, args.temperature_neg)

@@ -18,7 +18,7 @@ import typing
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 from regroup.config import fields
 from regroup.config.fields import F, parse_override
@@ -182,10 +182,15 @@ class GRPOConfig:
     loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_sum_constant"] = F(
         "token_mean", "token_mean (TRL dapo), seq_mean_token_mean (TRL grpo), seq_sum_constant (Dr. GRPO)."
     )
-    adv_scale: Literal["group", "batch", "none"] = F(
-        "group", "Advantage std normalisation: per group, per batch, or none (Dr. GRPO)."
+    advantage_estimator: str = F(
+        "grpo",
+        "The advantage estimator: grpo (group-std normalised), dr_grpo (unscaled, Dr. GRPO), or a "
+        "'package.module:function' (docs/extending.md).",
     )
-    adv_eps: float = F(1e-4, "Added to the std before dividing (a uniform group has std 0).", gt=0.0)
+    advantage_estimator_args: dict[str, Any] = F(
+        dict,
+        "Knobs of grpo.advantage_estimator, e.g. {scale: batch, eps: 1.0e-6} for grpo (docs/losses.md).",
+    )
     samples_multiplier: int = F(
         1, "Samples of the original question = multiplier x G (grpo_matched uses N+1 to match TA-GRPO).", ge=1, le=1000
     )
@@ -194,33 +199,22 @@ class GRPOConfig:
         "Optimizer steps per rollout batch: the batch is split into this many mini-batches (TA-GRPO's scripts: 2).",
         **COUNT,
     )
-    importance_level: Literal["token", "sequence"] = F(
-        "token",
-        "token: PPO per-token ratio; sequence: GSPO's length-normalised sequence ratio and clip (the older spelling of "
-        "policy_loss=gspo).",
-    )
     policy_loss: str = F(
         "ppo_clip",
-        "The policy-gradient term: ppo_clip, gspo, cispo, sapo, gmpo, or a 'package.module:function' (docs/losses.md).",
+        "The policy-gradient term: ppo_clip, gspo, cispo, sapo, gmpo, vespo, luspo, or a "
+        "'package.module:function' (docs/losses.md).",
     )
-    cispo_clip_max: float = F(
-        5.0,
-        "CISPO: the cap on its detached importance weight (TRL's epsilon_high for loss_type=cispo; ScaleRL: 5).",
-        gt=0.0,
+    policy_loss_args: dict[str, Any] = F(
+        dict,
+        "Knobs of grpo.policy_loss, e.g. {clip_max: 5} for cispo or {delta: 4} for ppo_clip (docs/losses.md); "
+        "checked against the loss's own Args before any model loads.",
     )
-    sapo_temperature_pos: float = F(
-        1.0, "SAPO: the gate's temperature on tokens with a positive advantage (TRL's default).", gt=0.0
-    )
-    sapo_temperature_neg: float = F(
-        1.05, "SAPO: the gate's temperature on tokens with a non-positive advantage (TRL's default).", gt=0.0
-    )
-    gmpo_clip_low: float = F(0.4, "GMPO: a token's log ratio is clipped at -gmpo_clip_low (paper: 0.4).", ge=0.0)
-    gmpo_clip_high: float = F(0.4, "GMPO: a token's log ratio is clipped at +gmpo_clip_high (paper: 0.4).", ge=0.0)
     kl_estimator: str = F(
         "k3",
         "The KL(pi_theta || pi_ref) estimator beta multiplies: k1, k2, k3 or low_var_kl (verl's "
         "clamped k3), or a 'package.module:function'.",
     )
+    kl_estimator_args: dict[str, Any] = F(dict, "Knobs of grpo.kl_estimator (the built-ins have none).")
     entropy_coef: float = F(
         0.0, "Entropy bonus: minus this times the mean per-token entropy (TRL's entropy_coef); 0: off.", ge=0.0
     )
@@ -228,6 +222,16 @@ class GRPOConfig:
         [],
         "Extra loss terms, each 'name' or 'name*coefficient' (a built-in such as entropy, or a "
         "'package.module:function' returning a per-token term [B, T]; docs/extending.md).",
+    )
+    loss_term_args: dict[str, Any] = F(
+        dict, "Knobs of the loss terms, by term name: {'my.mod:term': {knob: value}} (docs/extending.md)."
+    )
+    off_policy_mask_threshold: Optional[float] = F(
+        None,
+        "OPSM (DeepSeek-V3.2 eq. 9; TRL's off_policy_mask_threshold): drop the policy term of a response with "
+        "A < 0 whose mean KL(sampler || pi_theta) exceeds this, e.g. 0.5; null: off.",
+        gt=0.0,
+        le=1e3,
     )
     shared_prefix: Literal["auto", True, False] = F(
         "auto",

@@ -245,7 +245,7 @@ PROTOCOLS = {  # protocol -> (held equal to GRPO, what differs)
     ),
 }
 
-DRGRPO = ("grpo.adv_scale=none", "grpo.loss_agg=seq_sum_constant")  # DaGRPO's advantages and aggregation
+DRGRPO = ("grpo.advantage_estimator=dr_grpo", "grpo.loss_agg=seq_sum_constant")  # DaGRPO's advantages and aggregation
 TA_BETA = ("grpo.beta=0.001",)  # configs/ta_grpo.yaml's KL weight
 
 ARMS = [

@@ -45,11 +45,25 @@ SHARED_SETTINGS = (
     ("num_iterations", "grpo.num_iterations", lambda c: c.grpo.num_iterations),
     ("epsilon", "grpo.eps_low", lambda c: c.grpo.eps_low),
     ("epsilon_high", "grpo.eps_high", lambda c: c.grpo.eps_high),
-    ("scale_rewards", "grpo.adv_scale", lambda c: c.grpo.adv_scale),
-    ("importance_sampling_level", "grpo.importance_level", lambda c: c.grpo.importance_level),
+    ("scale_rewards", "grpo.advantage_estimator", lambda c: _trl_scale_rewards(c)),
+    ("importance_sampling_level", "grpo.policy_loss", lambda c: _trl_ratio_level(c)),
     ("use_bias_correction_kl", "grpo.kl_ratio_correction", lambda c: c.grpo.kl_ratio_correction),
     ("loss_type", "grpo.loss_agg", lambda c: {v: k for k, v in LOSS_AGG.items() if k != "bnpo"}[c.grpo.loss_agg]),
 )
+
+
+def _trl_scale_rewards(cfg: Any) -> str:
+    """TRL's `scale_rewards` for regroup's advantage estimator: grpo's `scale`, "none" for dr_grpo, TRL's
+    default for a user's estimator (the adapter replaces TRL's advantages with the recipe's)."""
+    g = cfg.grpo
+    if g.advantage_estimator == "dr_grpo":
+        return "none"
+    return g.advantage_estimator_args.get("scale", "group") if g.advantage_estimator == "grpo" else "group"
+
+
+def _trl_ratio_level(cfg: Any) -> str:
+    """TRL's `importance_sampling_level`: "sequence" for GSPO's and LUSPO's sequence ratio, else "token"."""
+    return "sequence" if cfg.grpo.policy_loss in ("gspo", "luspo") else "token"
 
 
 def _trl_value(args: Any, name: str) -> Any:

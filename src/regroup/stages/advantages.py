@@ -1,24 +1,31 @@
-"""The advantage stage (SPEC §1): group-normalised advantages over the whole (all-process) batch."""
+"""The advantage stage (SPEC §1): the registered advantage estimator (`grpo.advantage_estimator`, default
+GRPO's group-normalised advantage; `regroup.algo.advantages`) over the whole (all-process) batch."""
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
-from regroup.algo.advantages import group_advantages
-from regroup.registry import STAGES
+import regroup.algo.advantages  # noqa: F401  (registers the built-in estimators, grpo and dr_grpo)
+from regroup.registry import ADV_ESTIMATORS, STAGES, args_class, call_piece, parse_args
 from regroup.stages.base import StepBatch, StepContext
 
 
 class GroupAdvantages:
     """Rewards and group ids are gathered from every process, so each group's statistics are its own
-    whatever process sampled it; this process keeps its rows. Unscored rewards (None/NaN) get A = 0."""
+    whatever process sampled it; this process keeps its rows. Unscored rewards (None/NaN) are NaN to the
+    estimator (the built-ins give them A = 0).
+
+    `estimator` is an `ADV_ESTIMATORS` name or "pkg.mod:obj", `args` its knobs (a mapping or its `Args`)."""
 
     name = "advantages"
 
-    def __init__(self, scale: str, eps: float):
-        self.scale, self.eps = scale, eps
+    def __init__(self, estimator: str = "grpo", args: Any = None):
+        self.estimator = estimator
+        self.fn = ADV_ESTIMATORS.get(estimator)
+        self.args = parse_args(args_class(self.fn), args, "grpo.advantage_estimator_args", estimator)
 
     def __call__(self, batch: StepBatch, ctx: StepContext) -> dict[str, float]:
         rewards = torch.tensor(
@@ -26,10 +33,16 @@ class GroupAdvantages:
             dtype=torch.float32,
         )  # [B]
         groups = torch.tensor([s.group_id for s in batch.samples], dtype=torch.long)  # [B]
-        all_adv = group_advantages(ctx.gather(rewards), ctx.gather(groups), self.scale, self.eps)  # [B_all]
+        all_rewards, all_groups = ctx.gather(rewards), ctx.gather(groups)  # [B_all] x2
+        all_adv = call_piece(self.fn, self.args, all_rewards, all_groups)  # [B_all]
+        if not isinstance(all_adv, torch.Tensor) or all_adv.shape != all_rewards.shape:
+            raise ValueError(
+                f"advantage estimator {self.estimator!r} must return a [B] = {tuple(all_rewards.shape)} tensor, "
+                f"got {tuple(all_adv.shape) if isinstance(all_adv, torch.Tensor) else type(all_adv).__name__}"
+            )
         sizes = ctx.gather(torch.tensor([len(batch.samples)])).tolist()
         start = sum(sizes[: ctx.rank])
-        batch.advantages = all_adv[start : start + len(batch.samples)]  # [B]
+        batch.advantages = all_adv[start : start + len(batch.samples)].float()  # [B]
         metrics = {"adv/abs_mean": float(batch.advantages.abs().mean()) if len(batch.samples) else 0.0}
         anchor = torch.tensor([s.is_anchor for s in batch.samples], dtype=torch.bool)
         if anchor.any():

@@ -43,7 +43,7 @@ from regroup.stages.rewarding import RewardResponses
 from regroup.stages.sampling import SampleResponses
 from regroup.stages.user import insert_user_stages, parse_stage_entry
 from regroup.train import loss_config
-from regroup.train.loss_config import describe_loss
+from regroup.train.loss_config import advantage_estimator, describe_loss
 
 
 @dataclass(frozen=True)
@@ -232,7 +232,7 @@ def build_recipe(cfg, task, encode_response, run_dir) -> Recipe:
         stages.append(InjectAnchors(injector))
     if on.dynamic_sampling:
         stages.append(DynamicSampling(cfg.grpo.prompts_per_step, cfg.dynamic_sampling.max_rounds))
-    stages.append(GroupAdvantages(cfg.grpo.adv_scale, cfg.grpo.adv_eps))
+    stages.append(GroupAdvantages(*advantage_estimator(cfg)))
     if on.mask:  # SPEC §2a: masks after advantages, over G_mix
         stages.append(
             DistinctivenessMasker(
