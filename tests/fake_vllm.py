@@ -91,10 +91,10 @@ class FakeVLLM:
                     return self._reply(200, fake.completion_reply(body))
                 return self._reply(200, {"choices": ok_choices(body, fake.mode)})
 
-            def do_GET(self):  # noqa: N802 - http.server's name
+            def do_GET(self):  # http.server's name
                 self._handle(None)
 
-            def do_POST(self):  # noqa: N802 - http.server's name
+            def do_POST(self):  # http.server's name
                 length = int(self.headers.get("Content-Length") or 0)
                 self._handle(json.loads(self.rfile.read(length) or b"null"))
 

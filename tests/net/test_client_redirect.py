@@ -81,8 +81,8 @@ class MovedJSON(BaseHTTPRequestHandler):
         self.send_header("Content-Length", "0")
         self.end_headers()
 
-    do_GET = _moved  # noqa: N815 - http.server's name
-    do_POST = _moved  # noqa: N815 - http.server's name
+    do_GET = _moved  # http.server's name
+    do_POST = _moved  # http.server's name
 
 
 @pytest.mark.parametrize("body", [None, {"prompt": [1, 2]}], ids=["GET", "POST"])

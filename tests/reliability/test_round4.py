@@ -367,8 +367,8 @@ def test_the_pre_load_check_fails_when_every_call_times_out(reward_dir, tiny_mod
 
 
 def test_a_key_sent_to_a_host_is_named_before_the_weights_load(tiny_model_dir, tmp_path, monkeypatch, no_weights):
-    from regroup.train.run_config import load_config
     from regroup.train.build import build_trainer
+    from regroup.train.run_config import load_config
 
     monkeypatch.setenv("R4_SOME_TOKEN", "the-secret-value")
     cfg = load_config(

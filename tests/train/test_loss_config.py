@@ -427,7 +427,7 @@ def test_plugin_pieces_with_knobs_train_two_steps(tiny_model_dir, tmp_path, user
     tmp_path, train 2 steps; every call received the knobs the config gave."""
     import importlib
 
-    from regroup.train.trainer import Trainer
+    from regroup.train.build import build_trainer
 
     module = importlib.import_module(user_module)
     cfg = small_config(
@@ -447,7 +447,7 @@ def test_plugin_pieces_with_knobs_train_two_steps(tiny_model_dir, tmp_path, user
         f"grpo.advantage_estimator={user_module}:rank_advantages",
         "grpo.advantage_estimator_args.spread=2.0",
     )
-    trainer = Trainer.from_config(cfg, tmp_path / "run", log=lambda m: None)
+    trainer = build_trainer(cfg, tmp_path / "run", log=lambda m: None)
     module.SEEN.clear()  # the config check's dummy calls are not training
     before = weights(trainer.model)
     last = trainer.train()

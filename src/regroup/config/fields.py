@@ -35,7 +35,9 @@ class NumericRule:
     high_open: bool = False
 
     def describe(self) -> str:
-        text = lambda x: str(int(x)) if float(x).is_integer() and abs(x) < 2**53 else f"{x:g}"  # noqa: E731
+        text = lambda x: (
+            str(int(x)) if float(x).is_integer() and abs(x) < 2**53 else f"{x:g}"
+        )  # a one-line key function (E731 is off project-wide)
         parts = [f"{'>' if self.low_open else '>='} {text(self.low)}"] if self.low is not None else []
         parts += [f"{'<' if self.high_open else '<='} {text(self.high)}"] if self.high is not None else []
         return "a finite number " + " and ".join(parts) if parts else "a finite number"

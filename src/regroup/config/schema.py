@@ -96,7 +96,8 @@ class DataConfig:
     )
     chat_template: Literal["auto", "on", "off"] = F(
         "auto",
-        "Wrap prompts with the tokenizer's chat template: auto = when the tokenizer has one (never for the built-in task).",
+        "Wrap prompts with the tokenizer's chat template: auto = when the tokenizer has one (never for the "
+        "built-in task).",
     )
     max_prompt_tokens: int = F(
         4096, "Longest prompt in tokens; a longer question is skipped and counted.", ge=1, le=MAX_TOKENS
@@ -126,7 +127,8 @@ class RolloutConfig:
     )
     is_mode: Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"] = F(
         "token_truncate",
-        "How the sampler IS correction weighs the loss (TRL's vllm_importance_sampling_mode): per token or per response "
+        "How the sampler IS correction weighs the loss (TRL's vllm_importance_sampling_mode): per token or per "
+        "response "
         "(the product of its token ratios), truncated at the bounds or zeroed outside them.",
     )
     is_min: float = F(
@@ -235,7 +237,8 @@ class GRPOConfig:
     )
     shared_prefix: Literal["auto", True, False] = F(
         "auto",
-        "Forward each distinct prompt once per micro-batch and its responses on that cache (exact). auto: on a CPU only; on an "
+        "Forward each distinct prompt once per micro-batch and its responses on that cache (exact). auto: on a "
+        "CPU only; on an "
         "accelerator the extra forward's kernel launches cost more than the prompt positions saved "
         "(`logprobs.use_shared_prefix`, BENCHMARKS.md); true keeps it on for its lower peak memory.",
     )
@@ -437,8 +440,10 @@ class DiagnosticsConfig:
     embedder: str = F("auto", "auto | minilm | char-ngram | a local sentence-transformers path.")
     grad_conflict_every: Optional[int] = F(
         None,
-        "Cosine between positive and negative samples' gradients, every K steps (0: off; None: every 10 steps when the measured "
-        "parameters hold <= 5M elements, as on the built-in tiny model, else off: the diagnostic copies their gradients, "
+        "Cosine between positive and negative samples' gradients, every K steps (0: off; None: every 10 steps "
+        "when the measured "
+        "parameters hold <= 5M elements, as on the built-in tiny model, else off: the diagnostic copies their "
+        "gradients, "
         "gigabytes for a 7B model's lm_head).",
         **EVERY,
     )

@@ -19,7 +19,7 @@ class _Budget(BaseException):
     """Raised by the alarm. A BaseException, so math-verify's `except Exception` blocks let it through."""
 
 
-def _on_alarm(signum, frame):  # noqa: ARG001 - signal handler signature
+def _on_alarm(signum, frame):  # the signal handler signature
     raise _Budget()
 
 
@@ -43,7 +43,7 @@ def main() -> None:
 
         logging.disable(logging.WARNING)  # math-verify warns once that its own timeout is off: we time it here
         from math_verify import parse, verify  # in the worker, so a failing import is reported, not raised
-    except BaseException as exc:  # noqa: BLE001 - report anything, the parent turns it into a clear error
+    except BaseException as exc:  # report anything: the parent turns it into a clear error
         channel.write(json.dumps({"fatal": f"cannot import math_verify: {exc!r}"}) + "\n")
         return
     signal.signal(signal.SIGALRM, _on_alarm)
@@ -51,7 +51,7 @@ def main() -> None:
         # The first parse/verify pays for lazy imports and grammar set-up (~0.5 s, more on a loaded
         # machine). Pay it here, before "ready", so no timed check ever does.
         verify(_parse(parse, "1", wrap=True), _parse(parse, "1", wrap=True), timeout_seconds=None)
-    except BaseException as exc:  # noqa: BLE001
+    except BaseException as exc:  # anything the check raised is reported to the parent
         channel.write(json.dumps({"fatal": f"math_verify does not work: {exc!r}"}) + "\n")
         return
     channel.write(json.dumps({"ready": True}) + "\n")
@@ -71,7 +71,7 @@ def main() -> None:
             reply = {"timeout": True}
         except KeyboardInterrupt:
             return
-        except BaseException as exc:  # noqa: BLE001 - RecursionError, MemoryError, sympy errors: all mean "no score"
+        except BaseException as exc:  # RecursionError, MemoryError, sympy errors: all mean "no score"
             reply = {"error": repr(exc)[:300]}
         channel.write(json.dumps(reply) + "\n")
 

@@ -3,4 +3,13 @@ variants, anchors, fine-grained scoring for masks, rewards and diagnostics. Each
 subset of them on at start-up (see `regroup.train.recipes`)."""
 
 # Importing the package registers every built-in stage on `regroup.registry.STAGES`, in pipeline order.
-from regroup.stages import rephrasing, anchors, sampling, rewarding, overlong, dynamic_sampling, advantages, masking  # noqa: E402,F401,I001
+from regroup.stages import (  # noqa: F401, I001  (imported to register the stages; the order is the pipeline's)
+    rephrasing,
+    anchors,
+    sampling,
+    rewarding,
+    overlong,
+    dynamic_sampling,
+    advantages,
+    masking,
+)

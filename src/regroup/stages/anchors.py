@@ -216,7 +216,10 @@ class InjectAnchors:
         t0 = time.perf_counter()
         if inj.round_mark is None:
             _begin_round(inj)
-        q0_prompts = [ctx.encode_prompt(p.question) for p in batch.problems]
+        encode = ctx.encode_prompt
+        if encode is None:
+            raise RuntimeError("InjectAnchors needs StepContext.encode_prompt (the front-end's prompt encoder)")
+        q0_prompts = [encode(p.question) for p in batch.problems]
         batch.samples, metrics = inj.inject(
             batch.samples, batch.problems, batch.group_ids, q0_prompts, reserved=batch.reserved is not None
         )

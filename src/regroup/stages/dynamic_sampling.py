@@ -40,7 +40,10 @@ class DynamicSampling:
 
     def unsupported_by(self, front_end: str) -> str | None:
         if front_end == "trl":
-            return "dynamic_sampling.enabled: TRL's generation batch has a fixed size, so groups cannot be dropped and refilled"
+            return (
+                "dynamic_sampling.enabled: TRL's generation batch has a fixed size, so groups cannot be dropped "
+                "and refilled"
+            )
         return None
 
     def _global_verdicts(self, batch: StepBatch, ctx: StepContext) -> list[tuple[int, bool]]:
@@ -52,9 +55,12 @@ class DynamicSampling:
     def __call__(self, batch: StepBatch, ctx: StepContext) -> dict[str, float]:
         verdicts = self._global_verdicts(batch, ctx)
         rounds = 0
+        refill = ctx.refill
+        if refill is None:  # the recipe refuses this front-end (`unsupported_by`); here only by misuse
+            raise RuntimeError("DynamicSampling needs StepContext.refill (a front-end that can draw more questions)")
         while sum(ok for _, ok in verdicts) < self.target_groups and rounds < self.max_rounds:
             rounds += 1
-            batch.extend(ctx.refill(rounds))
+            batch.extend(refill(rounds))
             verdicts = self._global_verdicts(batch, ctx)
         informative = [g for g, ok in verdicts if ok]
         kept = set(informative[: self.target_groups])

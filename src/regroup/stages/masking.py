@@ -131,11 +131,14 @@ class DistinctivenessMasker:
         return masked, metrics
 
     def __call__(self, batch: StepBatch, ctx: StepContext) -> dict[str, float]:
+        advantages = batch.advantages  # [B]
+        if advantages is None:
+            raise RuntimeError("DistinctivenessMasker runs after the advantages stage (SPEC §2a)")
         group_ids = torch.tensor([s.group_id for s in batch.samples], dtype=torch.long)  # [B]
         if self.unit == "pair":
-            batch.advantages, metrics = self.pair_mask(batch.samples, batch.advantages, group_ids)
+            batch.advantages, metrics = self.pair_mask(batch.samples, advantages, group_ids)
             return metrics
-        keep, metrics = self.mask(batch.samples, batch.advantages, group_ids)
+        keep, metrics = self.mask(batch.samples, advantages, group_ids)
         batch.multiply_weights(keep)
         return metrics
 

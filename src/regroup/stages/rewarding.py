@@ -25,7 +25,8 @@ def reward_name(fn) -> str:
 def checked_rewards(values, fn) -> tuple[list[float | None], int]:
     """The rewards as floats (None and NaN kept: unscored) and how many were beyond float32 (made None);
     a value that is not a number (a string, a list) is refused, naming the function."""
-    out, out_of_range = [], 0
+    out: list[float | None] = []
+    out_of_range = 0
     for value in values:
         if value is None:
             out.append(None)

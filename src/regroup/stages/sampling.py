@@ -40,14 +40,15 @@ class SampleResponses:
             )
             for s, j in rows
         ]
+        encode = ctx.encode_prompt
+        if encode is None:
+            raise RuntimeError("SampleResponses needs StepContext.encode_prompt (the front-end's prompt encoder)")
         t0 = time.perf_counter()
-        completions = ctx.sampler.generate(
-            [ctx.encode_prompt(s.text) for s, _ in rows], ctx.sampling_params, seed=seeds
-        )
+        completions = ctx.sampler.generate([encode(s.text) for s, _ in rows], ctx.sampling_params, seed=seeds)
         elapsed = time.perf_counter() - t0
         for (slot, _), c in zip(rows, completions):
             problem = batch.problems[slot.question_index]
-            own_prompt = ctx.encode_prompt(slot.text)
+            own_prompt = encode(slot.text)
             batch.samples.append(
                 Sample(
                     group_id=slot.group_id,
@@ -55,7 +56,7 @@ class SampleResponses:
                     variant=slot.variant,
                     is_anchor=False,
                     prompt_ids=own_prompt,
-                    ratio_prompt_ids=ctx.encode_prompt(problem.question) if self.ratio_on_original else own_prompt,
+                    ratio_prompt_ids=encode(problem.question) if self.ratio_on_original else own_prompt,
                     response_ids=c.token_ids,
                     response_text=c.text,
                     behaviour_logps=c.logps,

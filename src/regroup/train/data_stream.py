@@ -23,7 +23,7 @@ class QuestionStream:
         return order
 
     def next_batch(self, size: int) -> list:
-        out = []
+        out: list = []
         while len(out) < size:
             if self.position >= len(self._order):
                 self.epoch += 1

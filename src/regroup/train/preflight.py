@@ -71,9 +71,10 @@ def check_api_keys(cfg, environ=os.environ) -> None:
 def key_destinations(cfg) -> list[tuple[str, str, str, str]]:
     """(client, URL key, key-variable key, environment variable) of every remote client that will send a key."""
     out = []
-    if cfg.mask.enabled and cfg.mask.scorer.name == "judge":
+    on = features(cfg)
+    if on.judge:
         out.append(("the judge", "mask.scorer.base_url", "mask.scorer.api_key_env", cfg.mask.scorer.api_key_env))
-    if cfg.ta.enabled and cfg.ta.rephraser == "openai":
+    if on.remote_rephraser:
         out.append(("the rewriter", "ta.base_url", "ta.api_key_env", cfg.ta.api_key_env))
     if cfg.rollout.backend == "vllm_server":
         out.append(
