@@ -113,7 +113,7 @@ def test_config_reads_piece_names_from_the_registries(monkeypatch):
     assert load_config(CONFIGS / "grpo.yaml", ["rewards=[constant*2]"]).rewards.functions == ["constant*2"]
     from regroup.tasks import get_task
     from regroup.tasks.base import Problem
-    from regroup.train.recipes import build_reward_fn
+    from regroup.rewards.build import build_reward_fn
 
     fn = build_reward_fn(["constant * 2", "task"], get_task("arithmetic"))
     assert fn("no answer here", Problem("p0", "1+1?", "2")) == 2.0  # 2 x 1.0 + the task's 0.0

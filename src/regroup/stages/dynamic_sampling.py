@@ -55,11 +55,13 @@ class DynamicSampling:
     def __call__(self, batch: StepBatch, ctx: StepContext) -> dict[str, float]:
         verdicts = self._global_verdicts(batch, ctx)
         rounds = 0
-        refill = ctx.refill
-        if refill is None:  # the recipe refuses this front-end (`unsupported_by`); here only by misuse
-            raise RuntimeError("DynamicSampling needs StepContext.refill (a front-end that can draw more questions)")
         while sum(ok for _, ok in verdicts) < self.target_groups and rounds < self.max_rounds:
             rounds += 1
+            refill = ctx.refill
+            if refill is None:  # the recipe refuses this front-end (`unsupported_by`); here only by misuse
+                raise RuntimeError(
+                    "DynamicSampling needs StepContext.refill (a front-end that can draw more questions)"
+                )
             batch.extend(refill(rounds))
             verdicts = self._global_verdicts(batch, ctx)
         informative = [g for g, ok in verdicts if ok]
