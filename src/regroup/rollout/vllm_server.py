@@ -219,17 +219,6 @@ class VLLMServerSampler:
         self._nccl_source.model = model
         self._nccl.send_weights()
 
-
-class _Snapshot:
-    """Weights already in vLLM's names (`weights_in_memory`), standing where a model is pushed: the NCCL
-    source reads them through `push_weights`, which sees a plain module with these parameters."""
-
-    def __init__(self, tensors: dict):
-        self.tensors = tensors
-
-    def named_parameters(self):
-        return iter(self.tensors.items())
-
     def close(self) -> None:
         """Remove the temporary sync folder this sampler made (a configured one is left, minus our files)."""
         if self._own_sync_dir:
@@ -294,6 +283,17 @@ class _Snapshot:
                 )
             completions.extend(self.to_completion(i, c) for c in choices)
         return completions
+
+
+class _Snapshot:
+    """Weights already in vLLM's names (`weights_in_memory`), standing where a model is pushed: the NCCL
+    source reads them through `push_weights`, which sees a plain module with these parameters."""
+
+    def __init__(self, tensors: dict):
+        self.tensors = tensors
+
+    def named_parameters(self):
+        return iter(self.tensors.items())
 
 
 def _nccl_engine(sampler: VLLMServerSampler, model):
