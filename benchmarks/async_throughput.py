@@ -129,6 +129,7 @@ def main() -> None:
     ap.add_argument("--eval-n", type=int, default=0)
     ap.add_argument("--num-eval", type=int, default=16)
     ap.add_argument("--set", nargs="*", default=[], help="more config overrides")
+    ap.add_argument("--server-args", default="", help="more vLLM server flags, one string (e.g. the NCCL sync's)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     arms = [int(a) for a in args.arms.split(",")]

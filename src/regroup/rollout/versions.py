@@ -101,23 +101,35 @@ class VersionedEngine:
         self.loaded_version: int | None = None
         self.switches: list[int] = []
         self.load_seconds: list[float] = []
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # held by one request batch or one load at a time
+        self._waiting = threading.Condition()
+        self._pending_loads = 0  # a requested switch goes before the next request (a lock is not fair)
 
     def snapshot(self, model, version: int) -> WeightSnapshot:
         """The learner's weights now, as version `version` (on the learner's thread, between updates)."""
         return WeightSnapshot(version, self.weights.snapshot(model))
 
     def load(self, snapshot: WeightSnapshot) -> None:
-        with self._lock:
-            t0 = time.perf_counter()
-            self.weights.load(snapshot.payload, snapshot.version)
-            self.load_seconds.append(time.perf_counter() - t0)
-            self.loaded_version = snapshot.version
-            self.switches.append(snapshot.version)
+        with self._waiting:
+            self._pending_loads += 1
+        try:
+            with self._lock:
+                t0 = time.perf_counter()
+                self.weights.load(snapshot.payload, snapshot.version)
+                self.load_seconds.append(time.perf_counter() - t0)
+                self.loaded_version = snapshot.version
+                self.switches.append(snapshot.version)
+        finally:
+            with self._waiting:
+                self._pending_loads -= 1
+                self._waiting.notify_all()
 
     def generate(
         self, prompts: list[list[int]], params: SamplingParams, seed: int | list[int] | None = None
     ) -> list[Completion]:
+        with self._waiting:
+            while self._pending_loads:
+                self._waiting.wait()
         with self._lock:
             version = self.loaded_version
             completions = self.sampler.generate(prompts, params, seed=seed)
