@@ -17,6 +17,14 @@ from regroup.diagnostics.logprob_gap import LogprobGapError, LogprobGapWatch
 from regroup.train.trainer import Trainer
 
 
+def make_trainer(cfg, run_dir, log):
+    try:
+        from regroup.train.build import build_trainer  # the builder, where the trainer is built from a config
+    except ImportError:
+        return Trainer.from_config(cfg, run_dir, log=log)
+    return build_trainer(cfg, run_dir, log=log)
+
+
 def part(behaviour, lengths, has=None, sampled=None) -> RolloutBatch:
     b, t = behaviour.shape
     mask = (torch.arange(t)[None, :] < torch.tensor(lengths)[:, None]).float()  # [b, T]
@@ -125,7 +133,7 @@ def test_a_run_whose_engine_logps_are_wrong_warns_then_stops(tiny_model_dir, tmp
         f"rollout.async_steps={int(asynchronous)}",
     )
     lines = []
-    trainer = Trainer.from_config(cfg, tmp_path / "run", log=lines.append)
+    trainer = make_trainer(cfg, tmp_path / "run", lines.append)
     if asynchronous:
         trainer.producer.engine.sampler = Rewritten(trainer.producer.engine.sampler, fn)
     else:
@@ -141,6 +149,6 @@ def test_a_run_whose_engine_logps_are_wrong_warns_then_stops(tiny_model_dir, tmp
 def test_a_healthy_run_has_a_tiny_gap_and_no_warning(tiny_model_dir, tmp_path):
     cfg = small_config(tiny_model_dir, tmp_path / "run", "grpo.yaml", "train.steps=2", "diagnostics.diversity_every=0")
     lines = []
-    metrics = Trainer.from_config(cfg, tmp_path / "run", log=lines.append).train()
+    metrics = make_trainer(cfg, tmp_path / "run", lines.append).train()
     assert metrics["rollout/logprob_gap_mean"] < 1e-4 and metrics["rollout/behaviour_logps_bad_frac"] == 0.0
     assert not [line for line in lines if "behaviour log-prob" in line or "log-probs differ" in line]

@@ -289,3 +289,24 @@ def test_a_stalled_engine_mid_async_is_one_line_within_the_deadline(tiny_model_d
     assert "no rollout batch for step 4 within 8 s (rollout.async_timeout_s)" in str(error)
     assert logged == [1, 2, 3]
     assert _checkpoint_digest(tmp_path / "run")[0] == "step-000002"
+
+
+def test_held_out_evaluation_during_async_training_samples_the_current_weights_and_changes_nothing(
+    tiny_model_dir, tmp_path
+):
+    """`train.eval_every` under async: the engine holds the learner's newest weights for the evaluation, then
+    the producer reloads the version its next batch needs: the run trains exactly as without evaluation."""
+    extra = ("rollout.async_steps=1", "train.steps=4")
+    plain = make_trainer(config(tiny_model_dir, tmp_path / "plain", *extra), tmp_path / "plain")
+    plain.train()
+    evaluated = make_trainer(
+        config(tiny_model_dir, tmp_path / "eval", *extra, "train.eval_every=2", "train.eval_limit=4"), tmp_path / "eval"
+    )
+    last = evaluated.train()
+    assert "eval/pass@1" in last
+    switches = evaluated.producer.engine.switches
+    assert 2 in switches and switches[-1] == 4  # the evaluations after steps 2 and 4 loaded versions 2 and 4
+    assert evaluated.producer.drawn == [(0, 0), (1, 0), (2, 1), (3, 2)]  # the batches' versions did not move
+    assert responses(tmp_path / "plain") == responses(tmp_path / "eval")
+    a, b = weights(plain.model), weights(evaluated.model)
+    assert all(torch.equal(a[k], b[k]) for k in a)
