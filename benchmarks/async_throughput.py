@@ -139,6 +139,8 @@ def main() -> None:
     if args.backend == "vllm_server":
         from regroup.rollout.vllm_server import LocalServer
 
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; vLLM-CPU otherwise reserves most of the RAM
+
         log = Path(tempfile.mkdtemp(prefix="async-bench-server-")) / "server.log"
         server = LocalServer(
             args.model, python=args.vllm_python, max_model_len=512, dtype=args.dtype, log_path=str(log)
