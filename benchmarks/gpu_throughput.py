@@ -102,8 +102,8 @@ def build_model_dir(size: Size, out: Path, device: str) -> int:
 
 def make_trainer(recipe: str, rephrasings: int, size: Size, model_dir: Path, run_dir: Path, shared_prefix: bool = True):
 
+    from regroup.train.build import build_trainer
     from regroup.train.run_config import load_config
-    from regroup.train.trainer import Trainer
 
     per_question = size.generations * (rephrasings + 1)
     overrides = [
@@ -123,7 +123,7 @@ def make_trainer(recipe: str, rephrasings: int, size: Size, model_dir: Path, run
         "diagnostics.grad_conflict_every=0",
         f"grpo.shared_prefix={shared_prefix}",
     ]
-    return Trainer.from_config(load_config(ROOT / "configs" / f"{recipe}.yaml", overrides), run_dir, log=lambda m: None)
+    return build_trainer(load_config(ROOT / "configs" / f"{recipe}.yaml", overrides), run_dir, log=lambda m: None)
 
 
 def measure_recipe(

@@ -27,8 +27,8 @@ PAIRS = [("ta_grpo", "grpo_matched"), ("dagrpo", "grpo")]
 
 def trainer_for(recipe: str, model_dir: str, run_dir: Path, steps: int, extra: list[str]):
     from regroup.experiments.demo import DemoSettings, recipe_overrides
+    from regroup.train.build import build_trainer
     from regroup.train.run_config import load_config
-    from regroup.train.trainer import Trainer
 
     overrides = recipe_overrides(recipe, DemoSettings(steps=steps, samples_per_step=128)) + [
         f"model.path={model_dir}",
@@ -39,7 +39,7 @@ def trainer_for(recipe: str, model_dir: str, run_dir: Path, steps: int, extra: l
         "data.num_train=4000",
         *extra,
     ]
-    return Trainer.from_config(load_config(ROOT / "configs" / f"{recipe}.yaml", overrides), run_dir, log=lambda m: None)
+    return build_trainer(load_config(ROOT / "configs" / f"{recipe}.yaml", overrides), run_dir, log=lambda m: None)
 
 
 def compare(variant: str, baseline: str, model_dir: str, tmp: Path, steps: int, skip: int, extra: list[str]) -> float:

@@ -38,8 +38,8 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    from regroup.train.build import build_trainer
     from regroup.train.run_config import load_config
-    from regroup.train.trainer import Trainer
 
     tmp = Path(tempfile.mkdtemp(prefix="regroup-profile-"))
     model_dir, desc = benchmark_model_dir(tmp / "model")
@@ -64,7 +64,7 @@ def main() -> None:
             *args.overrides,
         ],
     )
-    trainer = Trainer.from_config(cfg, tmp / "run", log=lambda m: None)
+    trainer = build_trainer(cfg, tmp / "run", log=lambda m: None)
     trainer.train_step(0)
     profiler = cProfile.Profile()
     profiler.enable()

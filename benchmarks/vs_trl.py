@@ -90,8 +90,8 @@ def run_setting(setting: str, args) -> tuple[float, tuple]:
 
     from regroup.models.load import load_tokenizer
     from regroup.tasks import get_task
+    from regroup.train.build import build_trainer
     from regroup.train.run_config import load_config
-    from regroup.train.trainer import Trainer
 
     tmp = Path(tempfile.mkdtemp(prefix="regroup-bench-"))
     model_dir, model_desc = benchmark_model_dir(tmp / "model")
@@ -121,7 +121,7 @@ def run_setting(setting: str, args) -> tuple[float, tuple]:
             *args.overrides,
         ],
     )
-    ours = Trainer.from_config(regroup_cfg, tmp / "regroup", log=lambda m: None)
+    ours = build_trainer(regroup_cfg, tmp / "regroup", log=lambda m: None)
 
     def reward(completions, prompts=None, **kw):
         out = []

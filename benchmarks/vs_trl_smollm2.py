@@ -150,8 +150,8 @@ def child_trl(args) -> dict:
 def child_regroup(args) -> dict:
     import torch
 
+    from regroup.train.build import build_trainer
     from regroup.train.run_config import load_config
-    from regroup.train.trainer import Trainer
 
     torch.set_num_threads(args.threads)
     run = Path(tempfile.mkdtemp(prefix="regroup-smollm2-"))
@@ -178,7 +178,7 @@ def child_regroup(args) -> dict:
             f"train.threads={args.threads}",
         ],
     )
-    trainer = Trainer.from_config(cfg, run, log=lambda m: None)
+    trainer = build_trainer(cfg, run, log=lambda m: None)
     times, lengths = [], []
     for step in range(args.steps + args.warmup_steps):
         t0 = time.perf_counter()

@@ -51,11 +51,9 @@ def make_config(model_dir: str, run_dir: str, recipe: str = "grpo.yaml", overrid
 def main(argv: list[str]) -> None:
     model_dir, run_dir, out_dir, recipe, *overrides = argv
     sys.path.insert(0, str(Path(__file__).resolve().parent))  # so `_dist_worker:digit_reward` imports
-    from regroup.train.trainer import Trainer
+    from regroup.train.build import build_trainer
 
-    trainer = Trainer.from_config(
-        make_config(model_dir, run_dir, recipe, tuple(overrides)), run_dir, log=lambda m: None
-    )
+    trainer = build_trainer(make_config(model_dir, run_dir, recipe, tuple(overrides)), run_dir, log=lambda m: None)
     local, reduced = [], []
     reduce = trainer._reduce_metrics
 

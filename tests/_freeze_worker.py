@@ -22,14 +22,14 @@ def main(argv: list[str]) -> None:
     import _dist_worker
 
     from regroup.cli import user_error
-    from regroup.train.trainer import Trainer
+    from regroup.train.build import build_trainer
 
     cfg = _dist_worker.make_config(
         model_dir,
         run_dir,
         overrides=(f"train.collective_timeout_s={timeout_s}", "train.steps=3", "rewards.timeout_s=0"),
     )
-    trainer = Trainer.from_config(cfg, run_dir, log=lambda m: None)
+    trainer = build_trainer(cfg, run_dir, log=lambda m: None)
     out = Path(out_dir)
     stopped_at = []
 

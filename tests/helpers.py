@@ -1,5 +1,5 @@
-"""Helpers shared by several test modules: a small training config on the tiny model, weight snapshots, and
-the accelerate launcher for real multi-process runs."""
+"""Helpers shared by several test modules: a small training config on the tiny model, weight snapshots, a
+hand-made `Sample`, and the accelerate launcher for real multi-process runs."""
 
 from __future__ import annotations
 
@@ -7,9 +7,11 @@ import shutil
 import socket
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from regroup.batch import Sample
 from regroup.train.run_config import load_config
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -39,6 +41,24 @@ def small_config(model_dir, run_dir, recipe="grpo.yaml", *extra):
 
 def weights(model):
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def stage_sample(group, reward, *, variant=0, anchor=False, length=3, truncated=False, text="x"):
+    """A `Sample` of question `q{group}` with `length` response tokens, as a stage sees it after rewarding."""
+    problem = SimpleNamespace(id=f"q{group}", question=f"question {group}", solution="ref", answer="1")
+    return Sample(
+        group_id=group,
+        question_id=problem.id,
+        variant=variant,
+        is_anchor=anchor,
+        prompt_ids=[1],
+        ratio_prompt_ids=[1],
+        response_ids=[5] * length,
+        response_text=text,
+        reward=reward,
+        truncated=truncated,
+        problem=problem,
+    )
 
 
 def free_port() -> int:

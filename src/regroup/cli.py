@@ -125,9 +125,9 @@ def cmd_train(args) -> int:
     try:
         if args.resume:
             _check_resume_config(run_dir, cfg)  # before the model loads
-        from regroup.train.trainer import Trainer  # heavy (transformers, accelerate): after the checks
+        from regroup.train.build import build_trainer  # heavy (transformers, accelerate): after the checks
 
-        trainer = Trainer.from_config(cfg, run_dir, resume=bool(args.resume), log=_log)
+        trainer = build_trainer(cfg, run_dir, resume=bool(args.resume), log=_log)
         bar, on_step = progress_callback(
             cfg.train.steps, cfg.recipe, cfg.train.progress and trainer.is_main, trainer.step
         )

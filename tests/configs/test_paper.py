@@ -185,10 +185,10 @@ def one_thread():
 
 @pytest.mark.parametrize("path", ARMS, ids=lambda p: p.stem)
 def test_paper_arm_trains_one_step_on_the_tiny_model(path, tiny_model_dir, tmp_path, one_thread):
-    from regroup.train.trainer import Trainer
+    from regroup.train.build import build_trainer
 
     cfg = load_config(path, [f"model.path={tiny_model_dir}", f"run_dir={tmp_path}", *LOCAL])
-    Trainer.from_config(cfg, tmp_path, log=lambda m: None).train()
+    build_trainer(cfg, tmp_path, log=lambda m: None).train()
     (record,) = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert record["step"] == 1 and "reward/mean" in record
     masked = "mask/pair_frac" if cfg.mask.unit == "pair" else "mask/frac"

@@ -70,7 +70,7 @@ def test_the_config_switches_hooks_on_and_off(tmp_path):
 def test_the_trainer_runs_a_hook_it_does_not_know(tiny_model_dir, tmp_path):
     from helpers import small_config
 
-    from regroup.train.trainer import Trainer
+    from regroup.train.build import build_trainer
 
     class Recorder(UpdateHook):
         name = "recorder"
@@ -87,7 +87,7 @@ def test_the_trainer_runs_a_hook_it_does_not_know(tiny_model_dir, tmp_path):
             return {"recorder/rows": float(len(batch))}
 
     cfg = small_config(tiny_model_dir, tmp_path / "run", "grpo.yaml", "diagnostics.grad_conflict_every=0")
-    trainer = Trainer.from_config(cfg, tmp_path / "run", log=lambda m: None)
+    trainer = build_trainer(cfg, tmp_path / "run", log=lambda m: None)
     recorder = Recorder()
     trainer.update_hooks.append(recorder)
     metrics = trainer.train_step(5)

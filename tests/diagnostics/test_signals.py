@@ -258,8 +258,8 @@ def test_training_with_a_reward_that_scores_nothing_warns_in_the_log(tiny_model_
     import sys
     from pathlib import Path
 
+    from regroup.train.build import build_trainer
     from regroup.train.run_config import load_config
-    from regroup.train.trainer import Trainer
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shared helpers
     configs = Path(__file__).resolve().parents[2] / "configs"
@@ -281,8 +281,19 @@ def test_training_with_a_reward_that_scores_nothing_warns_in_the_log(tiny_model_
         ],
     )
     said = []
-    metrics = Trainer.from_config(cfg, tmp_path / "run", log=said.append).train()
+    metrics = build_trainer(cfg, tmp_path / "run", log=said.append).train()
     assert metrics["groups/uniform_frac"] == 1.0 and metrics["reward/unscored_frac"] == 1.0
     warnings = [line for line in said if line.startswith("warning (step 3)")]
     assert any("rewards=_user_rewards:always_none returned None or NaN for 100% of responses" in w for w in warnings)
     assert any("uniform rewards" in w and "anchors.enabled=true" in w for w in warnings)  # anchors off: suggested
+
+
+def test_signal_watch_warns_once_per_streak():
+    w = SignalWatch(patience=3)
+    bad = {"groups/uniform_frac": 1.0, "groups/all_wrong_frac": 1.0, "groups/all_correct_frac": 0.0}
+    said = [w.observe(step, bad) for step in range(1, 6)]
+    assert [len(x) for x in said] == [0, 0, 1, 0, 0]
+    assert "uniform rewards" in said[2][0] and "100%" in said[2][0]
+    assert w.observe(6, {"groups/uniform_frac": 0.5}) == []  # the streak ends
+    assert [len(w.observe(s, {"mask/advantaged_frac": 0.95})) for s in range(7, 10)] == [0, 0, 1]
+    assert [len(w.observe(s, {"reward/no_answer_frac": 1.0})) for s in range(10, 13)] == [0, 0, 1]

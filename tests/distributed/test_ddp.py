@@ -70,11 +70,9 @@ def _launch_two(model_dir: str, run_dir: Path, out_dir: Path, recipe: str, confi
 def _train_one(model_dir: str, run_dir: Path, recipe: str) -> list[dict]:
     import _dist_worker
 
-    from regroup.train.trainer import Trainer
+    from regroup.train.build import build_trainer
 
-    trainer = Trainer.from_config(
-        _dist_worker.make_config(model_dir, str(run_dir), recipe), run_dir, log=lambda m: None
-    )
+    trainer = build_trainer(_dist_worker.make_config(model_dir, str(run_dir), recipe), run_dir, log=lambda m: None)
     assert trainer.world == 1
     trainer.train()
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

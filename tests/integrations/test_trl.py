@@ -8,6 +8,7 @@ That both front-ends compute the same thing is tests/integrations/test_trl_front
 from __future__ import annotations
 
 import json
+import logging
 import math
 from types import SimpleNamespace
 
@@ -366,6 +367,57 @@ def test_stage_states_saved_with_checkpoints_and_restored(tiny_model_dir, tmp_pa
     assert dict(injector(again).buffer) == dict(injector(first).buffer)
 
 
+WATCHED = ("grpo", "rollout.max_new_tokens=8", "diagnostics.diversity_every=0", "diagnostics.grad_conflict_every=0")
+
+
+def _uniform_run(model_dir, tmp_path, caplog) -> tuple[RegroupGRPOTrainer, list[str]]:
+    """5 TRL steps whose every group is uniform (the task's grader on a random model: all wrong); the
+    warnings the adapter logged."""
+    trainer = _trainer(model_dir, tmp_path, _cfg(*WATCHED), max_steps=5, save_strategy="steps", save_steps=5)
+    with caplog.at_level(logging.WARNING, logger="regroup.integrations.trl"):
+        trainer.train()
+    return trainer, [r.getMessage() for r in caplog.records if r.getMessage().startswith("warning (step")]
+
+
+def test_uniform_groups_warn_at_step_3(tiny_model_dir, tmp_path, caplog):
+    """The TRL adapter runs the native trainer's SignalWatch (issue 31, item 17): 5 of 5 uniform steps warn
+    once, at step 3; before, 0 warnings."""
+    trainer, warned = _uniform_run(tiny_model_dir, tmp_path, caplog)
+    uniform = [line for line in warned if "uniform rewards" in line]
+    assert uniform == [
+        "warning (step 3): 100% of groups had uniform rewards for 3 steps: advantages are 0 and nothing is learned "
+        "(all-wrong 100%, all-correct 0%, unscored 0%). Check reward/extracted_frac and samples.jsonl; try a prompt "
+        "template asking for \\boxed{}, easier data, more samples per group, dynamic_sampling.enabled=true or "
+        "anchors.enabled=true (the data's reference solutions join all-wrong groups)."
+    ]
+    assert all(line.startswith("warning (step 3): ") for line in warned)  # here also: no answer extracted
+    assert trainer.regroup_warnings == warned
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    assert [h["regroup/groups/uniform_frac"] for h in logs] == [1.0] * 5  # the native trainer's metric, logged
+    saved = json.loads((tmp_path / "out" / "checkpoint-5" / "regroup_watch.json").read_text())
+    assert saved["uniform"] == 5  # a resumed run goes on counting
+
+
+@pytest.mark.slow  # a TRL run and a native run (~70 s on the loaded 2-core machine)
+def test_uniform_warnings_are_the_native_trainers_lines(tiny_model_dir, tmp_path, caplog):
+    """The same config through the native trainer prints the very lines the TRL adapter logged."""
+    from regroup.train.build import build_trainer
+
+    _, warned = _uniform_run(tiny_model_dir, tmp_path, caplog)
+    native = _cfg(
+        *WATCHED,
+        f"model.path={tiny_model_dir}",
+        f"run_dir={tmp_path / 'native'}",
+        "train.steps=5",
+        "train.checkpoint_every=0",
+        "train.progress=false",
+        "grpo.prompts_per_step=2",
+    )
+    lines: list[str] = []
+    build_trainer(native, tmp_path / "native", log=lines.append).train()
+    assert len(warned) == 2 and [line for line in lines if line.startswith("warning (step")] == warned
+
+
 @pytest.mark.parametrize("loss_type", ["dapo", "grpo", "dr_grpo", "bnpo"])
 def test_loss_equals_trl_compute_loss(tiny_model_dir, tmp_path, loss_type):
     """The grpo recipe's loss through the adapter == GRPOTrainer._compute_loss: value, grads, metrics."""
@@ -454,8 +506,8 @@ probs = [p for p in task.generate(64, 0) if len(p.solution) <= 20][:8]
 cfg = load_config("dagrpo_ta", ["grpo.num_generations=2", "rollout.max_new_tokens=24", "grpo.beta=0.01",
                                 "rewards.functions=[ddp_reward:reward]", "data.num_train=8"])
 # 4 rows per rank, G = 2: one pool of (3+1)·2 = 8 samples spans both ranks.
-args = grpo_args(cfg, output_dir=tempfile.mkdtemp(), bf16=False, report_to=[], use_cpu=True, per_device_train_batch_size=4,
-                 max_steps=2, logging_steps=1, save_strategy="no")
+args = grpo_args(cfg, output_dir=tempfile.mkdtemp(), bf16=False, report_to=[], use_cpu=True,
+                 per_device_train_batch_size=4, max_steps=2, logging_steps=1, save_strategy="no")
 tr = RegroupGRPOTrainer(model=sys.argv[1], args=args, regroup_config=cfg, problems=probs,
                         processing_class=build_tokenizer())
 inner = tr._generate_and_score_completions

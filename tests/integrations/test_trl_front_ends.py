@@ -27,8 +27,8 @@ from regroup.models.tiny import build_tokenizer  # noqa: E402
 from regroup.rollout.base import Completion  # noqa: E402
 from regroup.stages.base import StepBatch, run_stages  # noqa: E402
 from regroup.tasks import get_task  # noqa: E402
+from regroup.train.build import build_trainer  # noqa: E402
 from regroup.train.run_config import load_config  # noqa: E402
-from regroup.train.trainer import Trainer  # noqa: E402
 
 TASK = get_task("arithmetic")
 PROBLEMS = [p for p in TASK.generate(64, 0) if len(p.solution) <= 20][:4]  # references fit 24 tokens (+ eos)
@@ -154,7 +154,7 @@ def test_both_front_ends_agree_on_one_batch(tiny_model_dir, tmp_path, case):
     trl_grads = _grads(trl.accelerator.unwrap_model(trl.model))
 
     # Native: the same questions, group ids and completions through the native trainer's stages and update.
-    native = Trainer.from_config(cfg, tmp_path / "native", log=lambda *a: None)
+    native = build_trainer(cfg, tmp_path / "native", log=lambda *a: None)
     native.ctx.sampler = native.sampler = ReplaySampler(sampled)
     firsts = {}
     for s in sampled:
@@ -229,4 +229,6 @@ def test_trl_refuses_what_its_batch_cannot_do(tiny_model_dir, tmp_path):
     cfg = load_config("grpo", [*COMMON, "grpo.num_generations=2"])
     args = grpo_args(cfg, output_dir=str(tmp_path), use_cpu=True, bf16=False)
     with pytest.raises(ValueError, match="takes no reward_funcs: the reward is the recipe's"):
-        RegroupGRPOTrainer(model=tiny_model_dir, args=args, regroup_config=cfg, reward_funcs=[plugins.noisy_reward_mod7])
+        RegroupGRPOTrainer(
+            model=tiny_model_dir, args=args, regroup_config=cfg, reward_funcs=[plugins.noisy_reward_mod7]
+        )

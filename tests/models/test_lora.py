@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from regroup.runtime.checkpoint import list_checkpoints, load_model_weights
+from regroup.train.build import build_trainer
 from regroup.train.run_config import load_config
-from regroup.train.trainer import Trainer
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
@@ -51,7 +51,7 @@ def named(model, adapters: bool) -> dict[str, torch.Tensor]:
 def test_lora_trains_only_adapters_against_the_base_reference(tiny_model_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    trainer = Trainer.from_config(lora_config(tiny_model_dir, tmp_path / "run"), tmp_path / "run", log=lambda m: None)
+    trainer = build_trainer(lora_config(tiny_model_dir, tmp_path / "run"), tmp_path / "run", log=lambda m: None)
     assert hasattr(trainer.model, "peft_config") and trainer.reference.model is None  # no copy of the weights
     base0, lora0 = named(trainer.model, adapters=False), named(trainer.model, adapters=True)
     assert lora0 and all(not p.requires_grad for n, p in trainer.model.named_parameters() if "lora_" not in n)
@@ -78,7 +78,7 @@ def test_lora_trains_only_adapters_against_the_base_reference(tiny_model_dir, tm
 
 
 def test_lora_checkpoint_reloads_and_resumes_exactly(tiny_model_dir, tmp_path):
-    straight = Trainer.from_config(lora_config(tiny_model_dir, tmp_path / "a"), tmp_path / "a", log=lambda m: None)
+    straight = build_trainer(lora_config(tiny_model_dir, tmp_path / "a"), tmp_path / "a", log=lambda m: None)
     straight.train()
     final = list_checkpoints(tmp_path / "a")[-1]
     assert (final / "adapter_model.safetensors").is_file() and (final / "adapter_config.json").is_file()
@@ -86,7 +86,7 @@ def test_lora_checkpoint_reloads_and_resumes_exactly(tiny_model_dir, tmp_path):
     # load_model_weights puts the adapter into a fresh LoRA-wrapped base model, exactly
     from regroup.models.load import load_policy
 
-    fresh = load_policy(tiny_model_dir, straight.cfg.model)
+    fresh = load_policy(tiny_model_dir, straight.cfg.model, lora=True)
     load_model_weights(fresh, final)
     want = named(straight.model, adapters=True)
     got = named(fresh, adapters=True)
@@ -104,12 +104,12 @@ def test_lora_checkpoint_reloads_and_resumes_exactly(tiny_model_dir, tmp_path):
         )
 
     # a run that stopped after its step-2 checkpoint resumes to the same adapters as the straight run
-    crashed = Trainer.from_config(lora_config(tiny_model_dir, tmp_path / "b"), tmp_path / "b", log=lambda m: None)
+    crashed = build_trainer(lora_config(tiny_model_dir, tmp_path / "b"), tmp_path / "b", log=lambda m: None)
     for step in range(2):
         crashed.logger.log(step + 1, crashed.train_step(step))
         crashed.step = step + 1
     crashed.save()
-    resumed = Trainer.from_config(
+    resumed = build_trainer(
         lora_config(tiny_model_dir, tmp_path / "b"), tmp_path / "b", resume=True, log=lambda m: None
     )
     assert resumed.step == 2

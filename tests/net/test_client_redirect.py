@@ -63,3 +63,47 @@ def test_no_key_variable_sends_no_authorization_header(server, key_env):
     result = client.complete(MSG)
     assert result.ok and result.text == "7"
     assert Recorder.seen == [("/v1/chat/completions", None)]
+
+
+class MovedJSON(BaseHTTPRequestHandler):
+    """Answers every GET and POST with a 302 to `target` (set per test); records what reached it."""
+
+    target = ""
+    seen: list = []
+
+    def log_message(self, *args):
+        return
+
+    def _moved(self):
+        MovedJSON.seen.append((self.command, self.path, self.headers.get("Authorization")))
+        self.send_response(302)
+        self.send_header("Location", MovedJSON.target + self.path)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_GET = _moved  # noqa: N815 - http.server's name
+    do_POST = _moved  # noqa: N815 - http.server's name
+
+
+@pytest.mark.parametrize("body", [None, {"prompt": [1, 2]}], ids=["GET", "POST"])
+def test_request_json_refuses_a_redirect_and_never_sends_the_key_on(server, body):
+    """`request_json` (the vLLM server backend's client) refuses redirects as ChatClient does: before, urllib
+    followed a 302 with the Authorization header copied, and only an unrelated AttributeError (the copied
+    request had no deadline watch) stopped it."""
+    from regroup.net.client import RequestError, request_json
+
+    MovedJSON.target, MovedJSON.seen = server, []  # `server` (the Recorder) stands for the other host
+    moved = ThreadingHTTPServer(("127.0.0.1", 0), MovedJSON)
+    threading.Thread(target=moved.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{moved.server_address[1]}/v1/models"
+    try:
+        with pytest.raises(RequestError) as err:
+            request_json(url, body, api_key="sk-redirect-test-0123456789", timeout_s=5.0)
+    finally:
+        moved.shutdown()
+        moved.server_close()
+    assert str(err.value) == (
+        f"{url}: HTTP 302 redirect to {server}/v1/models: redirects are not followed (the API key would go along); "
+        "use the final address"
+    )
+    assert len(MovedJSON.seen) == 1 and Recorder.seen == []  # asked once; the other host heard nothing

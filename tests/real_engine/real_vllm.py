@@ -31,7 +31,7 @@ def make_sampler(model, tokenizer, llm=None, **rollout) -> VLLMSampler:
 
 
 def share_engine(monkeypatch, llm) -> None:
-    """Make `build_parts` (and so `Trainer.from_config`) use `llm` instead of starting a new engine."""
+    """Make `build_parts` (and so `build_trainer`) use `llm` instead of starting a new engine."""
     import regroup.train.build as setup
 
     def build(rollout_cfg, model, tokenizer, max_prompt_tokens=None):

@@ -78,7 +78,7 @@ def test_processed_logprobs_come_after_top_p_renormalisation(fp32, figures):
 
 
 def test_training_step_samples_with_the_configs_settings_then_pushes(fp32, tmp_path, monkeypatch, figures):
-    from regroup.train.trainer import Trainer
+    from regroup.train.build import build_trainer
 
     share_engine(monkeypatch, fp32.llm)
     cfg = smollm2_config(
@@ -91,7 +91,7 @@ def test_training_step_samples_with_the_configs_settings_then_pushes(fp32, tmp_p
         "rollout.tis_cap=2",
         "model.lora.enabled=false",
     )
-    trainer = Trainer.from_config(cfg, tmp_path / "run", log=lambda *a: None)
+    trainer = build_trainer(cfg, tmp_path / "run", log=lambda *a: None)
     requests, is_weights = [], []
     real_generate, real_is_weight = trainer.sampler.llm.generate, trainer._is_weight
 
@@ -178,6 +178,7 @@ def test_lora_push_merges_pushes_and_unmerges(fp32, figures):
     policy = load_policy(
         fp32.dir,
         ModelConfig(path=fp32.dir, lora=LoraConfig(enabled=True, r=4, alpha=8, target_modules=["q_proj", "v_proj"])),
+        lora=True,
     )
     params = dict(policy.named_parameters())
     gen = torch.Generator().manual_seed(1)
@@ -198,7 +199,7 @@ def test_lora_push_merges_pushes_and_unmerges(fp32, figures):
 
 @pytest.mark.parametrize("variant", ["ta_grpo", "dagrpo"])
 def test_variant_steps_run_on_the_engine(fp32, tmp_path, monkeypatch, variant):
-    from regroup.train.trainer import Trainer
+    from regroup.train.build import build_trainer
 
     share_engine(monkeypatch, fp32.llm)
     extra = {
@@ -222,7 +223,7 @@ def test_variant_steps_run_on_the_engine(fp32, tmp_path, monkeypatch, variant):
         ],
     }[variant]  # room for the reference solution
     cfg = smollm2_config(fp32.dir, tmp_path / "run", *extra)
-    trainer = Trainer.from_config(cfg, tmp_path / "run", log=lambda *a: None)
+    trainer = build_trainer(cfg, tmp_path / "run", log=lambda *a: None)
     calls = []
     real = trainer.sampler.generate
     monkeypatch.setattr(
@@ -241,7 +242,7 @@ def test_a_vllm_run_resumes_exactly(fp32, tmp_path, monkeypatch, figures):
     """ "Exactly", measured: after resuming from the step-1 checkpoint, step 2 samples the same tokens (same
     seeds, same weights pushed, same batch) and ends with the same learner weights as the run that never
     stopped."""
-    from regroup.train.trainer import Trainer
+    from regroup.train.build import build_trainer
 
     share_engine(monkeypatch, fp32.llm)
 
@@ -249,7 +250,7 @@ def test_a_vllm_run_resumes_exactly(fp32, tmp_path, monkeypatch, figures):
         cfg = smollm2_config(
             fp32.dir, run_dir, "train.checkpoint_every=1", "train.keep_checkpoints=3", "rollout.max_new_tokens=4"
         )
-        trainer = Trainer.from_config(cfg, run_dir, resume=resume, log=lambda *a: None)
+        trainer = build_trainer(cfg, run_dir, resume=resume, log=lambda *a: None)
         tokens = []
         real = trainer.sampler.generate
 

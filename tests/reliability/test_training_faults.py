@@ -22,6 +22,7 @@ import reliability_helpers as h  # noqa: E402
 from fake_openai import FakeOpenAI  # noqa: E402  (reliability_helpers put tests/ on the path)
 
 from regroup.net import DiskCache  # noqa: E402
+from regroup.train.build import build_trainer  # noqa: E402
 from regroup.train.run_config import load_config  # noqa: E402
 from regroup.train.trainer import Trainer  # noqa: E402
 
@@ -30,7 +31,7 @@ pytestmark = pytest.mark.reliability
 
 def build(model_dir, run_dir, recipe="grpo.yaml", *extra) -> Trainer:
     cfg = load_config(h.CONFIGS / recipe, h.small_overrides(model_dir, run_dir, *extra))
-    return Trainer.from_config(cfg, run_dir, log=lambda m: None)
+    return build_trainer(cfg, run_dir, log=lambda m: None)
 
 
 def weights(model) -> dict[str, torch.Tensor]:

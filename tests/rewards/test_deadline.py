@@ -51,8 +51,8 @@ def test_errors_in_the_worker_are_one_line():
 
 
 def test_a_hanging_reward_in_a_training_step_is_unscored(tiny_model_dir, tmp_path):
+    from regroup.train.build import build_trainer
     from regroup.train.run_config import load_config
-    from regroup.train.trainer import Trainer
 
     configs = Path(__file__).resolve().parents[2] / "configs"
     cfg = load_config(
@@ -73,7 +73,7 @@ def test_a_hanging_reward_in_a_training_step_is_unscored(tiny_model_dir, tmp_pat
             "rollout.temperature=1.0",
         ],
     )
-    trainer = Trainer.from_config(cfg, tmp_path / "run", log=lambda m: None)
+    trainer = build_trainer(cfg, tmp_path / "run", log=lambda m: None)
     # Make every response contain an x, so every call hangs.
     sample_stage = trainer.recipe.stages[0]
     original = sample_stage.__call__

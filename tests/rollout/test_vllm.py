@@ -217,7 +217,7 @@ def test_lora_adapters_are_merged_for_the_push(fake_vllm, tiny_model_dir):
     from regroup.config.schema import LoraConfig, ModelConfig
     from regroup.models.load import load_policy
 
-    model = load_policy(tiny_model_dir, ModelConfig(lora=LoraConfig(enabled=True, r=2, target_modules=["q_proj"])))
+    model = load_policy(tiny_model_dir, ModelConfig(lora=LoraConfig(r=2, target_modules=["q_proj"])), lora=True)
     q_a = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight"
     q_b = q_a.replace("lora_A", "lora_B")
     params = dict(model.named_parameters())

@@ -4,15 +4,12 @@ The same paths against a real vLLM server: tests/real_engine/test_server.py (slo
 
 from __future__ import annotations
 
-import json
 import math
-import threading
-import time
 import types
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import torch
+from fake_vllm import EOS, FakeVLLM, ok_choices
 
 from regroup.rollout.base import SamplingParams
 from regroup.rollout.vllm import request_seeds
@@ -20,89 +17,6 @@ from regroup.rollout.vllm_server import ServerError, VLLMServerSampler, serve_co
 
 KEY_ENV = "REGROUP_TEST_VLLM_KEY"
 KEY = "sk-vllm-test-key-123"
-EOS = 2
-
-
-class FakeVLLM:
-    """Answers /v1/models, /v1/completions (token i of a completion = 10 + i, log-prob -0.1·(i+1)),
-    /collective_rpc and /reset_prefix_cache; records (path, body, Authorization) of every request.
-    `mode`: ok | eos (stop on EOS, which vLLM leaves in) | stop (stopped, EOS left out) | 500 | hang."""
-
-    def __init__(self, api_key=None):
-        self.api_key = api_key
-        self.mode = "ok"
-        self.requests = []
-        self.reload_saw = []  # (folder, its files at the time of the reload call)
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def _reply(self, code, payload):
-                data = json.dumps(payload).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def _handle(self, body):
-                fake.requests.append((self.path, body, self.headers.get("Authorization")))
-                if fake.api_key and self.headers.get("Authorization") != f"Bearer {fake.api_key}":
-                    return self._reply(401, {"error": "bad key"})
-                if self.path == "/v1/models":
-                    return self._reply(200, {"data": [{"id": "served-model"}]})
-                if self.path in ("/collective_rpc", "/reset_prefix_cache"):
-                    if self.path == "/collective_rpc":
-                        from pathlib import Path
-
-                        folder = Path(body["kwargs"]["weights_path"])
-                        fake.reload_saw.append((folder, sorted(p.name for p in folder.iterdir())))
-                    return self._reply(200, {"results": [1]} if self.path == "/collective_rpc" else {})
-                if fake.mode == "500":
-                    return self._reply(500, {"error": "EngineDeadError: the engine died"})
-                if fake.mode == "hang":
-                    time.sleep(3.0)
-                    return
-                n, k = body["n"], body["max_tokens"]
-                choices = []
-                for c in range(n):
-                    ids = [10 + i for i in range(k)]
-                    finish = "length"
-                    if fake.mode in ("eos", "stop"):
-                        ids = ids[:2] + ([EOS] if fake.mode == "eos" else [])
-                        finish = "stop"
-                    lps = [-0.1 * (i + 1) for i in range(len(ids))]
-                    choices.append(
-                        {
-                            "index": n - 1 - c,
-                            "token_ids": ids,
-                            "finish_reason": finish,  # out of order
-                            "logprobs": {"token_logprobs": lps},
-                        }
-                    )
-                return self._reply(200, {"choices": choices})
-
-            def do_GET(self):
-                self._handle(None)
-
-            def do_POST(self):
-                length = int(self.headers.get("Content-Length") or 0)
-                self._handle(json.loads(self.rfile.read(length) or b"null"))
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
 
 class Tok:
@@ -276,3 +190,130 @@ def test_several_learner_processes_are_refused(tiny_model, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ServerError, match="one learner process"):
         VLLMServerSampler(tiny_model, Tok(), rollout_cfg("http://127.0.0.1:9"))
+
+
+# ---- a misbehaving server: every reply is checked before the learner sees it (issue 31, items 8-12) ----
+
+
+def _first_choice_with(**changes):
+    """A reply function: the well-behaved reply with choice 0's fields replaced by `changes`."""
+
+    def reply(body):
+        choices = sorted(ok_choices(body), key=lambda c: c["index"])
+        choices[0].update(changes)
+        return {"choices": choices}
+
+    return reply
+
+
+def _lps(values):
+    return {"token_logprobs": values}
+
+
+VOCAB = 101  # the tiny model's embedding rows (regroup.models.tiny's character vocabulary)
+
+# (what the server sends, a reply function for max_tokens=4 / n=2, what the one line must say)
+HOSTILE_REPLIES = [
+    (
+        "id past the vocabulary",
+        _first_choice_with(token_ids=[10, VOCAB + 5, 12, 13]),
+        r"token id 106, outside .*\[0, 101\)",
+    ),
+    ("negative id", _first_choice_with(token_ids=[10, -1, 12, 13]), r"token id -1, outside"),
+    ("id beyond int64", _first_choice_with(token_ids=[10, 2**70, 12, 13]), r"token id 1180591620717411303424, outside"),
+    ("id as a string", _first_choice_with(token_ids=[10, "11", 12, 13]), r"token id '11', outside"),
+    ("id as a float", _first_choice_with(token_ids=[10, 11.5, 12, 13]), r"token id 11.5, outside"),
+    (
+        "too many tokens",
+        _first_choice_with(token_ids=[10] * 4000, logprobs=_lps([-0.1] * 4000)),
+        r"has 4000 tokens, more than the max_tokens=4",
+    ),
+    ("a JSON list", lambda body: [{"choices": []}], r"answered a JSON list, not an object with choices"),
+    (
+        "choices that are strings",
+        lambda body: {"choices": ["10 11", "12 13"]},
+        r"choice 0 is a JSON string, not an object",
+    ),
+    ("no choices", lambda body: {"id": "cmpl-1"}, r"answered no choices list"),
+    ("token_ids a string", _first_choice_with(token_ids="10 11 12 13"), r"has no token_ids list"),
+    (
+        "a repeated index",
+        lambda body: {"choices": [dict(c, index=0) for c in ok_choices(body)]},
+        r"indices \[0, 0\] are not 0..1",
+    ),
+    (
+        "NaN log-prob",
+        _first_choice_with(logprobs=_lps([-0.1, float("nan"), -0.1, -0.1])),
+        r"log-prob nan: not a finite number <= 0",
+    ),
+    ("log-prob beyond float", _first_choice_with(logprobs=_lps([-0.1, -(10**400), -0.1, -0.1])), r"log-prob -1000"),
+    (
+        "log-prob -inf",
+        _first_choice_with(logprobs=_lps([-0.1, float("-inf"), -0.1, -0.1])),
+        r"log-prob -inf: not a finite",
+    ),
+    ("null log-prob", _first_choice_with(logprobs=_lps([-0.1, None, -0.1, -0.1])), r"log-prob None: not a finite"),
+    (
+        "positive log-prob",
+        _first_choice_with(logprobs=_lps([-0.1, 2.0, -0.1, -0.1])),
+        r"log-prob 2.0: not a finite number <= 0",
+    ),
+    ("too few log-probs", _first_choice_with(logprobs=_lps([-0.1, -0.2, -0.3])), r"has 3 log-probs for its 4 tokens"),
+    (
+        "no log-probs",
+        _first_choice_with(logprobs=None),
+        r"no logprobs.token_logprobs list \(the request asked for logprobs=0\)",
+    ),
+]
+
+
+@pytest.mark.parametrize("what,reply,says", HOSTILE_REPLIES, ids=[c[0] for c in HOSTILE_REPLIES])
+def test_a_bad_reply_is_one_server_error_line(tiny_model, what, reply, says):
+    from regroup.cli import user_error
+
+    assert tiny_model.get_input_embeddings().num_embeddings == VOCAB
+    with FakeVLLM() as srv:
+        sampler = VLLMServerSampler(tiny_model, Tok(), rollout_cfg(srv.url))
+        good = sampler.generate([[1, 5]], SamplingParams(max_new_tokens=4, n=2), seed=0)
+        assert [c.token_ids for c in good] == [[10, 11, 12, 13]] * 2  # the same server, well-behaved
+        srv.completion_reply = reply
+        with pytest.raises(ServerError, match=says) as err:
+            sampler.generate([[1, 5]], SamplingParams(max_new_tokens=4, n=2), seed=0)
+        sampler.close()
+    line = user_error(err.value)
+    assert line.startswith("error: vLLM server: ") and "\n" not in line and len(line) < 300
+    assert "prompt 0" in line
+
+
+def test_a_reply_at_the_limits_is_accepted(tiny_model):
+    """The edges are not refused: the last id of the vocabulary, exactly max_tokens tokens, log-prob 0,
+    and choices indexed past 9 (sorted as numbers, not as text)."""
+    with FakeVLLM() as srv:
+        sampler = VLLMServerSampler(tiny_model, Tok(), rollout_cfg(srv.url))
+        many = sampler.generate([[1, 5]], SamplingParams(max_new_tokens=4, n=12), seed=0)
+        assert len(many) == 12 and all(c.token_ids == [10, 11, 12, 13] for c in many)
+        srv.completion_reply = _first_choice_with(token_ids=[0, VOCAB - 1, 12, 13], logprobs=_lps([0.0, -50.0, -1, -2]))
+        out = sampler.generate([[1, 5]], SamplingParams(max_new_tokens=4, n=2), seed=0)
+        sampler.close()
+    assert out[0].token_ids == [0, VOCAB - 1, 12, 13] and out[0].logps == [0.0, -50.0, -1.0, -2.0]
+
+
+def test_redirects_are_refused_and_the_key_never_reaches_the_new_host(tiny_model, monkeypatch):
+    """A server answering 302 to another address: one line naming it; the other address receives nothing
+    (on the old code, urllib followed it, copying the Authorization header; only an unrelated
+    AttributeError on the copied request stopped it)."""
+    monkeypatch.setenv(KEY_ENV, KEY)
+    with FakeVLLM(api_key=KEY) as srv, FakeVLLM() as elsewhere:
+        cfg = rollout_cfg(srv.url, vllm_server_api_key_env=KEY_ENV)
+        sampler = VLLMServerSampler(tiny_model, Tok(), cfg)
+        srv.redirect_to = elsewhere.url
+        with pytest.raises(ServerError) as during:
+            sampler.generate([[1]], SamplingParams(max_new_tokens=2), seed=0)
+        sampler.close()
+        with pytest.raises(ServerError) as at_start:
+            VLLMServerSampler(tiny_model, Tok(), cfg)
+    for err, path in ((during, "/v1/completions"), (at_start, "/v1/models")):
+        line = str(err.value)
+        assert f"HTTP 302 redirect to {elsewhere.url}{path}: redirects are not followed" in line, line
+        assert "\n" not in line and KEY not in line
+    assert elsewhere.requests == []

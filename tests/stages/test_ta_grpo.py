@@ -10,8 +10,8 @@ from regroup.algo.advantages import group_advantages
 from regroup.batch import collate
 from regroup.models.logprobs import response_logps
 from regroup.stages.groups import expand_groups
+from regroup.train.build import build_trainer
 from regroup.train.run_config import load_config
-from regroup.train.trainer import Trainer
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
@@ -55,7 +55,7 @@ def _trainer(tiny_model_dir, tmp_path, anchor):
             "optim.max_grad_norm=1e9",
         ],
     )
-    return Trainer.from_config(cfg, tmp_path, log=lambda m: None)
+    return build_trainer(cfg, tmp_path, log=lambda m: None)
 
 
 def _collect_with_rewards(trainer):

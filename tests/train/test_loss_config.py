@@ -10,8 +10,8 @@ import textwrap
 
 import pytest
 import torch
-from loss_call import call_policy_loss
 from helpers import CONFIGS, small_config, weights
+from loss_call import call_policy_loss
 
 from regroup.algo.losses import LossSpec, rows_with_gradient
 from regroup.errors import ConfigError
@@ -280,6 +280,7 @@ RESUME_CASES = {
 
 @pytest.mark.parametrize("case", sorted(RESUME_CASES))
 def test_each_variant_trains_and_resumes_exactly(tiny_model_dir, tmp_path, user_module, case):
+    from regroup.train.build import build_trainer
     from regroup.train.trainer import Trainer
 
     recipe, *extra = RESUME_CASES[case]
@@ -293,7 +294,7 @@ def test_each_variant_trains_and_resumes_exactly(tiny_model_dir, tmp_path, user_
     )  # mixed groups from a random model, kept small
 
     def build(run: str, resume: bool = False) -> Trainer:
-        return Trainer.from_config(
+        return build_trainer(
             small_config(tiny_model_dir, tmp_path / run, recipe, *extra),
             tmp_path / run,
             resume=resume,

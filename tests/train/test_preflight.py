@@ -204,17 +204,17 @@ def test_model_shape_reads_config_json(tmp_path):
 
 
 def test_trainer_refuses_before_the_weights_load(tiny_model_dir, tmp_path, no_weights):
-    from regroup.train.trainer import Trainer
+    from regroup.train.build import build_trainer
 
     base = [f"model.path={tiny_model_dir}", f"run_dir={tmp_path / 'run'}", "data.num_train=16"]
     monkey_free = memory.available_memory
     assert monkey_free() is None or monkey_free() > 0
     with pytest.raises(ConfigError, match="rollout.max_new_tokens"):
-        Trainer.from_config(cfg_of(*base, "rollout.max_new_tokens=100000000000"), tmp_path / "run", log=lambda m: None)
+        build_trainer(cfg_of(*base, "rollout.max_new_tokens=100000000000"), tmp_path / "run", log=lambda m: None)
     with pytest.raises(ConfigError, match="data.max_prompt_tokens=2"):
-        Trainer.from_config(cfg_of(*base, "data.max_prompt_tokens=2"), tmp_path / "run", log=lambda m: None)
+        build_trainer(cfg_of(*base, "data.max_prompt_tokens=2"), tmp_path / "run", log=lambda m: None)
     with pytest.raises(ConfigError, match="zero anchors"):
-        Trainer.from_config(
+        build_trainer(
             cfg_of(*base, "anchors.enabled=true", "rewards.functions=[math]", recipe="dagrpo.yaml"),
             tmp_path / "run",
             log=lambda m: None,
@@ -237,7 +237,7 @@ def test_collective_timeout_becomes_one_line():
 def test_builtin_model_is_checked_before_its_warm_up(tmp_path, monkeypatch):
     """No model.path: the checks run on the char tokenizer before the warm-up would train the model."""
     import regroup.train.build as setup
-    from regroup.train.trainer import Trainer
+    from regroup.train.build import build_trainer
 
     def no_warmup(*a, **k):
         raise AssertionError("the warm-up ran before the check")
@@ -246,9 +246,9 @@ def test_builtin_model_is_checked_before_its_warm_up(tmp_path, monkeypatch):
     monkeypatch.setattr(memory, "available_memory", lambda device="cpu": 16 * 2**30)
     base = [f"run_dir={tmp_path / 'run'}", "data.num_train=16"]
     with pytest.raises(ConfigError, match="rollout.max_new_tokens"):
-        Trainer.from_config(cfg_of(*base, "rollout.max_new_tokens=100000000"), tmp_path / "run", log=lambda m: None)
+        build_trainer(cfg_of(*base, "rollout.max_new_tokens=100000000"), tmp_path / "run", log=lambda m: None)
     with pytest.raises(ConfigError, match="zero anchors"):
-        Trainer.from_config(
+        build_trainer(
             cfg_of(*base, "anchors.enabled=true", "rewards.functions=[math]", recipe="dagrpo.yaml"),
             tmp_path / "run",
             log=lambda m: None,

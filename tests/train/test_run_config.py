@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
 import sys
 import textwrap
 import typing
@@ -212,7 +211,7 @@ def test_config_stages_lists_user_and_registered_stages(user_module, capsys):
 
 
 def test_a_user_stage_runs_in_a_real_training_step(user_module, tiny_model_dir, tmp_path):
-    from regroup.train.trainer import Trainer
+    from regroup.train.build import build_trainer
 
     run = tmp_path / "run"
     cfg = load_config(
@@ -234,7 +233,7 @@ def test_a_user_stage_runs_in_a_real_training_step(user_module, tiny_model_dir, 
             f"stages.extra=[after:advantages={user_module}:CountAdvantaged]",
         ],
     )
-    trainer = Trainer.from_config(cfg, run, log=lambda m: None)
+    trainer = build_trainer(cfg, run, log=lambda m: None)
     assert "count_advantaged" in trainer.recipe.names
     trainer.train()
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

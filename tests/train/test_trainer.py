@@ -4,6 +4,7 @@ accumulation invariance, and every recipe running."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -11,15 +12,16 @@ from helpers import CONFIGS, small_config, weights
 
 from regroup.runtime.checkpoint import list_checkpoints
 from regroup.stages.base import StepBatch
+from regroup.train.build import build_trainer
 from regroup.train.run_config import load_config
 from regroup.train.trainer import Trainer
 
 
 def test_train_writes_metrics_checkpoints_and_config(tiny_model_dir, tmp_path):
     cfg = small_config(tiny_model_dir, tmp_path / "run", "grpo.yaml", "train.steps=3")
-    Trainer.from_config(cfg, tmp_path / "run", log=lambda m: None).train()
-    lines = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [l["step"] for l in lines] == [1, 2, 3]
+    build_trainer(cfg, tmp_path / "run", log=lambda m: None).train()
+    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines] == [1, 2, 3]
     for key in [
         "reward/mean",
         "groups/uniform_frac",
@@ -50,24 +52,24 @@ def test_train_writes_metrics_checkpoints_and_config(tiny_model_dir, tmp_path):
 
 
 def test_resume_is_bit_identical(tiny_model_dir, tmp_path):
-    straight = Trainer.from_config(small_config(tiny_model_dir, tmp_path / "a"), tmp_path / "a", log=lambda m: None)
+    straight = build_trainer(small_config(tiny_model_dir, tmp_path / "a"), tmp_path / "a", log=lambda m: None)
     straight.train()
     # a run "killed" after step 3: step 2 was checkpointed, step 3 is lost
-    crashed = Trainer.from_config(small_config(tiny_model_dir, tmp_path / "b"), tmp_path / "b", log=lambda m: None)
+    crashed = build_trainer(small_config(tiny_model_dir, tmp_path / "b"), tmp_path / "b", log=lambda m: None)
     for step in range(3):
         crashed.logger.log(step + 1, crashed.train_step(step))
         crashed.step = step + 1
         if crashed.step == 2:
             crashed.save()
-    resumed = Trainer.from_config(
+    resumed = build_trainer(
         small_config(tiny_model_dir, tmp_path / "b"), tmp_path / "b", resume=True, log=lambda m: None
     )
     assert resumed.step == 2
     resumed.train()
     a, b = weights(straight.model), weights(resumed.model)
     assert all(torch.equal(a[k], b[k]) for k in a)
-    ma = [json.loads(l) for l in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
-    mb = [json.loads(l) for l in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    ma = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    mb = [json.loads(line) for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in mb] == [1, 2, 3, 4]
     assert [m["reward/mean"] for m in ma] == [m["reward/mean"] for m in mb]
 
@@ -83,7 +85,7 @@ def test_nonfinite_loss_skips_the_update(tiny_model_dir, tmp_path, monkeypatch):
         calls["n"] += 1
         return loss * float("nan"), metrics
 
-    trainer = Trainer.from_config(small_config(tiny_model_dir, tmp_path / "r"), tmp_path / "r", log=lambda m: None)
+    trainer = build_trainer(small_config(tiny_model_dir, tmp_path / "r"), tmp_path / "r", log=lambda m: None)
     before = weights(trainer.model)
     monkeypatch.setattr(trainer_module, "policy_loss", poisoned)
     metrics = trainer.train_step(0)
@@ -109,7 +111,7 @@ def test_micro_batch_accumulation_is_invariant(tiny_model_dir, tmp_path, agg):
             f"grpo.loss_agg={agg}",
             "optim.max_grad_norm=1e9",
         )
-        trainer = Trainer.from_config(cfg, tmp_path / f"{agg}{mb}", log=lambda m: None)
+        trainer = build_trainer(cfg, tmp_path / f"{agg}{mb}", log=lambda m: None)
         trainer.train_step(0)
         results.append(weights(trainer.model))
     for k in results[0]:
@@ -123,7 +125,7 @@ def test_every_recipe_runs(tiny_model_dir, tmp_path, recipe):
     cfg = small_config(
         tiny_model_dir, tmp_path / "run", recipe, "train.steps=2", "grpo.prompts_per_step=2", "anchors.max_tokens=64"
     )
-    trainer = Trainer.from_config(cfg, tmp_path / "run", log=lambda m: None)
+    trainer = build_trainer(cfg, tmp_path / "run", log=lambda m: None)
     metrics = trainer.train()
     assert metrics["skipped_nonfinite"] == 0.0
     if cfg.ta.enabled:
@@ -141,7 +143,7 @@ def test_mini_batches_make_k_optimizer_steps_with_pi_old_from_before_the_first(t
     """grpo.mini_batches=2: two optimizer steps per rollout; the first equals a one-step update on its half,
     and the second sees ratios != 1 (pi_old was computed once, before the first step)."""
     cfg = small_config(tiny_model_dir, tmp_path / "mb", "grpo.yaml", "grpo.mini_batches=2", "optim.max_grad_norm=1e9")
-    trainer = Trainer.from_config(cfg, tmp_path / "mb", log=lambda m: None)
+    trainer = build_trainer(cfg, tmp_path / "mb", log=lambda m: None)
     batch, _ = trainer.collect(0)
     for i, s in enumerate(batch.samples):  # a random model earns no reward: set mixed rewards by hand
         s.reward = float(i % 3 == 0)
@@ -174,7 +176,7 @@ def test_mini_batches_make_k_optimizer_steps_with_pi_old_from_before_the_first(t
     # the first mini-batch alone, through a fresh trainer with one mini-batch
     monkeypatch.setattr(trainer_module, "policy_loss", real_loss)
     cfg1 = small_config(tiny_model_dir, tmp_path / "one", "grpo.yaml", "optim.max_grad_norm=1e9")
-    single = Trainer.from_config(cfg1, tmp_path / "one", log=lambda m: None)
+    single = build_trainer(cfg1, tmp_path / "one", log=lambda m: None)
     half = StepBatch(step=0, samples=batch.samples[: n // 2], advantages=batch.advantages[: n // 2])
     one = []
     monkeypatch.setattr(
@@ -193,7 +195,7 @@ def test_epochs_stop_after_whole_passes(tiny_model_dir, tmp_path):
     cfg = small_config(
         tiny_model_dir, tmp_path / "ep", "grpo.yaml", "data.num_train=10", "train.epochs=2", "train.steps=100"
     )
-    trainer = Trainer.from_config(cfg, tmp_path / "ep", log=lambda m: None)
+    trainer = build_trainer(cfg, tmp_path / "ep", log=lambda m: None)
     assert trainer.total_steps == 5  # ceil(2 passes x 10 questions / 4 per step)
     trainer.train()
     assert trainer.step == 5 and trainer.stream.epoch * 10 + trainer.stream.position == 20  # exactly two passes
@@ -210,11 +212,11 @@ def test_samples_log_and_eval_during_training(tiny_model_dir, tmp_path):
         "train.eval_n=2",
         "train.sample_every=2",
     )
-    Trainer.from_config(cfg, tmp_path / "ev", log=lambda m: None).train()
-    lines = [json.loads(l) for l in (tmp_path / "ev" / "metrics.jsonl").read_text().splitlines()]
+    build_trainer(cfg, tmp_path / "ev", log=lambda m: None).train()
+    lines = [json.loads(line) for line in (tmp_path / "ev" / "metrics.jsonl").read_text().splitlines()]
     assert "eval/pass@1" in lines[1] and "eval/pass@1" not in lines[0]
     assert 0.0 <= lines[1]["eval/pass@2"] <= 1.0
-    records = [json.loads(l) for l in (tmp_path / "ev" / "samples.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (tmp_path / "ev" / "samples.jsonl").read_text().splitlines()]
     assert {r["step"] for r in records} == {1, 2}
     assert all({"question", "response", "reward", "advantage"} <= set(r) for r in records)
 
@@ -229,19 +231,19 @@ def test_samples_log_and_eval_during_training(tiny_model_dir, tmp_path):
 )
 def test_new_variants_train_and_resume_exactly(tiny_model_dir, tmp_path, extra):
     extra = (*extra, "rewards=[_dist_worker:digit_reward]")  # mixed groups from a random model
-    straight = Trainer.from_config(
+    straight = build_trainer(
         small_config(tiny_model_dir, tmp_path / "a", "grpo.yaml", *extra), tmp_path / "a", log=lambda m: None
     )
     last = straight.train()
     assert last["skipped_nonfinite"] == 0.0
-    crashed = Trainer.from_config(
+    crashed = build_trainer(
         small_config(tiny_model_dir, tmp_path / "b", "grpo.yaml", *extra), tmp_path / "b", log=lambda m: None
     )
     for step in range(2):
         crashed.logger.log(step + 1, crashed.train_step(step))
         crashed.step = step + 1
     crashed.save()
-    resumed = Trainer.from_config(
+    resumed = build_trainer(
         small_config(tiny_model_dir, tmp_path / "b", "grpo.yaml", *extra),
         tmp_path / "b",
         resume=True,
@@ -293,7 +295,7 @@ def test_report_to_tensorboard_through_accelerate(tiny_model_dir, tmp_path):
         "train.report_to=[tensorboard]",
         "train.sample_every=1",
     )
-    Trainer.from_config(cfg, tmp_path / "tb", log=lambda m: None).train()
+    build_trainer(cfg, tmp_path / "tb", log=lambda m: None).train()
     events = list((tmp_path / "tb").rglob("events.out.tfevents.*"))
     assert events, "no TensorBoard event file"
     acc = EventAccumulator(str(events[0].parent))
@@ -313,11 +315,11 @@ def test_gradient_conflict_default_depends_on_the_measured_size(tiny_model_dir, 
     import regroup.diagnostics.hooks as hooks_module
 
     cfg = small_config(tiny_model_dir, tmp_path / "gc", "grpo.yaml")
-    assert _conflict_every(Trainer.from_config(cfg, tmp_path / "gc", log=lambda m: None)) == 10  # tiny: on
+    assert _conflict_every(build_trainer(cfg, tmp_path / "gc", log=lambda m: None)) == 10  # tiny: on
     monkeypatch.setattr(hooks_module, "GRAD_CONFLICT_AUTO_LIMIT", 10)  # as if lm_head held more than the limit
-    assert _conflict_every(Trainer.from_config(cfg, tmp_path / "gc2", log=lambda m: None)) == 0
+    assert _conflict_every(build_trainer(cfg, tmp_path / "gc2", log=lambda m: None)) == 0
     cfg = small_config(tiny_model_dir, tmp_path / "gc3", "grpo.yaml", "diagnostics.grad_conflict_every=3")
-    assert _conflict_every(Trainer.from_config(cfg, tmp_path / "gc3", log=lambda m: None)) == 3
+    assert _conflict_every(build_trainer(cfg, tmp_path / "gc3", log=lambda m: None)) == 3
 
 
 def test_gradient_conflict_runs_on_the_step_train_step_is_given(tiny_model_dir, tmp_path, monkeypatch):
@@ -326,7 +328,7 @@ def test_gradient_conflict_runs_on_the_step_train_step_is_given(tiny_model_dir, 
     import regroup.diagnostics.hooks as hooks_module
 
     cfg = small_config(tiny_model_dir, tmp_path / "gc", "grpo.yaml", "diagnostics.grad_conflict_every=3")
-    trainer = Trainer.from_config(cfg, tmp_path / "gc", log=lambda m: None)
+    trainer = build_trainer(cfg, tmp_path / "gc", log=lambda m: None)
     calls = []
     monkeypatch.setattr(hooks_module, "gradient_conflict", lambda *a, **k: calls.append(1) or {})
     measured = []
@@ -347,14 +349,14 @@ def test_sharded_checkpoint_path_saves_full_weights_and_training_state_and_resum
 
     import regroup.train.trainer as trainer_module
 
-    straight = Trainer.from_config(
+    straight = build_trainer(
         small_config(tiny_model_dir, tmp_path / "a", "grpo.yaml", "rewards=[_dist_worker:digit_reward]"),
         tmp_path / "a",
         log=lambda m: None,
     )
     straight.train()
     monkeypatch.setattr(trainer_module, "is_sharded", lambda acc: True)
-    crashed = Trainer.from_config(
+    crashed = build_trainer(
         small_config(tiny_model_dir, tmp_path / "b", "grpo.yaml", "rewards=[_dist_worker:digit_reward]"),
         tmp_path / "b",
         log=lambda m: None,
@@ -367,7 +369,7 @@ def test_sharded_checkpoint_path_saves_full_weights_and_training_state_and_resum
     assert not list((tmp_path / "b" / "checkpoints").glob(".sharded-*"))
     loaded = AutoModelForCausalLM.from_pretrained(path)  # plain HF weights
     assert all(torch.equal(v, crashed.model.state_dict()[k]) for k, v in loaded.state_dict().items())
-    resumed = Trainer.from_config(
+    resumed = build_trainer(
         small_config(tiny_model_dir, tmp_path / "b", "grpo.yaml", "rewards=[_dist_worker:digit_reward]"),
         tmp_path / "b",
         resume=True,
@@ -397,7 +399,7 @@ def test_over_long_questions_are_skipped_and_counted(tiny_model_dir, tmp_path):
         "data.max_prompt_tokens=200",
         "rewards=[_dist_worker:digit_reward]",
     )
-    trainer = Trainer.from_config(cfg, tmp_path / "long", log=lambda m: None)
+    trainer = build_trainer(cfg, tmp_path / "long", log=lambda m: None)
     last = trainer.train()
     assert last["data/skipped_long"] == 1.0  # the 50 MB question, never tokenized nor sampled
 
@@ -426,7 +428,7 @@ def test_skipping_rows_without_gradient_changes_no_weight(tiny_model_dir, tmp_pa
             "optim.max_grad_norm=1e9",
             *extra,
         )
-        return Trainer.from_config(cfg, tmp_path / f"s{skip}", log=lambda m: None)
+        return build_trainer(cfg, tmp_path / f"s{skip}", log=lambda m: None)
 
     skipping, forwarding = build(True), build(False)
     batch, _ = skipping.collect(0)
@@ -459,3 +461,46 @@ def test_skipping_rows_without_gradient_changes_no_weight(tiny_model_dir, tmp_pa
     for k in a:
         torch.testing.assert_close(a[k], b[k], atol=tol, rtol=1e-5)
     assert m_skip["loss"] == pytest.approx(m_all["loss"], abs=1e-6)
+
+
+def test_truncated_is_with_q0_ratios_is_refused_and_per_row_otherwise():
+    from regroup.errors import ConfigError
+    from regroup.train.run_config import load_config
+
+    with pytest.raises(ConfigError, match="tis_cap"):
+        load_config(None, ["ta.enabled=true", "rollout.tis_cap=2.0"])
+    load_config(None, ["ta.enabled=true", "ta.ratio_anchor=own", "rollout.tis_cap=2.0"])  # same prompt: fine
+
+    # per row: an anchor row (no sampler log-probs) gets weight 1, the sampled row keeps its correction
+    trainer = Trainer.__new__(Trainer)
+    from regroup.algo.losses import LossSpec
+
+    trainer.recipe = SimpleNamespace(loss=LossSpec(is_cap=1.5))
+    old = torch.log(torch.tensor([[0.5, 0.5], [0.5, 0.5]]))
+    part = SimpleNamespace(
+        behaviour_logps=torch.log(torch.tensor([[0.25, 0.5], [1.0, 1.0]])),
+        has_behaviour_logps=torch.tensor([True, False]),
+        completion_mask=torch.ones(2, 2),
+    )
+    w = trainer._is_weight(old, part)
+    assert w.tolist() == [[1.5, 1.0], [1.0, 1.0]]  # min(0.5/0.25, 1.5), 1 ; anchor row: 1
+    # sequence modes: one weight per response, the product of its token ratios (2 · 1 = 2)
+    trainer.recipe = SimpleNamespace(loss=LossSpec(is_cap=3.0, is_mode="sequence_truncate"))
+    assert trainer._is_weight(old, part).tolist() == [[pytest.approx(2.0)], [1.0]]
+    trainer.recipe = SimpleNamespace(loss=LossSpec(is_cap=1.5, is_mode="sequence_mask"))
+    assert trainer._is_weight(old, part).tolist() == [[0.0], [1.0]]  # 2 > 1.5: the response is dropped
+
+
+def test_a_trainer_state_of_the_older_format_is_refused_in_one_line(tiny_model_dir, tmp_path):
+    """A state written before stages and hooks had names (`anchors`, `watch` at the top) is not half-loaded."""
+    from regroup.runtime.checkpoint import CheckpointRefused, save_checkpoint
+
+    cfg = small_config(tiny_model_dir, tmp_path / "old", "grpo.yaml")
+    trainer = build_trainer(cfg, tmp_path / "old", log=lambda m: None)
+    state = trainer.state()
+    assert {"stages", "hooks"} <= set(state)
+    state["anchors"], state["watch"] = state.pop("stages"), state.pop("hooks")
+    save_checkpoint(tmp_path / "old", 1, trainer.model, trainer.tokenizer, state, config=cfg.to_dict())
+    with pytest.raises(CheckpointRefused, match="older regroup") as refused:
+        build_trainer(cfg, tmp_path / "old", resume=True, log=lambda m: None)
+    assert "\n" not in str(refused.value)

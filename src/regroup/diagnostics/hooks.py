@@ -1,11 +1,17 @@
 """Diagnostics around the update, behind one seam: the trainer calls every `UpdateHook` it was given at
-two points of a step and merges their metrics, without knowing which diagnostics run. `build_update_hooks`
-picks them from the `diagnostics` config (`regroup.train.build.build_parts` calls it); a front-end or a test may
-hand the trainer its own list.
+three points of a step and merges their metrics, without knowing which diagnostics run. `build_update_hooks`
+picks them from the `diagnostics` config (`regroup.train.build.build_parts` calls it); the builder adds the
+held-out evaluation (`regroup.eval.during_training`) and the signal watch (`WatchSignals`); a front-end or a
+test may hand the trainer its own list.
 
 - `after_collect(batch)`: the step's samples, after the recipe's stages ran (rewards, masks set).
 - `before_update(model, batch, advantages, step)`: the collated rows and their advantages [B], before
   the first backward (the training gradients are not touched yet).
+- `after_step(step, metrics)`: the step's metrics, reduced over the processes, after the update and the
+  weight push; what it returns joins them (a hook later in the list sees it).
+
+A hook whose state must survive a resume has `state_dict()` / `load_state_dict(state)`; the trainer saves
+those by hook `name` (`hook_states`).
 
 Each cadence follows the step being trained (`StepBatch.step`), never a loop counter: a caller that drives
 `Trainer.train_step(step)` itself measures on the same steps as `Trainer.train`.
@@ -19,7 +25,7 @@ import torch
 
 from regroup.batch import RolloutBatch
 from regroup.diagnostics.grad_conflict import gradient_conflict
-from regroup.diagnostics.signals import build_embedder, group_diversity, reward_diagnostics
+from regroup.diagnostics.signals import SignalWatch, build_embedder, group_diversity, reward_diagnostics
 from regroup.stages.base import StepBatch
 
 
@@ -33,6 +39,41 @@ class UpdateHook:
 
     def before_update(self, model, batch: RolloutBatch, advantages: torch.Tensor, step: int) -> dict[str, float]:
         return {}
+
+    def after_step(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
+        return {}
+
+
+def hook_states(hooks: list) -> dict:
+    """The checkpointed state of every stateful hook, by name."""
+    return {h.name: h.state_dict() for h in hooks if hasattr(h, "state_dict")}
+
+
+def load_hook_states(hooks: list, states: dict) -> None:
+    for h in hooks:
+        if hasattr(h, "load_state_dict") and states.get(h.name) is not None:
+            h.load_state_dict(states[h.name])
+
+
+class WatchSignals(UpdateHook):
+    """`SignalWatch` over each step's reduced metrics; its warnings go to `log` (rank 0's log, a no-op on the
+    others). Checkpointed: the streaks, so a resumed run warns when the straight one would have."""
+
+    name = "signal_watch"
+
+    def __init__(self, watch: SignalWatch, log=print):
+        self.watch, self.log = watch, log
+
+    def after_step(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
+        for line in self.watch.observe(step + 1, metrics):  # warnings name the 1-based step, as the logs do
+            self.log(line)
+        return {}
+
+    def state_dict(self) -> dict:
+        return self.watch.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.watch.load_state_dict(state)
 
 
 class RewardDiagnostics(UpdateHook):

@@ -181,10 +181,11 @@ class SignalWatch:
         """References refused since the start of the current no-anchor streak, by reason."""
 
     @classmethod
-    def for_config(cls, cfg, references_verify: bool | None = None) -> SignalWatch:
+    def for_recipe(cls, cfg, recipe, references_verify: bool | None = None) -> SignalWatch:
+        """The watch of a run: `recipe` (a `regroup.train.recipes.Recipe`) says what it switched on."""
         return cls(
-            anchors=cfg.anchors.enabled,
-            dynamic_sampling=cfg.dynamic_sampling.enabled,
+            anchors=recipe.uses_anchors,
+            dynamic_sampling=recipe.uses_dynamic_sampling,
             references_verify=references_verify,
             reward_name="rewards=" + ",".join(cfg.rewards.functions),
             anchors_always=cfg.anchors.when == "always",
@@ -204,7 +205,8 @@ class SignalWatch:
             return (
                 f"{v:.0%} of groups had uniform rewards for {n} steps: advantages are 0 and nothing is learned "
                 f"(all-wrong {m.get('groups/all_wrong_frac', math.nan):.0%}, all-correct "
-                f"{m.get('groups/all_correct_frac', math.nan):.0%}, unscored {m.get('groups/unscored_frac', 0.0):.0%}). "
+                f"{m.get('groups/all_correct_frac', math.nan):.0%}, "
+                f"unscored {m.get('groups/unscored_frac', 0.0):.0%}). "
                 f"Check reward/extracted_frac and samples.jsonl; try {self._uniform_remedies()}."
             )
         if name == "unscored":

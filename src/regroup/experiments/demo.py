@@ -23,8 +23,9 @@ from regroup.runtime.checkpoint import list_checkpoints
 from regroup.runtime.rundir import claim_run_dir, new_run_dir
 from regroup.stages.groups import samples_per_question
 from regroup.tasks import get_task
+from regroup.train.build import build_trainer
+from regroup.train.recipes import features
 from regroup.train.run_config import load_config
-from regroup.train.trainer import Trainer
 from regroup.train.warmup import WarmupConfig, warmup
 
 RECIPES = ["grpo", "grpo_matched", "ta_grpo", "dagrpo", "dagrpo_ta"]
@@ -65,11 +66,9 @@ QUICK = DemoSettings(
 def recipe_overrides(recipe: str, settings: DemoSettings) -> list[str]:
     """Prompts per step so that every recipe generates `samples_per_step` samples."""
     cfg = load_config(CONFIG_DIR / f"{recipe}.yaml")
+    on = features(cfg)
     per_question = samples_per_question(
-        cfg.grpo.num_generations,
-        cfg.grpo.samples_multiplier,
-        cfg.ta.n_variants if cfg.ta.enabled else 0,
-        cfg.anchors.count if cfg.anchors.enabled and cfg.anchors.mode == "add" else 0,
+        cfg.grpo.num_generations, cfg.grpo.samples_multiplier, on.n_variants, on.added_anchors
     )
     prompts = max(1, settings.samples_per_step // per_question)
     return [
@@ -165,7 +164,7 @@ def run_demo(
             overall.set_postfix_str(f"{name} step {step} reward {m.get('reward/mean', float('nan')):.2f}")
 
         with claim_run_dir(run_dir, "fresh", log=log):
-            trainer = Trainer.from_config(cfg, run_dir, log=log)
+            trainer = build_trainer(cfg, run_dir, log=log)
             trainer.train(on_step=on_step)
         train_seconds = time.perf_counter() - t0
         final = list_checkpoints(run_dir)[-1]

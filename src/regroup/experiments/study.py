@@ -63,8 +63,8 @@ from regroup.runtime.checkpoint import list_checkpoints
 from regroup.runtime.rundir import claim_run_dir, new_run_dir
 from regroup.tasks import get_task
 from regroup.tasks.arithmetic import ArithmeticConfig, ArithmeticTask, apply_transforms
+from regroup.train.build import build_trainer
 from regroup.train.run_config import load_config
-from regroup.train.trainer import Trainer
 from regroup.train.warmup import WarmupConfig, warmup
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"  # package data: found from a wheel install too
@@ -670,7 +670,7 @@ def run_arm(arm: Arm, regime: Regime, seed: int, problems: list, s: StudySetting
     cfg = load_config(CONFIG_DIR / arm.config, arm_overrides(arm, s, regime, seed, run_dir))
     t0 = time.perf_counter()
     with claim_run_dir(run_dir, "fresh", log=log):
-        Trainer.from_config(cfg, run_dir, log=log).train()
+        build_trainer(cfg, run_dir, log=log).train()
     train_seconds = time.perf_counter() - t0
     final = list_checkpoints(run_dir)[-1]
     summary = evaluate_model(str(final), problems, run_dir / "eval", _eval_settings(s), seed=0, ks=s.ks)

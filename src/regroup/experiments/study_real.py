@@ -46,8 +46,9 @@ from regroup.models.prompting import build_prompter, encode_response
 from regroup.report.claims import ArmResult, compare_pass_at_k, confidence_interval, mean_pass_at_k
 from regroup.runtime.checkpoint import list_checkpoints
 from regroup.runtime.rundir import claim_run_dir, new_run_dir
+from regroup.train.build import build_trainer
+from regroup.train.recipes import features
 from regroup.train.run_config import load_config
-from regroup.train.trainer import Trainer
 from regroup.train.warmup import _batches
 
 EXAMPLES_DIR = Path(__file__).resolve().parents[3] / "examples"  # a source checkout's examples/
@@ -154,7 +155,7 @@ def sft_on_references(cfg, problems: list, steps: int, lr: float, out_dir: Path,
     examples = [(prompter.encode(p.question), encode_response(tokenizer, p.solution)) for p in problems if p.solution]
     if not examples:
         raise ValueError("sft_on_references: no problem has a reference solution")
-    model = load_policy(cfg.model.path, cfg.model)
+    model = load_policy(cfg.model.path, cfg.model, lora=features(cfg).lora)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     batches = _batches(examples, min(cfg.grpo.prompts_per_step, len(examples)), pad, random.Random(seed))
@@ -169,7 +170,7 @@ def sft_on_references(cfg, problems: list, steps: int, lr: float, out_dir: Path,
         optimizer.zero_grad(set_to_none=True)
         losses.append(loss.item())
     model.eval()
-    if cfg.model.lora.enabled:
+    if features(cfg).lora:
         model = model.merge_and_unload()
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)
@@ -238,7 +239,7 @@ def run_real_study(s: RealSettings, out_root: str = "runs", log=print) -> Path:
                     )
                 cfg = real_arm_config(arm, s, seed, length, run_dir, model_dir)
                 with claim_run_dir(run_dir, "fresh", log=log):
-                    Trainer.from_config(cfg, run_dir, log=log).train()
+                    build_trainer(cfg, run_dir, log=log).train()
                 final = str(list_checkpoints(run_dir)[-1])
                 summary = evaluate_real(final, s, length, run_dir / "eval", str(run_dir / "config.yaml"))
                 records.append({"arm": arm.name, "length": length, "seed": seed, "eval": summary})

@@ -12,7 +12,10 @@ variant logic of its own:
 - after TRL's generation, the remaining stages (overlong shaping, anchors, advantages, masks, filters)
   run on the whole generation batch as one `StepBatch` (every process runs them on the gathered batch, so
   groups may span processes), and the adapter writes back advantages, weights and anchor rows;
-- the loss: `policy_loss` with the recipe's `LossSpec` and TRL's normaliser for `loss_type`.
+- the loss: `policy_loss` with the recipe's `LossSpec` and TRL's normaliser for `loss_type`;
+- the signal watch: the native trainer's `SignalWatch` reads each generation batch's metrics (with the
+  reward diagnostics, `groups/uniform_frac` and the rest) and warns, once per streak, when the training
+  signal vanishes (`regroup_warnings` keeps the lines; the main process logs them).
 
 What TRL's fixed-shape batch cannot do is refused by `Recipe.check_front_end("trl")`. TRL private
 methods hooked (trl 1.16.0): `_generate_and_score_completions` (post-processing), `_compute_loss`,
@@ -38,6 +41,7 @@ from trl.trainer.utils import use_adapter
 from regroup.algo.losses import LossInputs, LossTotals, policy_loss
 from regroup.batch import Sample
 from regroup.config.schema import RunConfig
+from regroup.diagnostics.signals import SignalWatch, reward_diagnostics
 from regroup.errors import ConfigError
 from regroup.integrations.trl_helpers import (  # noqa: F401  (re-exported)
     ANCHOR_MASK,
@@ -64,7 +68,7 @@ from regroup.stages.base import StepBatch, StepContext, load_stage_states, run_s
 from regroup.stages.groups import samples_per_question
 from regroup.tasks import get_task
 from regroup.train.build import training_problems
-from regroup.train.recipes import build_recipe
+from regroup.train.recipes import build_recipe, features
 
 __all__ = [
     "ANCHOR_MASK",
@@ -81,6 +85,8 @@ log = logging.getLogger(__name__)
 
 STAGE_STATES = "regroup_stages.json"
 """The recipe's stage states (self-anchor buffer, reference verdicts) in each TRL checkpoint folder."""
+WATCH_STATE = "regroup_watch.json"
+"""The signal watch's streaks in each TRL checkpoint folder, so a resumed run keeps counting."""
 
 # Multimodal / model-specific forward inputs TRL passes through to `_get_per_token_logps_and_entropies`.
 _FORWARD_KEYS = (
@@ -123,7 +129,9 @@ class RegroupGRPOTrainer(GRPOTrainer):
     sampling, β, clip, loss normaliser, ...) must agree with `cfg` — `grpo_args(cfg, **trl_only)` builds one
     that does. `problems` (default: `cfg.data`'s training problems) and `task` (default: `cfg.data.task`)
     are regroup's. After each generation `regroup_last_batch` holds the step's `StepBatch` (samples,
-    advantages, weights) and `regroup_rows[i]` the index in it of TRL's global row i.
+    advantages, weights) and `regroup_rows[i]` the index in it of TRL's global row i. `regroup_watch` is
+    the native trainer's `SignalWatch` (patience counted in generation batches: one per optimizer step
+    unless `steps_per_generation` > 1); `regroup_warnings` holds every line it gave.
     """
 
     def __init__(
@@ -149,9 +157,9 @@ class RegroupGRPOTrainer(GRPOTrainer):
                 raise ConfigError(f"GRPOConfig.{name}: the recipe's loss does not implement it; use {use}")
         if cfg.rollout.tis_cap > 0:
             raise ConfigError("rollout.tis_cap > 0: under TRL use GRPOConfig.vllm_importance_sampling_correction")
-        if cfg.ta.enabled and cfg.grpo.samples_multiplier != 1:
+        if features(cfg).variants and cfg.grpo.samples_multiplier != 1:
             raise ConfigError("grpo.samples_multiplier with ta.enabled: TRL samples every prompt row equally often")
-        if cfg.ta.enabled:
+        if features(cfg).variants:
             pool, unique = cfg.ta.n_variants + 1, args.generation_batch_size // args.num_generations
             if unique % pool:
                 raise ConfigError(
@@ -184,7 +192,7 @@ class RegroupGRPOTrainer(GRPOTrainer):
         first, last = names.index("sample"), names.index("reward")
         self._reward_stages = self.recipe.stages[first + 1 : last + 1]  # run where the completions are
         self._batch_stages = self.recipe.stages[last + 1 :]  # run on the whole generation batch
-        self.regroup_n_variants = cfg.ta.n_variants if cfg.ta.enabled else 0
+        self.regroup_n_variants = self.recipe.n_variants
         self._group_size = samples_per_question(
             cfg.grpo.num_generations, cfg.grpo.samples_multiplier, self.regroup_n_variants
         )
@@ -220,6 +228,8 @@ class RegroupGRPOTrainer(GRPOTrainer):
             raise ValueError("no training rows: every question was left out")
         self.regroup_last_batch: StepBatch | None = None
         self.regroup_rows: list[int] = []
+        self.regroup_watch = SignalWatch.for_recipe(cfg, self.recipe)
+        self.regroup_warnings: list[str] = []
         self._local_samples: list[Sample] | None = None
         self._reward_metrics: dict[str, float] = {}
         self._own_prompt_ids: list[list[int]] | None = None
@@ -227,7 +237,7 @@ class RegroupGRPOTrainer(GRPOTrainer):
 
         from datasets import Dataset  # heavy (datasets): only when TRL's data set is built
 
-        callbacks = [*(kwargs.pop("callbacks", None) or []), _SaveStageStates(self.recipe.stages)]
+        callbacks = [*(kwargs.pop("callbacks", None) or []), _SaveStageStates(self.recipe.stages, self.regroup_watch)]
         super().__init__(
             model=model,
             reward_funcs=[self.regroup_reward],
@@ -245,6 +255,8 @@ class RegroupGRPOTrainer(GRPOTrainer):
             path = get_last_checkpoint(self.args.output_dir)
         if path and (Path(path) / STAGE_STATES).is_file():
             load_stage_states(self.recipe.stages, json.loads((Path(path) / STAGE_STATES).read_text()))
+        if path and (Path(path) / WATCH_STATE).is_file():
+            self.regroup_watch.load_state_dict(json.loads((Path(path) / WATCH_STATE).read_text()))
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
 
     # --- the data TRL samples --------------------------------------------------------------------------------
@@ -335,6 +347,7 @@ class RegroupGRPOTrainer(GRPOTrainer):
             samples=list(samples),
         )
         metrics = {**self._reward_metrics, **run_stages(self._batch_stages, batch, self._ctx)}
+        metrics.update(reward_diagnostics(batch.samples))  # what the native trainer's RewardDiagnostics hook logs
         rows = _rows_after_stages(samples, batch.samples)  # [B_global] index into batch.samples
 
         n, device = len(local), out["advantages"].device
@@ -359,8 +372,19 @@ class RegroupGRPOTrainer(GRPOTrainer):
             logged.extend(batch.advantages[rows].tolist())
         for key, value in metrics.items():
             self._metrics["train"][f"regroup/{key}"].append(float(value))
+        self._watch_signals(metrics)
         self.regroup_last_batch, self.regroup_rows = batch, rows
         return out
+
+    def _watch_signals(self, metrics: dict[str, float]) -> None:
+        """The native trainer's signal watch on this generation batch's metrics. The batch's own metrics
+        (uniform groups, unscored rewards, masks, anchors) are the same on every process; the reward's
+        counts (no-answer, out-of-range) are this process's, so the main process warns from its own."""
+        step = int(self.state.global_step) + 1  # the optimizer step this batch starts, counted from 1
+        for line in self.regroup_watch.observe(step, metrics):
+            self.regroup_warnings.append(line)
+            if self.accelerator.is_main_process:
+                log.warning(line)
 
     def _write_anchor_rows(self, out: dict[str, Any], anchors: list[tuple[int, list[int]]]) -> None:
         """Write anchor token ids into the local batch rows they took (widening [n, T] tensors when needed)."""
@@ -499,15 +523,17 @@ class RegroupGRPOTrainer(GRPOTrainer):
 
 
 class _SaveStageStates(TrainerCallback):
-    """Writes the recipe's stage states into each checkpoint folder TRL has just saved (main process)."""
+    """Writes the recipe's stage states and the signal watch's streaks into each checkpoint folder TRL has
+    just saved (main process)."""
 
-    def __init__(self, stages: list) -> None:
-        self.stages = stages
+    def __init__(self, stages: list, watch: SignalWatch) -> None:
+        self.stages, self.watch = stages, watch
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
         if state.is_world_process_zero and folder.is_dir():
             write_atomic(folder / STAGE_STATES, json.dumps(stage_states(self.stages)))
+            write_atomic(folder / WATCH_STATE, json.dumps(self.watch.state_dict()))
 
 
 def _rows_after_stages(rows: list[Sample], samples: list[Sample]) -> list[int]:

@@ -13,6 +13,7 @@ from torch import Tensor
 from torch.utils.data import Sampler
 
 from regroup.errors import ConfigError
+from regroup.train.recipes import features
 
 # Dataset columns of the rows the adapter builds (one row per (question, variant)).
 GROUP_ID, VARIANT, QUESTION_ID, QUESTION, Q0_PROMPT = (
@@ -35,7 +36,7 @@ SHARED_SETTINGS = (
     (
         "num_generations",
         "grpo.num_generations",
-        lambda c: c.grpo.num_generations * (1 if c.ta.enabled else c.grpo.samples_multiplier),
+        lambda c: c.grpo.num_generations * (1 if features(c).variants else c.grpo.samples_multiplier),
     ),
     ("max_completion_length", "rollout.max_new_tokens", lambda c: c.rollout.max_new_tokens),
     ("temperature", "rollout.temperature", lambda c: c.rollout.temperature),

@@ -27,8 +27,9 @@ def load_tokenizer(path: str):
     return tokenizer
 
 
-def load_policy(path: str, model_cfg, device: torch.device | str = "cpu"):
-    """The trainable policy: dtype, gradient checkpointing and LoRA (peft) as configured."""
+def load_policy(path: str, model_cfg, device: torch.device | str = "cpu", *, lora: bool):
+    """The trainable policy: dtype and gradient checkpointing as configured; `lora`: wrapped in the LoRA adapters
+    `model_cfg.lora` describes (peft). Whether to is the recipe's answer (`regroup.train.recipes.features`)."""
     from transformers import AutoModelForCausalLM  # heavy (transformers): only when a model is loaded
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[model_cfg.dtype])
@@ -36,17 +37,17 @@ def load_policy(path: str, model_cfg, device: torch.device | str = "cpu"):
     if model_cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
-    if model_cfg.lora.enabled:
+    if lora:
         from peft import LoraConfig, get_peft_model  # optional (peft): LoRA only
 
-        lora = model_cfg.lora
+        adapter = model_cfg.lora
         model = get_peft_model(
             model,
             LoraConfig(
-                r=lora.r,
-                lora_alpha=lora.alpha,
-                lora_dropout=lora.dropout,
-                target_modules=list(lora.target_modules),
+                r=adapter.r,
+                lora_alpha=adapter.alpha,
+                lora_dropout=adapter.dropout,
+                target_modules=list(adapter.target_modules),
                 task_type="CAUSAL_LM",
             ),
         )

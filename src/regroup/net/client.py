@@ -196,14 +196,25 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
         return None
 
 
+def redirect_refusal(exc: urllib.error.HTTPError, key: str | None, fix: str) -> str:
+    """The one line for a 3xx that `_NoRedirect` did not follow: the status, the new address (redacted,
+    cut), why it is not followed, and `fix` (what to set instead)."""
+    where = clip(str(exc.headers.get("Location", "")) if exc.headers else "", ERROR_CHARS, [key])
+    return (
+        f"HTTP {exc.code} redirect to {where or 'another address'}: redirects are not followed "
+        f"(the API key would go along); {fix}"
+    )
+
+
 class ChatClient:
     """OpenAI-compatible `/chat/completions` client with retries, deadlines, a concurrency bound and counters.
 
     `base_url` is the API root (e.g. `https://api.openai.com/v1` or a local vLLM `http://host:8000/v1`);
     `api_key_env` names the environment variable holding the key (None or "": send no Authorization
     header, for local servers). `extra_body` is merged into every request body: server-specific options
-    such as a `response_format` JSON schema, or vLLM's `structured_outputs`. `max_retries` counts retries after the first attempt. `timeout_s` is the total
-    deadline of one call, retries included; `attempt_timeout_s` (None: `timeout_s`) bounds one attempt.
+    such as a `response_format` JSON schema, or vLLM's `structured_outputs`. `max_retries` counts retries
+    after the first attempt. `timeout_s` is the total deadline of one call, retries included;
+    `attempt_timeout_s` (None: `timeout_s`) bounds one attempt.
     `max_backoff_s` caps both the backoff and a server's `Retry-After`. `max_response_bytes` caps a reply.
     `max_tokens` None (default) sends none: the server's own limit. vLLM refuses a request whose
     max_tokens exceeds its max_model_len (HTTP 400: measured with 1024 against a 512-token SmolLM2 server,
@@ -450,11 +461,7 @@ class ChatClient:
         detail = clip(" ".join(detail.split()), ERROR_CHARS, [key])  # redacted before it is cut
         message = f"HTTP {status}" + (f": {detail}" if detail else "")
         if 300 <= status < 400:
-            where = clip(str(exc.headers.get("Location", "")) if exc.headers else "", ERROR_CHARS, [key])
-            message = (
-                f"HTTP {status} redirect to {where or 'another address'}: redirects are not followed "
-                "(the API key would go along); set base_url to the final address"
-            )
+            message = redirect_refusal(exc, key, "set base_url to the final address")
         if status == 429:
             return _AttemptError("http_429", message, retry_after)
         if status == 408:
@@ -618,6 +625,7 @@ def request_json(
 
     Raises `RequestError` with one line naming the URL and what went wrong (connection refused, HTTP
     status with the server's detail, deadline, bad JSON); the key is redacted from anything quoted.
+    Redirects are refused, as `ChatClient` refuses them: the key is never sent to the new address.
     """
     data = None if body is None else json.dumps(body).encode("utf-8")
     headers = {"Accept": "application/json"}
@@ -629,11 +637,15 @@ def request_json(
     request = urllib.request.Request(url, data=data, headers=headers, method="GET" if data is None else "POST")
     expiry = _Expiry(time.monotonic() + timeout_s)
     request.regroup_expiry = expiry
-    opener = urllib.request.build_opener(_WatchedHTTPHandler, _WatchedHTTPSHandler)
+    # Redirects are refused as the chat client refuses them: never the key (or the body) to a new address.
+    opener = urllib.request.build_opener(_WatchedHTTPHandler, _WatchedHTTPSHandler, _NoRedirect)
     try:
         with opener.open(request, timeout=timeout_s) as response:
             raw = response.read(max_response_bytes + 1)
     except urllib.error.HTTPError as exc:
+        if 300 <= exc.code < 400:
+            exc.close()
+            raise RequestError(f"{url}: {redirect_refusal(exc, api_key, 'use the final address')}") from None
         detail = exc.read(ERROR_BODY_BYTES).decode("utf-8", "replace") if exc.fp else ""
         exc.close()
         detail = clip(" ".join(detail.split()), ERROR_CHARS, [api_key])

@@ -106,6 +106,13 @@ def save_weights_folder(model, folder: Path, tensors: dict | None = None) -> int
     return len(tensors)
 
 
+def model_vocab_size(model) -> int:
+    """Rows of `model`'s input embedding: the token ids the learner can score (config.vocab_size if none)."""
+    embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    rows = getattr(embedding, "num_embeddings", None)
+    return int(rows if rows is not None else model.config.vocab_size)
+
+
 class VLLMServerSampler:
     """The Sampler seam over a vLLM OpenAI server, reached over HTTP.
 
@@ -126,6 +133,7 @@ class VLLMServerSampler:
         self.model = model
         self.tokenizer = tokenizer
         self.eos_id = tokenizer.eos_token_id
+        self.vocab_size = model_vocab_size(model)  # a reply's token ids must index the learner's embedding
         self.url = rollout_cfg.vllm_server_url.rstrip("/").removesuffix("/v1")
         if not self.url.startswith(("http://", "https://")):
             raise ServerError(f"rollout.vllm_server_url must start with http:// or https://, got {self.url!r}")
@@ -147,6 +155,8 @@ class VLLMServerSampler:
             self.served_model = models["data"][0]["id"]
         except (KeyError, IndexError, TypeError):
             raise ServerError(f"{self.url}/v1/models: no model in the reply") from None
+        if not isinstance(self.served_model, str) or not self.served_model:
+            raise ServerError(f"{self.url}/v1/models: the model's id is {_clip_value(self.served_model)}, not a name")
         if sync_on_start:
             # The server may hold another run's weights (or an earlier step's, on resume): start from ours.
             self.sync_weights(model)
@@ -245,22 +255,59 @@ class VLLMServerSampler:
             body["seed"] = seed
         return body
 
-    def to_completion(self, prompt_index: int, choice: dict) -> Completion:
-        """One completion choice as a Completion (EOS kept in the tokens, as the HF sampler does)."""
-        try:
-            ids = [int(t) for t in choice["token_ids"]]
-            logps = [
-                math.nan if v is None else float(v) for v in (choice.get("logprobs") or {}).get("token_logprobs") or []
-            ]
-        except (KeyError, TypeError, ValueError):
-            raise ServerError("vLLM server: a completion has no token_ids (is it vLLM >= 0.10.2?)") from None
-        if len(logps) != len(ids):
-            logps = None  # no per-token log-probs: the loss runs without TIS for this batch
+    def reply_choices(self, prompt_index: int, reply, n: int) -> list[dict]:
+        """The `n` choices of one `/v1/completions` reply in index order, or one ServerError line saying
+        what is wrong with its structure (a list, or strings, where vLLM sends objects)."""
+        where = f"vLLM server: /v1/completions for prompt {prompt_index}"
+        if not isinstance(reply, dict):
+            raise ServerError(f"{where} answered a JSON {_json_kind(reply)}, not an object with choices")
+        choices = reply.get("choices")
+        if not isinstance(choices, list):
+            raise ServerError(f"{where} answered no choices list (choices is a JSON {_json_kind(choices)})")
+        if len(choices) != n:
+            raise ServerError(
+                f"vLLM server returned {len(choices)} completions for prompt {prompt_index}, expected {n}"
+            )
+        for k, choice in enumerate(choices):
+            if not isinstance(choice, dict):
+                raise ServerError(f"{where}: choice {k} is a JSON {_json_kind(choice)}, not an object")
+        indices = [c.get("index", k) for k, c in enumerate(choices)]
+        if any(type(i) is not int for i in indices) or sorted(indices) != list(range(n)):
+            raise ServerError(f"{where}: the choices' indices {_clip_value(indices)} are not 0..{n - 1}")
+        return sorted(choices, key=lambda c: c.get("index", 0))
+
+    def to_completion(self, prompt_index: int, choice: dict, max_new_tokens: int | None = None) -> Completion:
+        """One completion choice as a Completion (EOS kept in the tokens, as the HF sampler does).
+
+        Checked first, since the learner indexes its embedding with these ids and trains on these
+        log-probs: token ids are ints in [0, vocab), at most `max_new_tokens` of them, and there is
+        one finite log-prob <= 0 per token (`logprobs=0` asked for them). Anything else is one
+        ServerError line naming what was wrong, never a traceback (or a device-side assert on a GPU)."""
+        where = f"vLLM server: a completion for prompt {prompt_index}"
+        ids = choice.get("token_ids")
+        if not isinstance(ids, list):
+            raise ServerError(f"{where} has no token_ids list (is it vLLM >= 0.10.2?)")
+        bad = next((t for t in ids if type(t) is not int or not 0 <= t < self.vocab_size), _MISSING)
+        if bad is not _MISSING:
+            raise ServerError(
+                f"{where} holds token id {_clip_value(bad)}, outside the model's vocabulary [0, {self.vocab_size})"
+            )
+        if max_new_tokens is not None and len(ids) > max_new_tokens:
+            raise ServerError(f"{where} has {len(ids)} tokens, more than the max_tokens={max_new_tokens} asked for")
+        logprobs = choice.get("logprobs")
+        values = logprobs.get("token_logprobs") if isinstance(logprobs, dict) else None
+        if not isinstance(values, list):
+            raise ServerError(f"{where} has no logprobs.token_logprobs list (the request asked for logprobs=0)")
+        if len(values) != len(ids):
+            raise ServerError(f"{where} has {len(values)} log-probs for its {len(ids)} tokens")
+        bad_lp = next((v for v in values if not _is_logprob(v)), _MISSING)
+        if bad_lp is not _MISSING:
+            raise ServerError(f"{where} has log-prob {_clip_value(bad_lp)}: not a finite number <= 0")
+        logps = [float(v) for v in values]
         truncated = choice.get("finish_reason") == "length"
         if not truncated and (not ids or ids[-1] != self.eos_id):
             ids.append(self.eos_id)  # stopped on EOS but left it out: the learner must see it to learn to stop
-            if logps is not None:
-                logps.append(math.nan)  # unknown: its IS weight is 1 (ratios.truncated_is_weight)
+            logps.append(math.nan)  # unknown: its IS weight is 1 (ratios.truncated_is_weight)
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
         return Completion(prompt_index, ids, text, logps, truncated)
 
@@ -276,13 +323,36 @@ class VLLMServerSampler:
             replies = list(pool.map(lambda body: self._call("/v1/completions", body), bodies))
         completions = []
         for i, reply in enumerate(replies):
-            choices = sorted((reply or {}).get("choices") or [], key=lambda c: c.get("index", 0))
-            if len(choices) != params.n:
-                raise ServerError(
-                    f"vLLM server returned {len(choices)} completions for prompt {i}, expected {params.n}"
-                )
-            completions.extend(self.to_completion(i, c) for c in choices)
+            for choice in self.reply_choices(i, reply, params.n):
+                completions.append(self.to_completion(i, choice, params.max_new_tokens))
         return completions
+
+
+_MISSING = object()
+LOGPROB_TOLERANCE = 1e-4  # float32 rounding may put a log-prob of a near-certain token just above 0
+
+
+def _is_logprob(value) -> bool:
+    """A finite number <= 0 (a probability's log), not a bool, a string or None."""
+    if type(value) not in (int, float):
+        return False
+    try:
+        x = float(value)
+    except OverflowError:  # an int beyond float range
+        return False
+    return math.isfinite(x) and x <= LOGPROB_TOLERANCE
+
+
+def _json_kind(value) -> str:
+    """The JSON name of a decoded value's type, for a message."""
+    kinds = {dict: "object", list: "list", str: "string", bool: "boolean", int: "number", float: "number"}
+    return "null" if value is None else kinds.get(type(value), type(value).__name__)
+
+
+def _clip_value(value) -> str:
+    """A reply's value for a message: its repr, cut to 40 characters (a server may send anything)."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 class _Snapshot:

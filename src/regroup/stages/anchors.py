@@ -153,8 +153,6 @@ class AnchorInjector:
     def load_state_dict(self, state: dict) -> None:
         self.buffer = OrderedDict(state.get("buffer", {}))
         self._verdict = dict(state.get("reference_verdict", {}))
-        for qid, ok in state.get("reference_ok", {}).items():  # checkpoints written before verdicts had reasons
-            self._verdict.setdefault(qid, "ok" if ok else "unverified")
         self.totals.update(state.get("totals", {}))
 
 
@@ -199,6 +197,8 @@ class InjectAnchors:
     policy's own verified answers for `anchors.source=self|both`. Checkpointed: the self-anchor buffer."""
 
     name = "anchors"
+    round_totals = ("anchor/too_long", "anchor/rejected_reference", "anchor/reward_checks", "time/anchor_verify")
+    """What each dynamic-sampling round's anchor decisions cost, summed over the rounds (`stages.base.merge_rounds`)."""
 
     def __init__(self, injector: AnchorInjector):
         self.injector = injector

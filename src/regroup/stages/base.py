@@ -11,6 +11,11 @@ their rewards; anchors add samples; filters drop or resample groups; the advanta
 `advantages`; masks multiply into `weights`. A stage whose state must survive a resume (anchor buffers,
 filter carry-over) also has `state_dict()` / `load_state_dict(state)`; the trainer saves those by stage
 `name`. Both front-ends — the native trainer and the TRL adapter — run stages on this batch.
+
+A filter that refills (dynamic sampling) runs the stages before it again on newly drawn questions. What
+each such round cost is the stage's to say: `round_totals` names its metrics that count work done (tokens,
+seconds, references checked), summed over the rounds, and `round_rates` its rates recomputed from those
+sums (`merge_rounds`); the front-end aggregates without knowing any metric's name.
 """
 
 from __future__ import annotations
@@ -107,6 +112,21 @@ def run_stages(stages: list, batch: StepBatch, ctx: StepContext) -> dict[str, fl
     metrics: dict[str, float] = {}
     for stage in stages:
         metrics.update(stage(batch, ctx) or {})
+    return metrics
+
+
+def merge_rounds(stages: list, metrics: dict[str, float], rounds: list[dict[str, float]]) -> dict[str, float]:
+    """`metrics` (the step's, from its first round) with the refill `rounds`' metrics folded in: each stage's
+    `round_totals` summed over every round, then each of its `round_rates` (name -> (numerator, denominator))
+    recomputed from the sums. Every other metric is the first round's run of the whole stage list."""
+    for stage in stages:
+        for key in getattr(stage, "round_totals", ()):
+            if key in metrics or any(key in m for m in rounds):
+                metrics[key] = metrics.get(key, 0.0) + sum(m.get(key, 0.0) for m in rounds)
+    for stage in stages:
+        for key, (numerator, denominator) in getattr(stage, "round_rates", {}).items():
+            if numerator in metrics and metrics.get(denominator):
+                metrics[key] = metrics[numerator] / max(metrics[denominator], 1e-9)
     return metrics
 
 

@@ -60,6 +60,7 @@ class RewardResponses:
     """`reward_fn(response, problem)` for each sample without a reward yet; None = could not be scored."""
 
     name = "reward"
+    round_totals = ("time/reward",)  # summed over refill rounds (`stages.base.merge_rounds`)
 
     def __init__(self, reward_fn):
         self.reward_fn = reward_fn

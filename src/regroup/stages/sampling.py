@@ -17,6 +17,8 @@ class SampleResponses:
     """
 
     name = "sample"
+    round_totals = ("time/rollout", "tokens/generated")  # summed over refill rounds (`stages.base.merge_rounds`)
+    round_rates = {"tokens_per_s": ("tokens/generated", "time/rollout")}
 
     def __init__(self, ratio_on_original: bool = False):
         self.ratio_on_original = ratio_on_original

@@ -1,7 +1,8 @@
 """The builder: everything a run needs, built once from the config — accelerator, data, model, tokenizer,
-reference, optimizer, schedule, sampler and task (`build_parts`). The trainer receives these parts and
-builds nothing itself, so tests and front-ends can inject their own. The held-out set lives in
-`regroup.data.heldout`, the sampler factory in `regroup.rollout.factory`."""
+reference, optimizer, schedule, sampler, task and the update hooks (`build_parts`), then the recipe and
+the trainer (`build_trainer`). The trainer receives these parts and builds nothing itself, so tests and
+front-ends can inject their own. The held-out set lives in `regroup.data.heldout`, the sampler factory in
+`regroup.rollout.factory`."""
 
 from __future__ import annotations
 
@@ -15,20 +16,25 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import InitProcessGroupKwargs
 
-from regroup.data.heldout import heldout_problems  # noqa: F401  (the held-out set; importable from here as before)
 from regroup.data.load import FieldMap, load_problems
-from regroup.diagnostics.hooks import build_update_hooks
+from regroup.diagnostics.hooks import WatchSignals, build_update_hooks
+from regroup.diagnostics.logprob_gap import LogprobGapWatch, WatchLogprobGap
+from regroup.diagnostics.signals import SignalWatch
+from regroup.eval.during_training import HeldOutEvaluation
 from regroup.models.load import ReferenceModel, configured_model_path, load_policy, load_tokenizer
-from regroup.models.prompting import build_prompter
+from regroup.models.prompting import build_prompter, encode_response
 from regroup.models.tiny import build_tokenizer
-from regroup.rollout.factory import build_sampler  # the sampler factory; importable from here as before
+from regroup.rollout.factory import build_sampler  # a module global: tests/real_engine share one engine through it
 from regroup.rollout.vllm import check_platform
+from regroup.runtime.agreement import check_ranks_agree
 from regroup.runtime.cpu_memory import keep_freed_memory
 from regroup.runtime.metrics import tracker_names
 from regroup.stages.groups import samples_per_question
 from regroup.tasks import get_task
 from regroup.train import preflight
+from regroup.train.recipes import Recipe, build_recipe, features
 from regroup.train.schedule import lr_lambda
+from regroup.train.trainer import Trainer
 from regroup.train.warmup import ensure_warm_model
 
 
@@ -50,6 +56,8 @@ class RunParts:
     """The diagnostics the trainer runs around each update (regroup.diagnostics.hooks.UpdateHook)."""
     references_verify: bool | None = None
     """Whether the data's reference solutions passed the reward at start-up (None: not checked)."""
+    total_steps: int = 0
+    """Training steps of the run (`train_steps`)."""
 
 
 def seed_everything(seed: int) -> None:
@@ -108,13 +116,8 @@ def build_parts(cfg, run_dir: Path, accelerator=None, log=print) -> RunParts:
     if ds_plugin is not None:
         # DeepSpeed steps its optimizer inside every accelerator.backward while gradients sync, and
         # the update loop syncs on each micro-batch: one micro-batch per step keeps the update exact.
-        g = cfg.grpo
-        per_question = samples_per_question(
-            g.num_generations,
-            g.samples_multiplier,
-            cfg.ta.n_variants if cfg.ta.enabled else 0,
-            cfg.anchors.count if cfg.anchors.enabled and cfg.anchors.mode == "add" else 0,
-        )
+        g, on = cfg.grpo, features(cfg)
+        per_question = samples_per_question(g.num_generations, g.samples_multiplier, on.n_variants, on.added_anchors)
         per_rank = g.prompts_per_step // acc.num_processes * per_question
         if g.micro_batch_size < per_rank:
             raise ValueError(
@@ -145,12 +148,13 @@ def build_parts(cfg, run_dir: Path, accelerator=None, log=print) -> RunParts:
         checked = True
     model_path = resolve_model_path(cfg, log)
     tokenizer = load_tokenizer(model_path)
+    check_ranks_agree(acc, cfg, problems, tokenizer)  # every process trains the same config, code and data
     prompter = build_prompter(cfg.data, tokenizer, builtin_model=not cfg.model.path)
     if not checked:
         references = check(tokenizer, model_path)
-    model = load_policy(model_path, cfg.model, acc.device)
+    model = load_policy(model_path, cfg.model, acc.device, lora=features(cfg).lora)
     model.train()
-    reference = ReferenceModel(model) if cfg.grpo.beta > 0 else None
+    reference = ReferenceModel(model) if features(cfg).needs_reference else None
     o = cfg.optim
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad],
@@ -158,7 +162,8 @@ def build_parts(cfg, run_dir: Path, accelerator=None, log=print) -> RunParts:
         betas=(o.beta1, o.beta2),
         weight_decay=o.weight_decay,
     )
-    total = train_steps(cfg, len(problems)) * cfg.grpo.num_iterations * cfg.grpo.mini_batches
+    steps = train_steps(cfg, len(problems))
+    total = steps * cfg.grpo.num_iterations * cfg.grpo.mini_batches
     # Not prepared by accelerate: it would step the schedule once per process.
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lr_lambda(o.warmup_steps, total, o.schedule, o.min_lr_ratio)
@@ -180,4 +185,27 @@ def build_parts(cfg, run_dir: Path, accelerator=None, log=print) -> RunParts:
         prompter,
         hooks,
         references_verify=references.verify if references is not None else None,
+        total_steps=steps,
     )
+
+
+def step_hooks(cfg, recipe: Recipe, parts: RunParts, log=print) -> list:
+    """The hooks that read a whole step's metrics: the held-out evaluation (`train.eval_every`), then the
+    signal watch, which sees the evaluation's metrics too. Warnings are logged by rank 0 only."""
+    hooks: list = []
+    if cfg.train.eval_every:
+        hooks.append(HeldOutEvaluation(cfg, parts, recipe.reward_fn, log))
+    watch = SignalWatch.for_recipe(cfg, recipe, parts.references_verify)
+    hooks.append(WatchSignals(watch, log if parts.accelerator.is_main_process else lambda line: None))
+    gap = LogprobGapWatch.for_config(cfg)  # the engine's log-probs against the learner's (every backend)
+    hooks.append(WatchLogprobGap(gap, log if parts.accelerator.is_main_process else lambda line: None))
+    return hooks
+
+
+def build_trainer(cfg, run_dir: str | Path, *, resume: bool = False, accelerator=None, log=print) -> Trainer:
+    """The trainer of `cfg`: its parts (`build_parts`), its recipe (`regroup.train.recipes.build_recipe`) and its
+    hooks, resumed from the run folder's newest checkpoint when `resume`."""
+    parts = build_parts(cfg, Path(run_dir), accelerator=accelerator, log=log)  # a module global: tests replace it
+    recipe = build_recipe(cfg, parts.task, lambda text: encode_response(parts.tokenizer, text), run_dir)
+    parts.update_hooks = [*parts.update_hooks, *step_hooks(cfg, recipe, parts, log)]
+    return Trainer(parts, recipe, run_dir, resume=resume, log=log)

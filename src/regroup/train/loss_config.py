@@ -46,8 +46,9 @@ def _check_name(key: str, name: str, registry, what: str) -> None:
         raise ValueError(f"{key}: {name!r} is not callable")
 
 
-def loss_spec(cfg) -> LossSpec:
-    """The `LossSpec` of `cfg`, or ValueError naming the keys of a bad name or combination."""
+def loss_spec(cfg, *, ratio_on_original: bool) -> LossSpec:
+    """The `LossSpec` of `cfg`, or ValueError naming the keys of a bad name or combination. `ratio_on_original`:
+    the recipe takes every ratio on (q0, o) (`regroup.train.recipes.features`, the reader of `ta.enabled`)."""
     g, r = cfg.grpo, cfg.rollout
     _check_name("grpo.policy_loss", g.policy_loss, POLICY_LOSSES, "policy loss")
     _check_name("grpo.kl_estimator", g.kl_estimator, KL_ESTIMATORS, "KL estimator")
@@ -59,7 +60,7 @@ def loss_spec(cfg) -> LossSpec:
             f"grpo.importance_level=sequence is GSPO's sequence ratio; grpo.policy_loss={g.policy_loss} "
             "computes its own ratio (set grpo.importance_level=token)"
         )
-    if r.tis_cap > 0 and cfg.ta.enabled and cfg.ta.ratio_anchor == "original":
+    if r.tis_cap > 0 and ratio_on_original:
         raise ValueError(
             "rollout.tis_cap > 0 with ta.ratio_anchor=original would divide pi_old(o|q0) by the sampler's "
             "pi(o|q_n), a ratio of two different prompts; set rollout.tis_cap=0 or ta.ratio_anchor=own"

@@ -28,7 +28,7 @@ from regroup.rewards import score_many
 from regroup.stages.anchors import is_verified
 from regroup.stages.groups import samples_per_question
 from regroup.stages.rewarding import checked_rewards
-from regroup.train.recipes import build_reward_fn
+from regroup.train.recipes import build_reward_fn, features
 
 SAMPLE = 64
 """Problems drawn for the data checks (a bounded cost, whatever the data set's size)."""
@@ -45,10 +45,10 @@ def check_world(cfg, world: int) -> None:
 
 def _key_users(cfg) -> list[tuple[str, str]]:
     """(config key, environment variable) of every remote client the run will build."""
-    out = []
-    if cfg.mask.enabled and cfg.mask.scorer.name == "judge":
+    out, on = [], features(cfg)
+    if on.judge:
         out.append(("mask.scorer.api_key_env", cfg.mask.scorer.api_key_env))
-    if cfg.ta.enabled and cfg.ta.rephraser == "openai":
+    if on.remote_rephraser:
         out.append(("ta.api_key_env", cfg.ta.api_key_env))
     return out
 
@@ -123,7 +123,7 @@ def check_references(cfg, problems: list, task, encode_response, log=print) -> R
     """With anchors from references, verify a sample of them under the run's reward and length limit:
     refuse when none can be an anchor (`anchors.source=reference`), warn with counts otherwise."""
     a = cfg.anchors
-    if not a.enabled or a.source == "self":
+    if not features(cfg).reference_anchors:
         return None
     sample = _sample(problems, cfg.seed)
     result = ReferenceCheck(checked=len(sample))
@@ -191,17 +191,12 @@ def check_train_memory(
     shape = model_shape(model_path) if model_path else builtin_shape()
     if shape is None:
         return
-    g, r = cfg.grpo, cfg.rollout
-    per_question = samples_per_question(
-        g.num_generations,
-        g.samples_multiplier,
-        cfg.ta.n_variants if cfg.ta.enabled else 0,
-        cfg.anchors.count if cfg.anchors.enabled else 0,
-    )
+    g, r, on = cfg.grpo, cfg.rollout, features(cfg)
+    per_question = samples_per_question(g.num_generations, g.samples_multiplier, on.n_variants, on.anchor_count)
     samples = g.prompts_per_step // max(world, 1) * per_question
     rows = min(samples, max(r.batch_size, per_question))
     prompt = cfg.data.max_prompt_tokens if prompt_tokens is None else prompt_tokens
-    lora = bool(getattr(getattr(cfg.model, "lora", None), "enabled", False))
+    lora = on.lora
     est = estimate_memory(
         shape,
         rows_at_once=rows,

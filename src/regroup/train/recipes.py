@@ -1,20 +1,24 @@
 """A recipe is an ordered list of stages plus a loss spec, built once at start-up from the config.
 
-This module is the ONLY reader of feature flags. The trainer (and the TRL adapter) run whatever stages
-the recipe lists, in order, and call the loss with its spec; neither asks which algorithm it runs.
+This module is the ONLY reader of feature flags (the `*.enabled` switches; tests/train/test_recipes.py greps
+for any other). `features(cfg)` answers every question the rest of the code asks of them (a `Features`,
+also `Recipe.features`); the trainer (and the TRL adapter) run whatever stages the recipe lists, in order,
+and call the loss with its spec; neither asks which algorithm it runs.
 
-| recipe           | stages (in order)                                                                  | loss spec |
-|------------------|------------------------------------------------------------------------------------|-----------|
-| grpo             | sample, reward, advantages                                                         | token ratio |
-| grpo_matched     | sample ((N+1)·G of q0), reward, advantages                                         | token ratio |
-| ta_grpo          | variants, sample (ratios on q0), reward, advantages                                | token ratio on (q0, o) |
-| dagrpo           | anchor_slots, sample, reward, anchors, advantages, mask                           | anchor-shaped |
-| dagrpo_ta        | variants, anchor_slots, sample (q0), reward, anchors, advantages, mask            | both |
-| + dynamic_sampling | … reward, [anchors], dynamic_sampling, advantages …                               | |
-| + overlong       | … reward, overlong_penalty, …, advantages, overlong_filter                          | |
-| + GSPO           | unchanged                                                                          | sequence ratio |
-| + stages.extra   | user stages by dotted path, before/after a stage above or at the end               | |
-| + CISPO/SAPO/GMPO, KL estimator, IS mode, entropy, user terms | unchanged                             | named pieces (`regroup.train.loss_config`) |
+| recipe             | stages (in order)                                                      | loss spec        |
+|--------------------|------------------------------------------------------------------------|------------------|
+| grpo               | sample, reward, advantages                                             | token ratio      |
+| grpo_matched       | sample ((N+1)·G of q0), reward, advantages                             | token ratio      |
+| ta_grpo            | variants, sample (ratios on q0), reward, advantages                    | ratio on (q0, o) |
+| dagrpo             | anchor_slots, sample, reward, anchors, advantages, mask                | anchor-shaped    |
+| dagrpo_ta          | variants, anchor_slots, sample (q0), reward, anchors, advantages, mask | both             |
+| + dynamic_sampling | … reward, [anchors], dynamic_sampling, advantages …                    |                  |
+| + overlong         | … reward, overlong_penalty, …, advantages, overlong_filter             |                  |
+| + GSPO             | unchanged                                                              | sequence ratio   |
+| + stages.extra     | user stages by dotted path, before/after a stage above or at the end   |                  |
+| + CISPO/SAPO/GMPO, KL estimator, IS mode, entropy, user terms | unchanged                   | named pieces     |
+
+Named loss pieces: `regroup.train.loss_config`.
 
 `describe(recipe)` prints the list; `regroup config --stages` shows it for a config.
 """
@@ -42,7 +46,68 @@ from regroup.stages.rephrasing import VariantProvider
 from regroup.stages.rewarding import RewardResponses
 from regroup.stages.sampling import SampleResponses
 from regroup.stages.user import insert_user_stages, parse_stage_entry
-from regroup.train.loss_config import describe_loss, loss_spec  # noqa: F401  (loss_spec: the recipe's loss, from the config)
+from regroup.train import loss_config
+from regroup.train.loss_config import describe_loss
+
+
+@dataclass(frozen=True)
+class Features:
+    """What a config switches on, read once from its `*.enabled` flags: the answers every other module uses."""
+
+    variants: bool = False
+    """TA-GRPO (`ta.enabled`): each question is expanded into N rephrasings that share its group."""
+    anchors: bool = False
+    """DaGRPO (`anchors.enabled`): verified off-policy solutions join their question's group."""
+    mask: bool = False
+    """DaGRPO (`mask.enabled`): the distinctiveness mask, which builds a scorer."""
+    dynamic_sampling: bool = False
+    """DAPO (`dynamic_sampling.enabled`): uniform groups are dropped and refilled with new questions."""
+    lora: bool = False
+    """`model.lora.enabled`: LoRA adapters are trained instead of every weight."""
+    n_variants: int = 0
+    """Rephrasings per question (0 without TA-GRPO)."""
+    anchor_count: int = 0
+    """Anchors per question at most (0 without anchors)."""
+    added_anchors: int = 0
+    """Anchors that grow their group (anchors.mode=add); 0 when they replace a sample or are off."""
+    ratio_on_original: bool = False
+    """Every ratio and KL on (q0, o): TA-GRPO's anchored ratio (SPEC §3.4)."""
+    draw_rounds: int = 1
+    """Question batches one step may draw: 1, or 1 + dynamic_sampling.max_rounds with refills."""
+    needs_reference: bool = False
+    """A frozen reference policy is kept (grpo.beta > 0: the KL term needs pi_ref)."""
+    judge: bool = False
+    """The mask scores with the LLM judge (a remote client, its API key checked at start-up)."""
+    remote_rephraser: bool = False
+    """TA-GRPO rephrases with the OpenAI-compatible rewriter (a remote client)."""
+    reference_anchors: bool = False
+    """Anchors may come from the data's reference solutions (anchors on, anchors.source != self)."""
+
+
+def features(cfg) -> Features:
+    """The `Features` of a run config (the only reader of its `*.enabled` flags)."""
+    ta, anchors, mask, dyn = cfg.ta.enabled, cfg.anchors.enabled, cfg.mask.enabled, cfg.dynamic_sampling.enabled
+    return Features(
+        variants=ta,
+        anchors=anchors,
+        mask=mask,
+        dynamic_sampling=dyn,
+        lora=cfg.model.lora.enabled,
+        n_variants=cfg.ta.n_variants if ta else 0,
+        anchor_count=cfg.anchors.count if anchors else 0,
+        added_anchors=cfg.anchors.count if anchors and cfg.anchors.mode == "add" else 0,
+        ratio_on_original=ta and cfg.ta.ratio_anchor == "original",
+        draw_rounds=cfg.dynamic_sampling.max_rounds + 1 if dyn else 1,
+        needs_reference=cfg.grpo.beta > 0,
+        judge=mask and cfg.mask.scorer.name == "judge",
+        remote_rephraser=ta and cfg.ta.rephraser == "openai",
+        reference_anchors=anchors and cfg.anchors.source != "self",
+    )
+
+
+def loss_spec(cfg) -> LossSpec:
+    """The recipe's loss, from the config (`regroup.train.loss_config.loss_spec`; ValueError on a bad one)."""
+    return loss_config.loss_spec(cfg, ratio_on_original=features(cfg).ratio_on_original)
 
 
 @dataclass
@@ -52,12 +117,37 @@ class Recipe:
     loss: LossSpec = field(default_factory=LossSpec)
     reward_fn: object = None
     """(response, problem) -> float | None: the verifiable reward the stages use (eval uses it too)."""
-    ratio_on_original: bool = False
-    """Every ratio and KL on (q0, o) — TA-GRPO's anchored ratio (SPEC §3.4); needed by the IS check."""
+    features: Features = field(default_factory=Features)
+    """What the config switched on (`features`): the recipe's answers to the questions below."""
 
     @property
     def names(self) -> list[str]:
         return [s.name for s in self.stages]
+
+    @property
+    def ratio_on_original(self) -> bool:
+        """Every ratio and KL on (q0, o) — TA-GRPO's anchored ratio (SPEC §3.4); needed by the IS check."""
+        return self.features.ratio_on_original
+
+    @property
+    def uses_anchors(self) -> bool:
+        return self.features.anchors
+
+    @property
+    def uses_dynamic_sampling(self) -> bool:
+        return self.features.dynamic_sampling
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.features.needs_reference
+
+    @property
+    def n_variants(self) -> int:
+        return self.features.n_variants
+
+    @property
+    def draw_rounds(self) -> int:
+        return self.features.draw_rounds
 
     def check_front_end(self, front_end: str) -> None:
         """Refuse, in one line naming the config key, a stage `front_end` cannot run ("native" runs all).
@@ -147,12 +237,12 @@ def build_recipe(cfg, task, encode_response, run_dir) -> Recipe:
     reward_fn = build_reward_fn(
         cfg.rewards.functions, task, cfg.rewards.workers, cfg.rewards.correct_threshold, cfg.rewards.timeout_s
     )
-    ratio_on_original = cfg.ta.enabled and cfg.ta.ratio_anchor == "original"
+    on = features(cfg)
     stages: list = []
-    if cfg.ta.enabled:
+    if on.variants:
         stages.append(VariantProvider(build_rephraser(cfg, task, run_dir), cfg.ta.n_variants))
     injector = None
-    if cfg.anchors.enabled:
+    if on.anchors:
         injector = AnchorInjector(
             cfg.anchors,
             reward_fn,
@@ -161,16 +251,16 @@ def build_recipe(cfg, task, encode_response, run_dir) -> Recipe:
             max_tokens=cfg.anchors.max_tokens or cfg.rollout.max_new_tokens,
         )
         stages.append(ReserveAnchorSlots(injector))
-    stages += [SampleResponses(ratio_on_original), RewardResponses(reward_fn)]
+    stages += [SampleResponses(on.ratio_on_original), RewardResponses(reward_fn)]
     o = cfg.overlong
     if o.soft_punish:
         stages.append(OverlongPenalty(cfg.rollout.max_new_tokens, o.buffer, o.penalty))
     if injector is not None:
         stages.append(InjectAnchors(injector))
-    if cfg.dynamic_sampling.enabled:
+    if on.dynamic_sampling:
         stages.append(DynamicSampling(cfg.grpo.prompts_per_step, cfg.dynamic_sampling.max_rounds))
     stages.append(GroupAdvantages(cfg.grpo.adv_scale, cfg.grpo.adv_eps))
-    if cfg.mask.enabled:  # SPEC §2a: masks after advantages, over G_mix
+    if on.mask:  # SPEC §2a: masks after advantages, over G_mix
         stages.append(
             DistinctivenessMasker(
                 build_scorer(cfg, task, run_dir), cfg.mask.delta, cfg.mask.scorer.question, cfg.mask.unit
@@ -179,4 +269,4 @@ def build_recipe(cfg, task, encode_response, run_dir) -> Recipe:
     if o.filter:
         stages.append(OverlongFilter())
     stages = insert_user_stages(stages, [parse_stage_entry(e) for e in cfg.stages.extra])  # checked by the config
-    return Recipe(stages=stages, loss=loss_spec(cfg), reward_fn=reward_fn, ratio_on_original=ratio_on_original)
+    return Recipe(stages=stages, loss=loss_spec(cfg), reward_fn=reward_fn, features=on)

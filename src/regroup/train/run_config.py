@@ -35,7 +35,7 @@ from regroup.net.redact import check_key_env_name
 from regroup.registry import REPHRASERS, REWARDS, SCORERS, STAGES, TASKS, Registry
 from regroup.rollout.producer import check_async_config
 from regroup.stages.user import check_user_stage, parse_stage_entry
-from regroup.train.loss_config import loss_spec
+from regroup.train.recipes import features, loss_spec
 
 
 def check_config(cfg: RunConfig) -> None:
@@ -87,22 +87,23 @@ def check_pieces(cfg: RunConfig) -> None:
                 f"rewards: 'task' grades the built-in {task} task's answers and cannot grade "
                 f"data.train_file; use rewards=[math] (or a 'package.module:function')"
             )
+    on = features(cfg)
     scorer = cfg.mask.scorer.name
-    if cfg.mask.enabled or not SCORERS.known(scorer):
+    if on.mask or not SCORERS.known(scorer):
         _piece("mask.scorer.name", SCORERS, scorer)
-    if cfg.mask.enabled and scorer == "step" and foreign:
+    if on.mask and scorer == "step" and foreign:
         raise ConfigError(
             f"mask.scorer.name: 'step' scores the built-in {task} task's steps and would score "
             "every response of data.train_file alike; use mask.scorer.name=judge or similarity"
         )
-    if cfg.ta.enabled or not REPHRASERS.known(cfg.ta.rephraser):
+    if on.variants or not REPHRASERS.known(cfg.ta.rephraser):
         _piece("ta.rephraser", REPHRASERS, cfg.ta.rephraser)
-    if cfg.ta.enabled and cfg.ta.rephraser == "rules" and foreign:
+    if on.variants and cfg.ta.rephraser == "rules" and foreign:
         raise ConfigError(
             f"ta.rephraser: 'rules' rewrites the built-in {task} task's questions only; with "
             "data.train_file use ta.rephraser=openai, or dataset (variants stored in the data)"
         )
-    if cfg.ta.enabled and cfg.ta.rephraser == "dataset":
+    if on.variants and cfg.ta.rephraser == "dataset":
         _check_variants(cfg)
     for i, entry in enumerate(cfg.stages.extra):
         try:

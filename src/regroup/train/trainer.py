@@ -1,6 +1,8 @@
-"""The training loop, and only the loop: run the recipe's stages on a step batch → update with the recipe's
-loss spec → log → checkpoint. Which stages run is the recipe's business (`regroup.train.recipes`); the trainer
-never asks which algorithm it runs.
+"""The training loop, and only the loop: draw → the recipe's stages → update with the recipe's loss spec →
+hooks → log → checkpoint. Which stages run is the recipe's business (`regroup.train.recipes`), which
+diagnostics and evaluations run the hooks' (`regroup.diagnostics.hooks`); the trainer never asks which
+algorithm it runs and never names a variant's metrics. It builds nothing: `regroup.train.build.build_trainer`
+hands it its parts and recipe.
 
 Data parallelism (accelerate): every process draws the same global batch of questions and samples its
 own contiguous slice of whole groups; stages that need the whole batch (advantages, dynamic sampling)
@@ -25,13 +27,13 @@ from regroup.algo.losses import LossInputs, LossTotals, policy_loss, rows_with_g
 from regroup.algo.sampler_is import sampler_is_weight
 from regroup.batch import RolloutBatch, collate
 from regroup.diagnostics import logprob_gap
-from regroup.diagnostics.signals import SignalWatch
-from regroup.eval.during_training import eval_problems, evaluate_during_training
+from regroup.diagnostics.hooks import hook_states, load_hook_states
 from regroup.models.logprobs import prompt_order, response_logps, use_shared_prefix
 from regroup.models.prompting import encode_prompt, encode_response
 from regroup.rollout.base import SamplingParams
 from regroup.rollout.producer import behaviour_old_logps, build_producer
 from regroup.runtime.checkpoint import (
+    CheckpointRefused,
     check_resume_config,
     latest_valid_checkpoint,
     load_model_weights,
@@ -51,11 +53,9 @@ from regroup.runtime.sharded import (
     save_training_state,
     write_hf_weights,
 )
-from regroup.stages.base import StepBatch, StepContext, load_stage_states, run_stages, stage_states
-from regroup.train import build as setup
-from regroup.train.build import train_steps
+from regroup.stages.base import StepBatch, StepContext, load_stage_states, merge_rounds, run_stages, stage_states
 from regroup.train.data_stream import QuestionStream
-from regroup.train.recipes import build_recipe
+from regroup.train.row_balance import forwarded_rows
 from regroup.train.run_config import save_config
 
 PROMPT_CACHE_SIZE = 8192
@@ -63,7 +63,7 @@ PROMPT_CACHE_SIZE = 8192
 
 class Trainer:
     """`Trainer(parts, recipe, run_dir)`: parts from `regroup.train.build.build_parts`, recipe from
-    `regroup.train.recipes.build_recipe`; `Trainer.from_config(cfg, run_dir)` builds both."""
+    `regroup.train.recipes.build_recipe`; `regroup.train.build.build_trainer(cfg, run_dir)` builds all three."""
 
     def __init__(self, parts, recipe, run_dir: str | Path, *, resume: bool = False, log=print):
         cfg = self.cfg = parts.cfg
@@ -83,16 +83,13 @@ class Trainer:
             )
         self.pad_id = self.tokenizer.pad_token_id
         self.stream = QuestionStream(self.problems, cfg.data.seed + cfg.seed)
-        self.total_steps = train_steps(cfg, len(self.problems))
-        self.update_hooks = list(parts.update_hooks)  # diagnostics (regroup.diagnostics.hooks), run blind
-        self.watch = SignalWatch.for_config(cfg, getattr(parts, "references_verify", None))
+        self.total_steps = parts.total_steps
+        self.update_hooks = list(parts.update_hooks)  # diagnostics, evaluation (regroup.diagnostics.hooks), run blind
         self.shared_prefix = use_shared_prefix(cfg.grpo.shared_prefix, self.acc.device)
         self._prompt_ids: dict[str, list[int]] = {}
         self.skipped_long = 0
-        self._eval_problems: list | None = None
         self.ctx = self._context()
         self.producer = build_producer(self) if cfg.rollout.async_steps else None  # async: where batches come from
-        self.gap_watch = logprob_gap.LogprobGapWatch.for_config(cfg)
         self.step = 0
         if self.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -110,12 +107,6 @@ class Trainer:
         )
         if resume:
             self._resume()
-
-    @classmethod
-    def from_config(cls, cfg, run_dir: str | Path, *, resume: bool = False, accelerator=None, log=print) -> Trainer:
-        parts = setup.build_parts(cfg, Path(run_dir), accelerator=accelerator, log=log)  # late-bound: tests replace it
-        recipe = build_recipe(cfg, parts.task, lambda text: encode_response(parts.tokenizer, text), run_dir)
-        return cls(parts, recipe, run_dir, resume=resume, log=log)
 
     # ------------------------------------------------------------------------------------------ context
     def _encode(self, text: str) -> list[int]:
@@ -135,7 +126,7 @@ class Trainer:
             seed=cfg.seed,
             num_generations=cfg.grpo.num_generations,
             samples_multiplier=cfg.grpo.samples_multiplier,
-            n_variants=cfg.ta.n_variants if cfg.ta.enabled else 0,
+            n_variants=self.recipe.n_variants,
             world=self.world,
             rank=self.rank,
             sampler=self.sampler,
@@ -183,8 +174,7 @@ class Trainer:
         self.skipped_long += drawn - pps
         per_rank = pps // self.world
         first = self.rank * per_rank
-        rounds = self.cfg.dynamic_sampling.max_rounds + 1 if self.cfg.dynamic_sampling.enabled else 1
-        base = (step * rounds + round_) * pps
+        base = (step * self.recipe.draw_rounds + round_) * pps
         return StepBatch(
             step=step,
             problems=questions[first : first + per_rank],
@@ -215,36 +205,13 @@ class Trainer:
         self.ctx.refill = refill
         batch = self._draw(step, 0)
         metrics = run_stages(self.recipe.stages, batch, self.ctx)
+        metrics = merge_rounds(self.recipe.stages, metrics, extra_rounds)  # what the refill rounds cost counts too
         metrics["data/skipped_long"] = float(self.skipped_long)  # since the start of the run
-        # What the extra rounds cost, and what their anchor stages decided, counts too.
-        for key in (
-            "tokens/generated",
-            "time/rollout",
-            "time/reward",
-            "anchor/too_long",
-            "anchor/rejected_reference",
-            "anchor/reward_checks",
-            "time/anchor_verify",
-        ):
-            if key in metrics or any(key in m for m in extra_rounds):
-                metrics[key] = metrics.get(key, 0.0) + sum(m.get(key, 0.0) for m in extra_rounds)
-        if "tokens/generated" in metrics and metrics.get("time/rollout"):
-            metrics["tokens_per_s"] = metrics["tokens/generated"] / max(metrics["time/rollout"], 1e-9)
         return batch, metrics
 
     # ------------------------------------------------------------------------------------------- update
     def _micro_batches(self, rows: torch.Tensor) -> list[torch.Tensor]:
         return list(rows.split(self.cfg.grpo.micro_batch_size))  # row indices [<= micro_batch_size] each
-
-    def _forwarded_rows(self, rows: range, carries: torch.Tensor) -> torch.Tensor:
-        """Row indices [n] of the mini-batch `rows` that the update forwards, in batch order: the rows that
-        carry gradient, then rows that carry none up to the largest count of any process (FSDP, DeepSpeed
-        and DDP's all-reduce need every process to run the same passes) and to at least one (AdamW steps
-        on zero gradients too, as it does when every row is forwarded)."""
-        index = torch.arange(rows.start, rows.stop)  # [R]
-        keep = carries[index]  # [R]
-        target = min(len(index), max(int(self._global_max(float(keep.sum()))), 1))
-        return torch.cat([index[keep], index[~keep]])[:target].sort().values  # [n]
 
     def _logps_no_grad(self, model_fn, batch: RolloutBatch, rows: torch.Tensor) -> torch.Tensor:
         """Log-probs [B, T] of the rows `rows` (0 elsewhere: those rows are never read)."""
@@ -290,7 +257,7 @@ class Trainer:
             if g.skip_zero_gradient_rows
             else torch.ones(len(batch), dtype=torch.bool)
         )  # [B]
-        forwarded = [self._forwarded_rows(rows, carries.cpu()) for rows in minis]  # per mini-batch, [n] each
+        forwarded = [forwarded_rows(rows, carries.cpu(), self._global_max) for rows in minis]  # [n] each
         all_forwarded = torch.cat(forwarded)  # [N]
         metrics["update/forwarded_frac"] = len(all_forwarded) / len(batch)
 
@@ -458,7 +425,10 @@ class Trainer:
         metrics["time/sync"] = time.perf_counter() - t2  # weight push to the sampler (0 for the HF loop)
         metrics["time/update"] = time.perf_counter() - t1
         metrics["time/step"] = time.perf_counter() - t0
-        return self._reduce_metrics(metrics)
+        metrics = self._reduce_metrics(metrics)
+        for hook in self.update_hooks:  # on the step's reduced metrics: held-out evaluation, the signal watch
+            metrics.update(hook.after_step(step, metrics))
+        return metrics
 
     def _reduce_metrics(self, metrics: dict) -> dict:
         """One record of the step's metrics, the same on every process.
@@ -493,19 +463,10 @@ class Trainer:
     def _train(self, on_step) -> dict:
         metrics: dict = {}
         every = self.cfg.train.checkpoint_every
-        eval_every = self.cfg.train.eval_every
         while not self._finished():
             metrics = self.train_step(self.step)
             self.step += 1
-            if eval_every and self.step % eval_every == 0:
-                metrics.update(self.evaluate())
-            for line in self.watch.observe(self.step, metrics):
-                if self.is_main:
-                    self.log(line)
             self.logger.log(self.step, metrics)
-            for line in self.gap_watch.observe(self.step, metrics):  # raises after N such steps in a row
-                if self.is_main:
-                    self.log(line)
             if on_step is not None and self.is_main:
                 on_step(self.step, metrics)
             if (every and self.step % every == 0) or self._finished():
@@ -513,12 +474,6 @@ class Trainer:
         self.logger.close()
         self.sample_log.close()
         return metrics
-
-    def evaluate(self) -> dict:
-        """Held-out evaluation during training (`train.eval_every`), logged as `eval/*` metrics."""
-        if self._eval_problems is None:  # chosen once, on the first evaluation
-            self._eval_problems = eval_problems(self.cfg, self.task, self.problems, self.log)
-        return evaluate_during_training(self, self._eval_problems)
 
     # ------------------------------------------------------------------------------------ checkpoints
     def state(self) -> dict:
@@ -529,8 +484,7 @@ class Trainer:
             "rng": rng_state(),
             "stream": self.stream.state_dict(),
             "stages": stage_states(self.recipe.stages),
-            "watch": self.watch.state_dict(),
-            "logprob_gap": self.gap_watch.state_dict(),
+            "hooks": hook_states(self.update_hooks),
             "async": self.producer.state_dict() if self.producer is not None else None,
         }
 
@@ -596,6 +550,11 @@ class Trainer:
             return
         check_resume_config(path, load_run_config(path), self.cfg.to_dict(), f"{self.run_dir / 'config.yaml'}")
         state = load_trainer_state(path)
+        if "stages" not in state or "hooks" not in state:
+            raise CheckpointRefused(
+                f"{path} was written by an older regroup (its trainer state has no stage and hook states); a resume "
+                "needs a checkpoint written by this version (its weights are safe to use: model.path=PATH)"
+            )
         if state.get("optimizer") is None:  # a sharded run's checkpoint: weights and optimizer shards
             load_training_state(self.acc, path)
         else:
@@ -603,14 +562,10 @@ class Trainer:
             self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.stream.load_state_dict(state["stream"])
-        stages = state.get("stages")
-        if stages is None and state.get("anchors"):  # checkpoints written before stages had names
-            stages = {"anchors": state["anchors"]}
-        load_stage_states(self.recipe.stages, stages)
-        self.watch.load_state_dict(state.get("watch") or {})
+        load_stage_states(self.recipe.stages, state["stages"])
+        load_hook_states(self.update_hooks, state["hooks"])
         set_rng_state(state["rng"])
         self.step = state["step"]
-        self.gap_watch.load_state_dict(state.get("logprob_gap"))
         if self.producer is not None:
             self.producer.load_state_dict(state.get("async"))  # the engine loads this step's weights first
         else:
