@@ -121,3 +121,19 @@ def test_the_server_client_loads_a_snapshot_as_a_folder_and_reloads_between_requ
     assert all(float(t.abs().sum()) == 0.0 for t in written.values())  # version 1: the zeroed weights
     assert snap.payload and any(float(t.abs().sum()) > 0 for t in snap.payload.values())  # version 0 kept its own
     sampler.close()
+
+
+def test_an_own_copy_the_lean_decoder_cannot_run_samples_twice_on_one_version():
+    """A LoRA model (peft) falls back to the HF forward; two batches on one version (k = 1: batches 0 and 1)
+    once failed on the second call with AttributeError: 'bool' object has no attribute 'model'."""
+    from peft import LoraConfig, get_peft_model
+
+    model, tokenizer = tiny()
+    model = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
+    cfg = types.SimpleNamespace(backend="hf", batch_size=8, async_steps=1)
+    engine = VersionedEngine(build_sampler(cfg, model, tokenizer))
+    engine.load(engine.snapshot(model, 0))
+    params = SamplingParams(1.0, 1.0, max_new_tokens=4, n=1)
+    first = engine.generate([[5, 6, 7]], params, seed=1)
+    second = engine.generate([[5, 6, 7]], params, seed=1)
+    assert first[0].token_ids == second[0].token_ids and second[0].policy_version == 0
