@@ -84,7 +84,10 @@ def one_run(args, lag: int, seed: int, url: str | None) -> dict:
         close()
     wall = stamps[-1] - stamps[0]
     later = records[1:]
-    total = lambda key: sum(m.get(key, 0.0) for m in later)  # noqa: E731 - a local shorthand
+
+    def total(key: str) -> float:
+        return sum(m.get(key, 0.0) for m in later)
+
     if lag:
         learner_idle = total("time/wait_batch") / wall
         engine_busy = total("time/rollout") + total("time/weight_load")

@@ -67,10 +67,10 @@ class ReloadServer:
             def log_message(self, *args):
                 pass
 
-            def do_GET(self):  # noqa: N802 (http.server naming)
+            def do_GET(self):
                 self._reply({"data": [{"id": "m"}]})
 
-            def do_POST(self):  # noqa: N802 (http.server naming)
+            def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
                 if self.path == "/collective_rpc":
                     folder = Path(body["kwargs"]["weights_path"])
