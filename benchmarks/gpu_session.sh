@@ -3,7 +3,9 @@
 #   1. the shared-prefix equality test (tests/models/test_logprobs.py) on CUDA, fp32, where SDPA runs other kernels;
 #   2. benchmarks/gpu_throughput.py on the Qwen3-0.6B shape, bf16, GRPO and TA-GRPO, shared prefix on and off;
 #   3. the colocated vLLM backend's CUDA-only checks (tests/real_engine/test_cuda.py: bf16 push read back,
-#      sleep mode, tokens/s) -- only where vLLM is already installed: the lent machine cannot install it.
+#      sleep mode, tokens/s) -- only where vLLM is already installed: the lent machine cannot install it;
+#   4. asynchronous rollouts (issue 30) against a vLLM server on the same GPU with the NCCL weight sync:
+#      benchmarks/async_throughput.py, sync against rollout.async_steps=1 -- also only where vLLM is installed.
 #
 #   OUT=runs/bench/gpu bash benchmarks/gpu_session.sh
 #
@@ -34,4 +36,15 @@ if python3 -c "import vllm" 2>/dev/null; then
 else
   echo "vLLM is not installed on this machine: the colocated-backend CUDA checks (tests/real_engine/test_cuda.py) were not run" \
     | tee "$OUT/vllm_cuda.txt"
+fi
+
+if python3 -c "import vllm" 2>/dev/null && [ -d "${ASYNC_MODEL:-.cache/smollm2}" ]; then
+  timeout "${GPU_ASYNC_TIMEOUT:-300}" python3 benchmarks/async_throughput.py --model "${ASYNC_MODEL:-.cache/smollm2}" \
+    --vllm-python python3 --dtype bfloat16 --arms 0,1 --rounds 1 --steps 4 \
+    --server-args "--weight-transfer-config {\"backend\":\"nccl\"} --gpu-memory-utilization 0.3" \
+    --set rollout.vllm_server_sync=nccl --out "$OUT/async_nccl.json" 2>&1 \
+    | grep -v -E "^(INFO|WARNING|\(EngineCore)|Loading weights|Writing model" | tail -n 20 | tee "$OUT/async_nccl.txt"
+else
+  echo "vLLM or the model (ASYNC_MODEL, default .cache/smollm2) is missing: the async NCCL run was not made" \
+    | tee "$OUT/async_nccl.txt"
 fi

@@ -43,6 +43,8 @@ class Sample:
     """The original Problem (grading and scoring go against q0's answer and reference)."""
     question_text: str | None = None
     """The question this response answered (q0 or a rephrasing); None = the problem's own question."""
+    policy_version: int | None = None
+    """The policy version that drew it (async rollouts); None: the live weights, or an anchor."""
 
 
 @dataclass

@@ -160,6 +160,41 @@ class RolloutConfig:
         "Folder both learner and server can read (reload sync). None: a temporary folder on this machine.",
         path=True,
     )
+    async_steps: int = F(
+        0,
+        "Asynchronous rollouts: the engine draws batch t with the policy of k = async_steps updates before "
+        "(exactly t - k) while the learner trains on t - 1; 0: synchronous (sample, then update). Needs an engine "
+        "with its own weights: backend=vllm_server or hf (docs/vllm_server.md, Asynchronous rollouts).",
+        ge=0,
+        le=8,
+    )
+    async_correction: Literal["decoupled", "behaviour"] = F(
+        "decoupled",
+        "pi_old of the loss under async_steps: decoupled (AReaL): the learner's own log-probs before the update "
+        "(the proximal policy) clip the ratio, and tis_cap / is_mode / is_min weigh pi_prox/pi_behaviour; "
+        "behaviour: the engine's log-probs are pi_old (PPO ratio against the sampler itself; tis_cap must be 0).",
+    )
+    async_timeout_s: float = F(
+        1800.0,
+        "Async: the longest the learner waits for the engine's next batch (or a checkpoint for it) before it "
+        "stops with one line.",
+        gt=0.0,
+        le=86400.0,
+    )
+    logprob_gap_warn: float = F(
+        1.0,
+        "Warn when the sampler's log-probs differ from the learner's by more than this many nats per trained "
+        "token on average (rollout/logprob_gap_mean): the engine is not running the learner's weights.",
+        gt=0.0,
+        le=1000.0,
+    )
+    logprob_gap_stop_steps: int = F(
+        5,
+        "Stop the run after this many steps in a row with that gap or with missing / NaN behaviour log-probs "
+        "(0: warn only).",
+        ge=0,
+        le=1000000,
+    )
 
 
 @dataclass

@@ -26,6 +26,8 @@ class Completion:
     text: str
     logps: list[float] | None
     truncated: bool
+    policy_version: int | None = None
+    """The policy version that drew it (async rollouts, `rollout.versions`); None: the live weights."""
 
 
 class Sampler(Protocol):

@@ -74,7 +74,7 @@ class HFSampler:
         """The lean decoder over the model's own weights when it supports the architecture, else None."""
         if not self.use_fast:
             return None
-        if self._fast is None or self._fast.model is not self.model:
+        if self._fast is None or (self._fast and self._fast.model is not self.model):  # False: unsupported
             self._fast = FastDecoder(self.model) if fast_supports(self.model) else False
         if self._fast:
             self._fast.refresh()

@@ -74,10 +74,8 @@ def server_api_key(api_key_env: str | None) -> str | None:
     return key
 
 
-def save_weights_folder(model, folder: Path) -> int:
-    """Write `model`'s weights (HF checkpoint names; LoRA merged, then unmerged) into `folder` as
-    `model.safetensors`, atomically: written under a temporary name beside it, then renamed into place.
-    Returns the number of tensors written."""
+def weights_in_memory(model) -> dict:
+    """`model`'s weights as vLLM loads them (HF checkpoint names, LoRA merged), copied to CPU memory."""
     tensors: dict = {}
 
     def collect(pairs):
@@ -86,6 +84,15 @@ def save_weights_folder(model, folder: Path) -> int:
             tensors[name] = tensor.detach().to("cpu", copy=True).contiguous()
 
     push_weights(model, collect)
+    return tensors
+
+
+def save_weights_folder(model, folder: Path, tensors: dict | None = None) -> int:
+    """Write `model`'s weights (HF checkpoint names; LoRA merged, then unmerged), or the `tensors` of
+    `weights_in_memory`, into `folder` as `model.safetensors`, atomically: written under a temporary name
+    beside it, then renamed into place. Returns the number of tensors written."""
+    if tensors is None:
+        tensors = weights_in_memory(model)
     folder = Path(folder)
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     try:
@@ -139,6 +146,8 @@ class VLLMServerSampler:
         self.sync_dir = Path(rollout_cfg.vllm_server_sync_dir or tempfile.mkdtemp(prefix="regroup-vllm-sync-"))
         self.sync_dir.mkdir(parents=True, exist_ok=True)
         self.version = 0
+        self.served_version: int | None = None
+        """The policy version the server holds (async rollouts); None: not loaded from a snapshot."""
         self.sync_times: list[float] = []
         self._nccl = None
         models = self._call("/v1/models", None, timeout_s=min(self.timeout_s, 30.0))
@@ -179,17 +188,35 @@ class VLLMServerSampler:
         self._call("/reset_prefix_cache", {})  # cached KV was computed with the old weights
         self.sync_times.append(time.perf_counter() - t0)
 
-    def _sync_reload(self, model) -> None:
+    def _sync_reload(self, model, tensors: dict | None = None) -> None:
+        previous = self.sync_dir / f"weights-v{self.version}"
         self.version += 1
         folder = self.sync_dir / f"weights-v{self.version}"
-        save_weights_folder(model, folder)
+        save_weights_folder(model, folder, tensors)
         reply = self._call(
             "/collective_rpc", {"method": "regroup_reload_weights", "kwargs": {"weights_path": str(folder)}}
         )
         if not isinstance(reply, dict) or not isinstance(reply.get("results"), list):
             raise ServerError(f"vLLM server: /collective_rpc regroup_reload_weights answered {str(reply)[:200]!r}")
-        previous = self.sync_dir / f"weights-v{self.version - 1}"
         shutil.rmtree(previous, ignore_errors=True)  # the server holds its copy in memory now
+
+    # ------------------------------------------------------------------ async: numbered snapshots
+    def snapshot_weights(self, model) -> dict:
+        """Async rollouts (`rollout.versions`): the learner's weights now, copied to memory on the learner's
+        thread, for `load_snapshot` to send later while the learner trains on."""
+        return weights_in_memory(model)
+
+    def load_snapshot(self, tensors: dict, version: int) -> None:
+        """Make the server sample from a snapshot (reload: write it as a folder and reload from it; nccl:
+        send it). The caller holds the engine between requests (`VersionedEngine`)."""
+        t0 = time.perf_counter()
+        if self.sync_method == "nccl":
+            self._sync_nccl(_Snapshot(tensors))
+        else:
+            self._sync_reload(None, tensors)
+        self._call("/reset_prefix_cache", {})  # cached KV was computed with the old weights
+        self.served_version = version
+        self.sync_times.append(time.perf_counter() - t0)
 
     def _sync_nccl(self, model) -> None:
         """vLLM's NCCL weight transfer (trainer side = rank 0, the server's workers after it)."""
@@ -326,6 +353,17 @@ def _clip_value(value) -> str:
     """A reply's value for a message: its repr, cut to 40 characters (a server may send anything)."""
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+class _Snapshot:
+    """Weights already in vLLM's names (`weights_in_memory`), standing where a model is pushed: the NCCL
+    source reads them through `push_weights`, which sees a plain module with these parameters."""
+
+    def __init__(self, tensors: dict):
+        self.tensors = tensors
+
+    def named_parameters(self):
+        return iter(self.tensors.items())
 
 
 def _nccl_engine(sampler: VLLMServerSampler, model):

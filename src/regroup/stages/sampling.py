@@ -63,6 +63,7 @@ class SampleResponses:
                     truncated=c.truncated,
                     problem=problem,
                     question_text=slot.text,
+                    policy_version=getattr(c, "policy_version", None),
                 )
             )
         generated = sum(len(c.token_ids) for c in completions)

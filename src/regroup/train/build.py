@@ -18,6 +18,7 @@ from accelerate.utils import InitProcessGroupKwargs
 
 from regroup.data.load import FieldMap, load_problems
 from regroup.diagnostics.hooks import WatchSignals, build_update_hooks
+from regroup.diagnostics.logprob_gap import LogprobGapWatch, WatchLogprobGap
 from regroup.diagnostics.signals import SignalWatch
 from regroup.eval.during_training import HeldOutEvaluation
 from regroup.models.load import ReferenceModel, configured_model_path, load_policy, load_tokenizer
@@ -196,6 +197,8 @@ def step_hooks(cfg, recipe: Recipe, parts: RunParts, log=print) -> list:
         hooks.append(HeldOutEvaluation(cfg, parts, recipe.reward_fn, log))
     watch = SignalWatch.for_recipe(cfg, recipe, parts.references_verify)
     hooks.append(WatchSignals(watch, log if parts.accelerator.is_main_process else lambda line: None))
+    gap = LogprobGapWatch.for_config(cfg)  # the engine's log-probs against the learner's (every backend)
+    hooks.append(WatchLogprobGap(gap, log if parts.accelerator.is_main_process else lambda line: None))
     return hooks
 
 

@@ -34,6 +34,7 @@ from regroup.errors import ConfigError
 from regroup.io import write_atomic
 from regroup.net.redact import check_key_env_name
 from regroup.registry import REPHRASERS, REWARDS, SCORERS, STAGES, TASKS, Registry
+from regroup.rollout.producer import check_async_config
 from regroup.stages.user import check_user_stage, parse_stage_entry
 from regroup.train.recipes import features, loss_spec
 
@@ -97,6 +98,7 @@ def check_config(cfg: RunConfig) -> None:
         loss_spec(cfg)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    check_async_config(cfg)  # rollout.async_steps: the backends and corrections that cannot work
 
 
 def _piece(key: str, registry: Registry, name: str, must_call: bool = True) -> Any:

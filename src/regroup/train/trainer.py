@@ -26,10 +26,12 @@ from accelerate.utils import gather, gather_object, pad_across_processes, reduce
 from regroup.algo.losses import LossInputs, LossTotals, policy_loss, rows_with_gradient
 from regroup.algo.sampler_is import sampler_is_weight
 from regroup.batch import RolloutBatch, collate
+from regroup.diagnostics import logprob_gap
 from regroup.diagnostics.hooks import hook_states, load_hook_states
 from regroup.models.logprobs import prompt_order, response_logps, use_shared_prefix
 from regroup.models.prompting import encode_prompt, encode_response
 from regroup.rollout.base import SamplingParams
+from regroup.rollout.producer import behaviour_old_logps, build_producer
 from regroup.runtime.checkpoint import (
     CheckpointRefused,
     check_resume_config,
@@ -87,6 +89,7 @@ class Trainer:
         self._prompt_ids: dict[str, list[int]] = {}
         self.skipped_long = 0
         self.ctx = self._context()
+        self.producer = build_producer(self) if cfg.rollout.async_steps else None  # async: where batches come from
         self.step = 0
         if self.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -295,6 +298,8 @@ class Trainer:
                         old = (
                             logps.detach() if old_logps is None else old_logps[mb]
                         )  # mu = 1, one mini-batch: ratio 1 (TRL)
+                        if self.producer is not None and cfg.rollout.async_correction == "behaviour":
+                            old = behaviour_old_logps(old, part)  # pi_old = the engine's own log-probs
                         inputs = LossInputs(
                             advantages=advantages[mb],
                             loss_mask=part.completion_mask,
@@ -373,6 +378,7 @@ class Trainer:
 
     @staticmethod
     def _accumulate(sums, part, entropy, loss_metrics, anchor_tokens, logps) -> None:
+        logprob_gap.accumulate(sums, part, logps)  # sampler vs learner, on the trained tokens
         on_policy = part.completion_mask.bool() & ~anchor_tokens  # [b, T]
         n_tok = float(on_policy.sum())
         sums["tok"] = sums.get("tok", 0.0) + n_tok
@@ -387,7 +393,7 @@ class Trainer:
 
     @staticmethod
     def _finish_sums(sums) -> dict:
-        out = {}
+        out = logprob_gap.finish(sums)
         tok = max(sums.get("tok", 0.0), 1.0)
         for key in ("entropy", "clip/low_frac", "clip/high_frac", "kl"):
             if key in sums:
@@ -404,14 +410,18 @@ class Trainer:
     # ------------------------------------------------------------------------------------------- loop
     def train_step(self, step: int) -> dict:
         t0 = time.perf_counter()
-        batch, metrics = self.collect(step)
+        model = self.acc.unwrap_model(self.model)
+        batch, metrics = self.producer.take(step, model) if self.producer else self.collect(step)
         for hook in self.update_hooks:
             metrics.update(hook.after_collect(batch))
         self.sample_log.maybe_log(step + 1, batch)
         t1 = time.perf_counter()
         metrics.update(self.update(batch))
         t2 = time.perf_counter()
-        self.sampler.sync_weights(self.acc.unwrap_model(self.model))
+        if self.producer is not None:
+            self.producer.publish(step + 1, model)  # a snapshot; the engine loads it when a batch needs it
+        else:
+            self.sampler.sync_weights(model)
         metrics["time/sync"] = time.perf_counter() - t2  # weight push to the sampler (0 for the HF loop)
         metrics["time/update"] = time.perf_counter() - t1
         metrics["time/step"] = time.perf_counter() - t0
@@ -444,6 +454,13 @@ class Trainer:
 
     def train(self, on_step=None) -> dict:
         """Run to `train.steps` (or `train.epochs` passes over the questions); returns the last step's metrics."""
+        try:
+            return self._train(on_step)
+        finally:
+            if self.producer is not None:
+                self.producer.close()
+
+    def _train(self, on_step) -> dict:
         metrics: dict = {}
         every = self.cfg.train.checkpoint_every
         while not self._finished():
@@ -468,9 +485,15 @@ class Trainer:
             "stream": self.stream.state_dict(),
             "stages": stage_states(self.recipe.stages),
             "hooks": hook_states(self.update_hooks),
+            "async": self.producer.state_dict() if self.producer is not None else None,
         }
 
     def save(self) -> Path | None:
+        pause = self.producer.paused(self.step) if self.producer is not None else nullcontext()
+        with pause:  # async: the producer holds still at a batch boundary while its state is written
+            return self._save()
+
+    def _save(self) -> Path | None:
         self.acc.wait_for_everyone()
         if is_sharded(self.acc):
             return self._save_sharded()
@@ -543,7 +566,10 @@ class Trainer:
         load_hook_states(self.update_hooks, state["hooks"])
         set_rng_state(state["rng"])
         self.step = state["step"]
-        self.sampler.sync_weights(self.acc.unwrap_model(self.model))
+        if self.producer is not None:
+            self.producer.load_state_dict(state.get("async"))  # the engine loads this step's weights first
+        else:
+            self.sampler.sync_weights(self.acc.unwrap_model(self.model))
         self.logger.truncate_after(self.step)
         self.sample_log.truncate_after(self.step)
         self.log(f"resumed from {path} at step {self.step}")

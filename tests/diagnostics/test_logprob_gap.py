@@ -1,0 +1,154 @@
+"""The sampler-vs-learner log-prob gap (issue 31 finding 12, issue 30): hand-computed metrics, the watch's
+warning and stop, and real runs where the engine's log-probs are stale (a server that says it reloaded but
+kept its old weights: -0.01 against the learner's -4.6), NaN or missing. The stand-ins only change what
+the real HF sampler returns."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from helpers import small_config
+
+from regroup.batch import RolloutBatch
+from regroup.diagnostics import logprob_gap
+from regroup.diagnostics.logprob_gap import LogprobGapError, LogprobGapWatch
+from regroup.train.trainer import Trainer
+
+
+def make_trainer(cfg, run_dir, log):
+    try:
+        from regroup.train.build import build_trainer  # the builder, where the trainer is built from a config
+    except ImportError:
+        return Trainer.from_config(cfg, run_dir, log=log)
+    return build_trainer(cfg, run_dir, log=log)
+
+
+def part(behaviour, lengths, has=None, sampled=None) -> RolloutBatch:
+    b, t = behaviour.shape
+    mask = (torch.arange(t)[None, :] < torch.tensor(lengths)[:, None]).float()  # [b, T]
+    zeros = torch.zeros((b, t), dtype=torch.long)
+    return RolloutBatch(
+        input_ids=zeros,
+        attention_mask=zeros,
+        position_ids=zeros,
+        completion_mask=mask,
+        sampled_mask=mask.bool() if sampled is None else sampled,
+        behaviour_logps=behaviour,
+        has_behaviour_logps=torch.ones(b, dtype=torch.bool) if has is None else has,
+        rewards=torch.zeros(b),
+        group_ids=torch.zeros(b, dtype=torch.long),
+        is_anchor=torch.zeros(b, dtype=torch.bool),
+    )
+
+
+def test_the_gap_by_hand():
+    behaviour = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -0.5, 0.0]])  # row 1 has 2 tokens
+    learner = torch.tensor([[-1.5, -2.0, -2.0], [-0.5, -1.0, -9.0]])
+    sums: dict = {}
+    logprob_gap.accumulate(sums, part(behaviour, [3, 2]), learner)
+    out = logprob_gap.finish(sums)
+    deltas = torch.tensor([-0.5, 0.0, 1.0, 0.0, -0.5])
+    assert out["rollout/logprob_gap_mean"] == pytest.approx(float(deltas.abs().mean()))
+    assert out["rollout/logprob_gap_max"] == pytest.approx(1.0)
+    ratios = deltas.double().exp()
+    assert out["rollout/is_ratio_min"] == pytest.approx(float(ratios.min()))
+    assert out["rollout/is_ratio_max"] == pytest.approx(math.e)
+    assert out["rollout/is_ratio_std"] == pytest.approx(float(ratios.std(unbiased=False)), rel=1e-9)
+    assert out["rollout/behaviour_logps_bad_frac"] == 0.0
+
+
+def test_missing_and_nan_behaviour_logps_are_counted_but_not_an_appended_eos():
+    nan = math.nan
+    behaviour = torch.tensor([[-1.0, nan, -1.0], [-1.0, -1.0, nan], [0.0, 0.0, 0.0]])
+    has = torch.tensor([True, True, False])  # row 2: the backend gave none
+    sums: dict = {}
+    logprob_gap.accumulate(sums, part(behaviour, [3, 3, 2], has=has), torch.full((3, 3), -1.0))
+    out = logprob_gap.finish(sums)
+    # bad: row 0's middle NaN and row 2's 2 tokens; row 1's NaN is its last token (the EOS the client appended)
+    assert out["rollout/behaviour_logps_bad_frac"] == pytest.approx(3 / 8)
+    assert out["rollout/logprob_gap_mean"] == 0.0
+
+
+def test_anchor_tokens_are_not_the_engines():
+    behaviour = torch.zeros((1, 2))
+    sampled = torch.tensor([[False, False]])
+    sums: dict = {}
+    logprob_gap.accumulate(sums, part(behaviour, [2], sampled=sampled), torch.full((1, 2), -3.0))
+    assert logprob_gap.finish(sums) == {}
+
+
+def test_the_watch_warns_then_stops_and_resets_on_a_good_step():
+    watch = LogprobGapWatch(warn_gap=1.0, stop_steps=3)
+    bad = {"rollout/logprob_gap_mean": 4.6, "rollout/logprob_gap_max": 9.0, "rollout/behaviour_logps_bad_frac": 0.0}
+    good = {"rollout/logprob_gap_mean": 1e-5, "rollout/behaviour_logps_bad_frac": 0.0}
+    (line,) = watch.observe(1, bad)
+    assert "differ from the learner's by 4.6 nats" in line and "stops after 3" in line
+    assert watch.observe(2, good) == []
+    watch.observe(3, bad)
+    watch.observe(4, bad)
+    with pytest.raises(LogprobGapError, match="step 5: .* for 3 steps in a row; stopped"):
+        watch.observe(5, bad)
+    only_warns = LogprobGapWatch(stop_steps=0)
+    for step in range(10):
+        assert "warning only" in only_warns.observe(step, bad)[0]
+
+
+class Rewritten:
+    """The real sampler, its log-probs rewritten by `fn` (a stale server, NaN, missing)."""
+
+    def __init__(self, sampler, fn):
+        self.sampler, self.fn = sampler, fn
+
+    def generate(self, prompts, params, seed=None):
+        out = self.sampler.generate(prompts, params, seed=seed)
+        for c in out:
+            c.logps = self.fn(c.logps)
+        return out
+
+    def sync_weights(self, model):
+        self.sampler.sync_weights(model)
+
+
+@pytest.mark.parametrize(
+    "fn, says",
+    [
+        (lambda lp: [-0.01] * len(lp), "differ from the learner's by"),  # kept its old weights: -0.01 vs ~-4.6
+        (lambda lp: [math.nan] * len(lp), "no finite behaviour log-prob"),
+        (lambda lp: None, "no finite behaviour log-prob"),  # too short: the server client drops them
+    ],
+)
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_a_run_whose_engine_logps_are_wrong_warns_then_stops(tiny_model_dir, tmp_path, fn, says, asynchronous):
+    cfg = small_config(
+        tiny_model_dir,
+        tmp_path / "run",
+        "grpo.yaml",
+        "train.steps=6",
+        "train.checkpoint_every=1",
+        "rollout.logprob_gap_stop_steps=3",
+        "rollout.tis_cap=2",
+        "diagnostics.diversity_every=0",
+        f"rollout.async_steps={int(asynchronous)}",
+    )
+    lines = []
+    trainer = make_trainer(cfg, tmp_path / "run", lines.append)
+    if asynchronous:
+        trainer.producer.engine.sampler = Rewritten(trainer.producer.engine.sampler, fn)
+    else:
+        trainer.ctx.sampler = Rewritten(trainer.ctx.sampler, fn)
+    with pytest.raises(LogprobGapError, match="step 3: .*for 3 steps in a row; stopped"):
+        trainer.train()
+    warnings = [line for line in lines if says in line]
+    assert [w.split(":")[1].strip() for w in warnings] == ["step 1", "step 2"]
+    checkpoints = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
+    assert checkpoints == ["step-000001", "step-000002"]  # the stopped step wrote none
+
+
+def test_a_healthy_run_has_a_tiny_gap_and_no_warning(tiny_model_dir, tmp_path):
+    cfg = small_config(tiny_model_dir, tmp_path / "run", "grpo.yaml", "train.steps=2", "diagnostics.diversity_every=0")
+    lines = []
+    metrics = make_trainer(cfg, tmp_path / "run", lines.append).train()
+    assert metrics["rollout/logprob_gap_mean"] < 1e-4 and metrics["rollout/behaviour_logps_bad_frac"] == 0.0
+    assert not [line for line in lines if "behaviour log-prob" in line or "log-probs differ" in line]

@@ -1,0 +1,285 @@
+"""The async producer's schedule without a model: batch t is drawn by version t − k exactly, whatever the
+speed of either side; the engine switches versions only between batches; checkpoints hold it at a batch
+boundary; faults are one line within the deadline and nothing partial is handed over."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import pytest
+import torch
+
+from regroup.batch import Sample
+from regroup.rollout.base import Completion, SamplingParams
+from regroup.rollout.producer import AsyncProducer, batch_version
+from regroup.rollout.versions import AsyncRolloutError, VersionedEngine
+from regroup.stages.base import StepBatch
+
+PARAMS = SamplingParams(1.0, 1.0, max_new_tokens=4, n=1)
+
+
+class CountingEngine:
+    """An engine whose 'weights' are one number: each completion's only token is the version it holds, so
+    a reply drawn across a switch would show two values. `delay` jitters each call (speed must not matter)."""
+
+    def __init__(self, delay: float = 0.0, seed: int = 0):
+        self.weights = None
+        self.delay = delay
+        self.rng = random.Random(seed)
+        self.calls = 0
+
+    def generate(self, prompts, params, seed=None):
+        self.calls += 1
+        out = []
+        for i, _ in enumerate(prompts):
+            if self.delay:
+                time.sleep(self.rng.random() * self.delay)
+            out.append(Completion(i, [int(self.weights)], "", [-1.0], False))
+        return out
+
+
+class NumberWeights:
+    """The stand-in engine's snapshot: the model object's `value` attribute at publish time."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    @staticmethod
+    def snapshot(model):
+        return model.value
+
+    def load(self, payload, version):
+        self.engine.weights = payload
+
+
+class Model:
+    def __init__(self):
+        self.value = 0
+
+
+def make(lag, total, *, delay=0.0, timeout_s=60.0, fault=None):
+    engine = CountingEngine(delay)
+    versioned = VersionedEngine(engine, NumberWeights(engine))
+
+    def collect(step):
+        if fault is not None:
+            fault(step)
+        completions = versioned.generate([[1], [2]], PARAMS)
+        batch = StepBatch(step=step)
+        for c in completions:
+            batch.samples.append(
+                Sample(
+                    step,
+                    "q",
+                    0,
+                    False,
+                    [1],
+                    [1],
+                    c.token_ids,
+                    "",
+                    behaviour_logps=c.logps,
+                    policy_version=c.policy_version,
+                )
+            )
+        return batch, {"tokens/generated": 2.0}
+
+    return AsyncProducer(collect, versioned, lag, total, timeout_s=timeout_s), versioned, engine
+
+
+def learn(producer, model, steps, *, start=0, train_s=0.0, on_step=None):
+    """The trainer's loop, reduced: take batch t, 'update' (the model's value becomes t + 1), publish."""
+    seen = []
+    for step in range(start, steps):
+        batch, metrics = producer.take(step, model)
+        seen.append((step, [s.response_ids[0] for s in batch.samples], metrics))
+        if train_s:
+            time.sleep(train_s)
+        model.value = step + 1
+        producer.publish(step + 1, model)
+        if on_step is not None:
+            on_step(step + 1)
+    return seen
+
+
+@pytest.mark.parametrize("lag", [1, 2, 3])
+@pytest.mark.parametrize("speed", ["engine_slow", "learner_slow"])
+def test_batch_t_is_drawn_by_version_t_minus_k_exactly(lag, speed):
+    producer, versioned, _ = make(lag, 8, delay=0.01 if speed == "engine_slow" else 0.0)
+    model = Model()
+    try:
+        seen = learn(producer, model, 8, train_s=0.02 if speed == "learner_slow" else 0.0)
+    finally:
+        producer.close()
+    for step, tokens, metrics in seen:
+        version = batch_version(step, lag)
+        assert tokens == [version, version], (step, tokens)  # the weights of version t − k, in every response
+        assert metrics["rollout/policy_version"] == version
+        assert metrics["rollout/policy_lag"] == step - version
+    assert producer.drawn == [(t, batch_version(t, lag)) for t in range(8)]
+    # the engine switched only to the versions batches needed, each once, in order
+    assert versioned.switches == sorted(set(versioned.switches)) == sorted({batch_version(t, lag) for t in range(8)})
+
+
+def test_every_sample_records_the_version_that_drew_it():
+    producer, _, _ = make(1, 4)
+    model = Model()
+    got = []
+    try:
+        for step in range(4):
+            batch, _ = producer.take(step, model)
+            got.append({s.policy_version for s in batch.samples})
+            model.value = step + 1
+            producer.publish(step + 1, model)
+    finally:
+        producer.close()
+    assert got == [{0}, {0}, {1}, {2}]
+
+
+def test_a_load_waits_for_the_requests_in_flight():
+    """A version switch requested mid-generate happens after it: no reply mixes two versions."""
+    engine = CountingEngine()
+    versioned = VersionedEngine(engine, NumberWeights(engine))
+    versioned.load(versioned.snapshot(type("M", (), {"value": 7})(), 7))
+    started, release = threading.Event(), threading.Event()
+    real = engine.generate
+
+    def slow_generate(prompts, params, seed=None):
+        started.set()
+        release.wait(10)
+        return real(prompts, params, seed)
+
+    engine.generate = slow_generate
+    result = {}
+    t = threading.Thread(target=lambda: result.setdefault("c", versioned.generate([[1], [2], [3]], PARAMS)))
+    t.start()
+    assert started.wait(10)
+    loader = threading.Thread(target=lambda: versioned.load(versioned.snapshot(type("M", (), {"value": 8})(), 8)))
+    loader.start()
+    time.sleep(0.05)
+    assert engine.weights == 7  # the load is waiting for the lock
+    release.set()
+    t.join(10)
+    loader.join(10)
+    assert [c.token_ids for c in result["c"]] == [[7]] * 3
+    assert {c.policy_version for c in result["c"]} == {7}
+    assert engine.weights == 8 and versioned.loaded_version == 8
+
+
+def test_the_producer_never_runs_more_than_k_batches_ahead():
+    producer, _, _ = make(2, 10)
+    model = Model()
+    try:
+        producer.take(0, model)
+        time.sleep(0.2)  # the learner is slow: the producer may only draw what versions 0.. allow
+        assert [s for s, _ in producer.drawn] == [0, 1, 2]
+    finally:
+        producer.close()
+
+
+def test_checkpoint_pause_holds_exactly_the_batches_versions_older_than_the_checkpoint_need():
+    """At a checkpoint of step s, batches s .. s+k-1 are drawn and saved; the resumed producer draws the
+    same batches with the same versions as the uninterrupted one."""
+    lag, total = 2, 7
+    producer, _, _ = make(lag, total)
+    model = Model()
+    states = {}
+
+    def checkpoint(step):
+        if step == 3:
+            with producer.paused(step):
+                states[step] = producer.state_dict()
+
+    try:
+        straight = learn(producer, model, total, on_step=checkpoint)
+    finally:
+        producer.close()
+    state = states[3]
+    assert [b["batch"]["step"] for b in state["batches"]][:2] == [3, 4]
+    assert all(b["version"] == batch_version(b["batch"]["step"], lag) for b in state["batches"])
+
+    resumed, _, _ = make(lag, total)
+    resumed.load_state_dict(state)
+    model = Model()
+    model.value = 3  # the checkpoint's weights are version 3
+    try:
+        rest = learn(resumed, model, total, start=3)
+    finally:
+        resumed.close()
+    assert [(s, tok) for s, tok, _ in rest] == [(s, tok) for s, tok, _ in straight[3:]]
+
+
+def test_an_engine_that_dies_is_one_line_and_no_batch_is_handed_over():
+    def die(step):
+        if step == 2:
+            raise RuntimeError("engine core died")
+
+    producer, _, _ = make(1, 6, fault=die)
+    model = Model()
+    try:
+        learn(producer, model, 2)
+        with pytest.raises(AsyncRolloutError, match="failed while drawing step 3: RuntimeError: engine core died"):
+            producer.take(2, model)
+    finally:
+        producer.close()
+
+
+def test_a_stalled_engine_is_one_line_within_the_deadline():
+    stall = threading.Event()
+
+    def hang(step):
+        if step == 1:
+            stall.wait(60)
+
+    producer, _, _ = make(1, 4, fault=hang, timeout_s=1.0)
+    model = Model()
+    try:
+        learn(producer, model, 1)
+        t0 = time.monotonic()
+        with pytest.raises(
+            AsyncRolloutError, match=r"no rollout batch for step 2 within 1 s \(rollout.async_timeout_s\)"
+        ):
+            producer.take(1, model)
+        assert time.monotonic() - t0 < 30  # the deadline, not the stall
+    finally:
+        stall.set()
+        producer.close()
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (lambda cs: cs[:-1], "returned 1 completions for 2 requested"),
+        (lambda cs: [Completion(0, ["x"], "", None, False), cs[1]], "token_ids is not a list of ints"),
+        (lambda cs: [Completion(0, [1] * 50, "", None, False), cs[1]], "50 tokens for rollout.max_new_tokens=4"),
+        (lambda cs: [Completion(0, [1, 2], "", [-1.0], False), cs[1]], "1 log-probs for 2 tokens"),
+    ],
+)
+def test_a_malformed_reply_is_one_line(bad, message):
+    producer, _, engine = make(1, 3)
+    real = engine.generate
+    engine.generate = lambda prompts, params, seed=None: bad(real(prompts, params, seed))
+    try:
+        with pytest.raises(AsyncRolloutError, match=message):
+            producer.take(0, Model())
+    finally:
+        producer.close()
+
+
+def test_inflight_state_is_plain_and_loads_with_weights_only(tmp_path):
+    producer, _, _ = make(1, 4)
+    model = Model()
+    try:
+        learn(producer, model, 2)
+        with producer.paused(2):
+            state = producer.state_dict()
+    finally:
+        producer.close()
+    torch.save(state, tmp_path / "s.pt")
+    back = torch.load(tmp_path / "s.pt", weights_only=True)
+    again, _, _ = make(1, 4)
+    again.load_state_dict(back)
+    batch, metrics = again.take(2, model)  # handed over without the engine drawing anything
+    assert [s.response_ids for s in batch.samples] == [[1], [1]] and metrics["rollout/policy_version"] == 1
+    again.close()
