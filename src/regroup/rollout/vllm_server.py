@@ -506,7 +506,7 @@ class LocalServer:
         self.start_seconds: float | None = None
 
     def __enter__(self) -> LocalServer:
-        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115 - closed in stop
+        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # closed in stop()
         self._log = out
         t0 = time.monotonic()
         self.proc = subprocess.Popen(

@@ -41,7 +41,7 @@ from regroup.train.warmup import ensure_warm_model
 @dataclass
 class RunParts:
     cfg: object
-    accelerator: object
+    accelerator: Any  # accelerate.Accelerator (accelerate ships no types mypy reads here)
     model: object
     tokenizer: object
     reference: object

@@ -297,7 +297,7 @@ def check_user_rewards(cfg, problems: list, task) -> None:
 
 
 def before_weights_load(
-    cfg, problems: list, task, tokenizer, model_path: str, world: int, device: str, encode_prompt, log=print
+    cfg, problems: list, task, tokenizer, model_path: str | None, world: int, device: str, encode_prompt, log=print
 ) -> ReferenceCheck | None:
     """Every pre-load check of a training run, in order; returns the reference check (None: not run)."""
     check_api_keys(cfg)

@@ -239,6 +239,8 @@ class Trainer:
         # Rows of one prompt side by side, so a micro-batch shares few prompt forwards (anchors join their group).
         order = prompt_order(samples) if self.shared_prefix else list(range(len(samples)))
         batch = self._to_device(collate([samples[i] for i in order], self.pad_id))
+        if step_batch.advantages is None:  # the recipe's advantages stage sets them on every non-empty step
+            raise RuntimeError("update: the step batch has no advantages (no advantages stage ran)")
         advantages = step_batch.advantages[order].to(self.acc.device)  # [B]
         weights = None if step_batch.weights is None else step_batch.weights[order].to(self.acc.device)  # [B]
         metrics: dict = {}
@@ -519,6 +521,8 @@ class Trainer:
         save_training_state(self.acc, staging)  # collective: each process its own shards
         path = None
         if self.is_main:
+
+            assert weights is not None, "full_state_dict returns the full weights on rank 0"
 
             def write_weights(folder: Path) -> None:
                 write_hf_weights(self.acc.unwrap_model(self.model), weights, folder)
