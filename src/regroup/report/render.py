@@ -281,10 +281,15 @@ def render_markdown(
         elif not r["config_diff"]:
             diff = f"same settings as {r['diff_against']}"  # escaped with the cell below
         else:
-            diff = "<br>".join(f"`{k}`: {format_value(a)} → **{format_value(b)}**" for k, a, b in r["config_diff"])
+            # each change escaped on its own, joined by a raw <br>: the one line break a Markdown table cell has
+            diff = "<br>".join(
+                _md_escape(f"`{k}`: {format_value(a)} → **{format_value(b)}**") for k, a, b in r["config_diff"]
+            )
+        if r["diff_against"] is None or not r["config_diff"]:
+            diff = _md_escape(diff)
         lines.append(
             f"| {_md_escape(r['label'])} | {_md_escape(', '.join(r['runs']))} | "
-            f"{', '.join(str(s) for s in r['seeds'])} | {_md_escape(diff)} |"
+            f"{', '.join(str(s) for s in r['seeds'])} | {diff} |"
         )
     for section, heading in (("evaluation", "Evaluation"), ("training", "Training")):
         lines += ["", f"## {heading}", ""]
