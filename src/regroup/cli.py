@@ -348,6 +348,7 @@ def cmd_study(args) -> int:
             REAL_ARMS_BY_NAME,
             RealSettings,
             real_arm_config,
+            real_plan,
             run_real_study,
         )
 
@@ -361,28 +362,26 @@ def cmd_study(args) -> int:
             missing = [str(d) for d in dirs if not d.is_dir()]
             if missing:
                 raise ConfigError(f"--summarize: no such study folder {missing}")
-            lengths = sorted({int(p.name[3:]) for d in dirs for p in d.glob("len*") if p.name[3:].isdigit()})
-            for length in lengths:
-                print(f"## max_new_tokens {length}\n\n{summarize_real(dirs, length)}\n")
+            print(summarize_real(dirs))
             return 0
         s = RealSettings(
             arms=arms,
             **{
                 k: v
-                for k, v in (("seeds", args.seeds), ("first_seed", args.first_seed), ("lengths", args.lengths))
+                for k, v in (("seeds", args.seeds), ("first_seed", args.first_seed), ("length", args.length))
                 if v is not None
             },
         )
         if args.dry_run:  # every arm's config validates, before any model loads
             for name in arms or REAL_ARMS_BY_NAME:
-                for length in s.lengths:
-                    real_arm_config(REAL_ARMS_BY_NAME[name], s, 0, length, Path(args.out) / "dry-run", s.model_dir)
-            print(json.dumps({"settings": s.__dict__, "arms": list(arms or REAL_ARMS_BY_NAME)}, indent=2, default=str))
+                real_arm_config(REAL_ARMS_BY_NAME[name], s, 0, Path(args.out) / "dry-run")
+            chosen = [REAL_ARMS_BY_NAME[n] for n in arms or REAL_ARMS_BY_NAME]
+            print(json.dumps(real_plan(s, chosen), indent=2, default=str))
             return 0
         print(f"real-model study: {run_real_study(s, out_root=args.out, log=_log)}")
         return 0
-    if args.lengths is not None:
-        raise ConfigError("--lengths: only with --real")
+    if args.length is not None:
+        raise ConfigError("--length: only with --real")
     if args.summarize:  # join a (split) miniature study's folders into one page
         dirs = [Path(d) for d in args.summarize]
         missing = [str(d) for d in dirs if not (d / "plan.json").is_file() or not (d / "regimes.json").is_file()]
@@ -687,7 +686,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the first seed (split one study over processes; join them with --summarize)",
     )
     p.add_argument(
-        "--lengths", type=_int_list, default=None, help="--real: comma-separated rollout.max_new_tokens (default 40)"
+        "--length", type=_number(int, "count"), default=None, help="--real: rollout.max_new_tokens (default 40)"
     )
     p.add_argument(
         "--summarize",

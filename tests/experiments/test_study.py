@@ -715,22 +715,36 @@ def test_real_model_arms_load_and_validate(tiny_model_dir, boxed_file, tmp_path)
     from regroup.experiments.study_real import REAL_ARMS, RealSettings, real_arm_config
 
     s = RealSettings(model_dir=tiny_model_dir, train_file=boxed_file)
-    cfgs = {a.name: real_arm_config(a, s, 1, 40, tmp_path / a.name) for a in REAL_ARMS}
-    assert set(cfgs) == {"grpo", "dagrpo_anchor", "dagrpo_anchor_mask", "ta_grpo", "sft_grpo"}
-    for name, cfg in cfgs.items():  # the same questions, reward, seed, steps, length and LoRA everywhere
+    cfgs = {a.name: real_arm_config(a, s, 1, tmp_path / a.name, lr=1e-4) for a in REAL_ARMS}
+    assert set(cfgs) == {
+        "grpo", "drgrpo", "anchor_no_correct", "anchor_always", "anchor_mask", "ta_grpo", "matched", "sft_continued",
+    }  # fmt: skip
+    for name, cfg in cfgs.items():  # the same questions, reward, seed, steps, length, lr and LoRA everywhere
         assert (cfg.data.train_file, cfg.rewards.functions, cfg.seed, cfg.train.steps) == (boxed_file, ["math"], 1, 30)
         assert cfg.rollout.max_new_tokens == 40 and cfg.model.lora.enabled and cfg.recipe == f"real_{name}"
-    g, a, m, t = cfgs["grpo"], cfgs["dagrpo_anchor"], cfgs["dagrpo_anchor_mask"], cfgs["ta_grpo"]
+        assert cfg.optim.lr == 1e-4
+        # equal on-policy samples per step: 16 (4 questions x G = 4, or 1 question x 4 variants / 4G)
+        per_q = (
+            4 * cfg.grpo.num_generations
+            if (cfg.ta.enabled or cfg.grpo.samples_multiplier > 1)
+            else cfg.grpo.num_generations
+        )
+        assert cfg.grpo.prompts_per_step * per_q == 16, name
+    g, dr = cfgs["grpo"], cfgs["drgrpo"]
     assert not (g.anchors.enabled or g.mask.enabled or g.ta.enabled) and g.grpo.adv_scale == "group"
-    assert (
-        a.anchors.enabled and not a.mask.enabled and (a.grpo.adv_scale, a.grpo.loss_agg) == ("none", "seq_sum_constant")
-    )
-    assert m.anchors.enabled and m.mask.enabled and m.mask.scorer.name == "similarity"
-    assert t.ta.enabled and t.ta.rephraser == "dataset" and t.grpo.prompts_per_step * 4 == g.grpo.prompts_per_step
-    assert cfgs["sft_grpo"].grpo == g.grpo and next(x for x in REAL_ARMS if x.name == "sft_grpo").sft_first
+    assert (dr.grpo.adv_scale, dr.grpo.loss_agg) == ("none", "seq_sum_constant") and not dr.anchors.enabled
+    hard, always, mask = cfgs["anchor_no_correct"], cfgs["anchor_always"], cfgs["anchor_mask"]
+    assert (hard.anchors.enabled, hard.anchors.when, hard.mask.enabled) == (True, "no_correct", False)
+    assert (always.anchors.when, always.mask.enabled) == ("always", False)
+    assert (mask.anchors.when, mask.mask.enabled, mask.mask.scorer.name) == ("no_correct", True, "similarity")
+    for a in (hard, always, mask):  # the anchor arms differ from Dr. GRPO only in anchors (and masks)
+        assert (a.grpo.adv_scale, a.grpo.loss_agg, a.grpo.beta) == (dr.grpo.adv_scale, dr.grpo.loss_agg, dr.grpo.beta)
+    t, m = cfgs["ta_grpo"], cfgs["matched"]
+    assert t.ta.enabled and t.ta.rephraser == "dataset" and m.grpo.samples_multiplier == 4 and not m.ta.enabled
+    assert next(x for x in REAL_ARMS if x.name == "sft_continued").sft_only
 
 
-def test_sft_on_references_learns_the_references_and_saves_a_plain_model(
+def test_sft_on_references_learns_the_references_in_rounds_and_saves_a_plain_model(
     tiny_model_dir, boxed_file, tmp_path, one_thread
 ):
     from transformers import AutoModelForCausalLM
@@ -739,18 +753,66 @@ def test_sft_on_references_learns_the_references_and_saves_a_plain_model(
     from regroup.experiments.study_real import REAL_ARMS_BY_NAME, RealSettings, real_arm_config, sft_on_references
 
     s = RealSettings(model_dir=tiny_model_dir, train_file=boxed_file)
-    cfg = real_arm_config(
-        REAL_ARMS_BY_NAME["sft_grpo"],
-        s,
-        0,
-        40,
-        tmp_path / "run",
-    )
-    out = sft_on_references(cfg, load_problems(boxed_file).problems, 12, 3e-3, tmp_path / "sft", 0, log=lambda m: None)
-    losses = json.loads((tmp_path / "sft" / "sft_metrics.json").read_text())["losses"]
-    assert len(losses) == 12 and sum(losses[-3:]) < sum(losses[:3])  # it fits the references
+    cfg = real_arm_config(REAL_ARMS_BY_NAME["grpo"], s, 0, tmp_path / "run")
+    calls = []
+
+    def until(model, tokenizer, prompter):  # stop after the second round
+        calls.append(1)
+        return len(calls) == 2, {"truncated_frac": 0.5 / len(calls)}
+
+    out = sft_on_references(
+        cfg, load_problems(boxed_file).problems, 6, 3e-3, tmp_path / "sft", 0, log=lambda m: None,
+        until=until, max_rounds=5, batch_size=8,
+    )  # fmt: skip
+    metrics = json.loads((tmp_path / "sft" / "sft_metrics.json").read_text())
+    losses = metrics["losses"]
+    assert len(losses) == 12 and metrics["batch_size"] == 8 and len(calls) == 2  # 2 rounds of 6 steps
+    assert [r["steps"] for r in metrics["rounds"]] == [6, 12] and metrics["rounds"][-1]["truncated_frac"] == 0.25
+    assert sum(losses[-3:]) < sum(losses[:3])  # it fits the references
     model = AutoModelForCausalLM.from_pretrained(out)  # merged: loads without peft, ready for GRPO + a new LoRA
     assert not any("lora" in n for n, _ in model.named_parameters())
+
+
+@pytest.mark.slow
+def test_real_study_end_to_end_on_a_tiny_model(tiny_model_dir, boxed_file, tmp_path, one_thread, monkeypatch):
+    """The whole real-model path at a toy size on the random tiny model (plumbing, not evidence): the plan
+    before anything trains, the SFT start once with its truncation rounds, the sweep's chosen rate shared by
+    the RL arms, every arm, a second process that reuses the start, and the summary's primaries."""
+    from regroup.data.prepare import prepare
+    from regroup.experiments.study_real import REAL_ARMS, RealSettings, run_real_study, summarize_real
+
+    heldout = tmp_path / "heldout.jsonl"
+    prepare("arithmetic_heldout", str(heldout), limit=4)
+    s = RealSettings(
+        model_dir=tiny_model_dir, train_file=boxed_file, heldout_file=str(heldout), seeds=1, steps=2, length=8,
+        eval_problems=4, eval_samples=2, val_problems=4, val_samples=1, sft_round_steps=2, sft_max_rounds=2,
+        lr_grid=(1e-4, 1e-3), overrides=["anchors.max_tokens=64", "grpo.num_generations=2"],
+    )  # fmt: skip
+    out = tmp_path / "runs"
+    first = run_real_study(s, out_root=str(out), log=lambda m: None)
+    plan = json.loads((first / "plan.json").read_text())
+    assert [c["arm"] for c in plan["primaries"]] == ["anchor_no_correct", "anchor_no_correct", "ta_grpo"]
+    assert plan["lr_sweep"]["grid"] == [1e-4, 1e-3]
+    start = json.loads((out / "real-start" / "sft_start.json").read_text())
+    assert 1 <= len(start["rounds"]) <= 2 and "truncated_frac" in start["rounds"][0]
+    assert (first / "plan.json").stat().st_mtime <= (out / "real-start" / "sft_start.json").stat().st_mtime
+    sweep = json.loads((out / "real-start" / "sweep" / "lr_sweep.json").read_text())
+    assert sweep["chosen_lr"] in (1e-4, 1e-3) and len(sweep["scores"]) == 2
+    import yaml
+
+    for arm in REAL_ARMS:
+        run = first / f"{arm.name}-s0"
+        assert (run / "eval").is_dir(), arm.name
+        if not arm.sft_only:
+            cfg = yaml.safe_load((run / "config.yaml").read_text())
+            assert cfg["optim"]["lr"] == sweep["chosen_lr"] and cfg["model"]["path"] == str(
+                out / "real-start" / "model"
+            )
+    second = run_real_study(replace(s, first_seed=1), out_root=str(out), log=lambda m: None)
+    assert not (second / "start").exists()  # the start is evaluated (and made) once
+    table = summarize_real([first, second])
+    assert "| anchor_no_correct | 2 |" in table and "primary" in table and "collapsed" in table
+    assert table.count("| primary |") == 3
 
 
 def test_study_dry_run_prints_the_plan_and_runs_nothing(tmp_path, capsys):
@@ -772,7 +834,7 @@ def test_study_dry_run_prints_the_plan_and_runs_nothing(tmp_path, capsys):
     assert cli.main(["study", "--summarize", str(tmp_path)]) == 2  # not a study folder
 
 
-def test_real_summary_pairs_arms_over_problems_and_seeds_from_split_studies(tmp_path, capsys):
+def test_real_summary_pairs_arms_over_seeds_from_split_studies(tmp_path, capsys):
     from regroup.experiments.study_real import read_real_results, summarize_real
 
     def write(bench_dir, counts, truncated):
@@ -783,25 +845,35 @@ def test_real_summary_pairs_arms_over_problems_and_seeds_from_split_studies(tmp_
         (bench_dir / "summary.json").write_text(json.dumps({"truncated_frac": truncated}))
 
     a, b = tmp_path / "a", tmp_path / "b"  # seed 0 in one process (with the start), seed 1 in another
-    write(a / "len40" / "start" / "heldout", [0, 0], 0.5)
-    write(a / "len40" / "grpo-s0" / "eval" / "heldout", [1, 0], 0.25)
-    write(a / "len40" / "dagrpo_anchor-s0" / "eval" / "heldout", [2, 2], 0.0)
-    write(b / "len40" / "grpo-s1" / "eval" / "heldout", [0, 1], 0.5)
-    write(b / "len40" / "dagrpo_anchor-s1" / "eval" / "heldout", [4, 2], 0.0)
-    arms, truncated = read_real_results([a, b], 40)
-    assert set(arms) == {"start", "grpo", "dagrpo_anchor"} and set(arms["start"].per_problem) == {0, 1}
-    assert truncated["grpo"] == [0.25, 0.5]
-    table = summarize_real([a, b], 40).splitlines()
-    row = next(line for line in table if line.startswith("| dagrpo_anchor"))
-    # pass@1 per (seed, problem): anchor [[.5, .5], [1, .5]] mean 0.625; grpo [[.25, 0], [0, .25]] mean 0.125;
-    # Δ vs grpo: D = [[.25, .5], [1, .25]]: mean 0.5; seed means [.375, .625] var 1/32, problem means
-    # [.625, .375] var 1/32: SE = √(1/64 + 1/64) = 0.177; df 1, t 12.706: CI 0.5 ± 2.25
-    assert "| 2 | 62.5 % |" in row and "+50.0 ± 12.5 [-108.8, +208.8]" in row and row.endswith("| 0 % |")
+    write(a / "start" / "heldout", [0, 0], 0.5)
+    write(a / "drgrpo-s0" / "eval" / "heldout", [1, 0], 0.25)
+    write(a / "anchor_no_correct-s0" / "eval" / "heldout", [2, 2], 0.0)
+    write(b / "drgrpo-s1" / "eval" / "heldout", [0, 1], 0.5)
+    write(b / "anchor_no_correct-s1" / "eval" / "heldout", [4, 2], 0.0)
+    # a collapsing run: reward 0.8 for 5 steps, then 0.1
+    (b / "drgrpo-s1" / "metrics.jsonl").write_text(
+        "".join(
+            json.dumps({"step": i + 1, "reward/mean": 0.8 if i < 5 else 0.1, "groups/uniform_frac": 0.5}) + "\n"
+            for i in range(10)
+        )
+    )
+    arms, extra = read_real_results([a, b])
+    assert set(arms) == {"start", "drgrpo", "anchor_no_correct"} and set(arms["start"].per_problem) == {0, 1}
+    assert extra["drgrpo"][1] == {"truncated_frac": 0.5, "uniform_frac": 0.5, "collapsed": True}
+    table = summarize_real([a, b]).splitlines()
+    row = next(line for line in table if line.startswith("| anchor_no_correct"))
+    # pass@1 per (seed, problem): anchor [[.5, .5], [1, .5]] mean 0.625; drgrpo [[.25, 0], [0, .25]] mean 0.125;
+    # Δ: D = [[.25, .5], [1, .25]]: mean 0.5; the paired t over seeds: seed means [.375, .625],
+    # sd 0.177 / √2 = 0.125; df 1, t 12.706: CI 0.5 ± 1.588
+    assert "| 2 | 62.5 % |" in row and "+50.0 ± 12.5 [-108.8, +208.8]" in row and "| 0 % |" in row
     assert "+62.5 ±" in row  # vs the start's 0
-    assert next(line for line in table if line.startswith("| start")).endswith("| 50 % |")
+    assert next(line for line in table if line.startswith("| drgrpo")).endswith("| 1 of 1 |")  # the flag
+    assert any(line.startswith("| drgrpo | 25.0 (collapsed) |") or "(collapsed)" in line for line in table)
+    primary = next(line for line in table if "Anchors on hard queries (no_correct) beat Dr. GRPO" in line)
+    assert "| primary |" in primary and "inconclusive" in primary
     from regroup.cli import main
 
     assert main(["study", "--real", "--summarize", str(a), str(b)]) == 0
     assert main(["study", "--real", "--summarize", str(tmp_path / "missing")]) == 2
-    assert "## max_new_tokens 40" in capsys.readouterr().out
-    assert main(["study", "--lengths", "40", "--dry-run"]) == 2  # lengths: the real-model study only
+    assert "| anchor_no_correct |" in capsys.readouterr().out
+    assert main(["study", "--length", "40", "--dry-run"]) == 2  # --length: the real-model study only
