@@ -60,6 +60,7 @@ from regroup.report.claims import (
     verdict_label,
 )
 from regroup.report.runs import read_metrics
+from regroup.report.stats import paired_t_power
 from regroup.runtime.checkpoint import list_checkpoints
 from regroup.runtime.rundir import claim_run_dir, new_run_dir
 from regroup.train.run_config import load_config
@@ -465,8 +466,22 @@ def real_plan(s: RealSettings, arms: list[RealArm]) -> dict:
         "primaries": [asdict(c) for c in real_claims(s) if c.primary],
         "exploratory": [asdict(c) for c in real_claims(s) if not c.primary],
         "test": "two-sided paired t-test over seeds (S − 1 df), sign-flip at a zero SE; Holm within each paper",
+        "power": {
+            "pilot": "none from this start (the 2026-12-01 run started from the instruct model, where RL could not "
+            "learn): the first seeds are the pilot, and the seeds are not changed after seeing them",
+            "detectable_effect_in_sd_of_seed_differences": detectable_effect(s.seeds, 0.05 / 2),
+        },
         "collapse_flag": "mean reward of the last 5 steps < half that of the first 5",
     }
+
+
+def detectable_effect(seeds: int, alpha: float, power: float = 0.8) -> float:
+    """The true mean difference, in units of the per-seed differences' sd, that the paired t-test over
+    `seeds` seeds detects with `power` at level `alpha` (to 0.01)."""
+    effect = 0.0
+    while paired_t_power(effect, 1.0, seeds, alpha) < power and effect < 50:
+        effect += 0.01
+    return round(effect, 2)
 
 
 def run_real_study(s: RealSettings, out_root: str = "runs", log=print) -> Path:
