@@ -603,6 +603,32 @@ def _check_outputs(html, arms, seeds, study_dir=None):
     return md, record
 
 
+def test_a_split_study_is_joined_by_summarize_on_a_toy_model(tiny_model_dir, tmp_path, one_thread):
+    """Two arms, seed 0 and seed 1 in two "processes", joined: the plan before the first arm, each process's
+    seeds, the primaries listed whether their arms ran or not (plumbing, not evidence)."""
+    from regroup.experiments.study import summarize_study
+
+    base = _toy_settings(_warm(tiny_model_dir, tmp_path), ("grpo_drgrpo", "dagrpo_mask"))
+    folders = []
+    for first in (0, 1):
+        html = run_study(out_root=str(tmp_path / "runs"), settings=replace(base, split=(first, 1)), log=lambda m: None)
+        folders.append(html.parent)
+        first_run = min((p / "metrics.jsonl").stat().st_mtime for p in html.parent.glob("*/*-s*"))
+        assert (html.parent / "plan.json").stat().st_mtime <= first_run
+        assert json.loads((html.parent / "plan.json").read_text())["seeds"]["this_process"] == [first]
+    html = summarize_study(folders, tmp_path / "joined", log=lambda m: None)
+    md = (tmp_path / "joined" / "study.md").read_text()
+    record = json.loads((tmp_path / "joined" / "study.json").read_text())
+    assert record["seeds_run"]["mid"] == {"grpo_drgrpo": [0, 1], "dagrpo_mask": [0, 1]}
+    masks = next(
+        line for line in md.splitlines() if line.startswith("| DaGRPO | Masks alone beat Dr. GRPO (pass@1, mid")
+    )
+    assert "| 2 (" in masks  # two seeds joined from two folders
+    sparse = next(line for line in md.splitlines() if line.startswith("| TA-GRPO | Higher pass@32 than GRPO"))
+    assert sparse.endswith("| not run |")
+
+
+@pytest.mark.slow
 def test_study_split_over_two_processes_and_summarized_end_to_end_on_a_toy_model(tiny_model_dir, tmp_path, one_thread):
     """The default arms of each regime, seed 0 in one "process" and seed 1 in another, joined by
     summarize_study: the plan is written before any run, the page lists every registered endpoint."""
