@@ -1040,9 +1040,11 @@ def summarize_study(study_dirs: Sequence[Path], out_dir: Path, log=print, quick:
     regimes = [Regime(**r) for r in json.loads((study_dirs[0] / "regimes.json").read_text())]
     out_dir.mkdir(parents=True, exist_ok=True)
     results, budgets, run_dirs = {}, {}, {}
+    registered = plans[0].get("arms_per_regime", {})  # the plan's arms, whatever the code says today
     for regime in regimes:
         dirs: dict[str, list[Path]] = {}
-        for arm in s.regime_arms(regime.name):
+        names = registered.get(regime.name) or [a.name for a in s.regime_arms(regime.name)]
+        for arm in (ARMS_BY_NAME[n] for n in names):
             found = sorted(
                 (p for d in study_dirs for p in (d / regime.name).glob(f"{arm.name}-s*")),
                 key=lambda p: int(p.name.rpartition("-s")[2]),
