@@ -118,6 +118,9 @@ def test_a_zero_standard_error_is_a_sign_flip_test_or_a_tie_never_supported_by_f
     assert C.judge(pass1, "mid", {"a": _flat(2), "b": _flat(2)}).verdict == C.TIE
     one = _arm({0: [(1, 4)]})
     assert C.judge(pass1, "mid", {"a": one, "b": one}).verdict == C.NO_SE
+    # one seed over many problems has an SE over problems, but the seeds are the replications: no verdict
+    a1, b1 = _arm({0: [(4, 4)] * 50}), _arm({0: [(0, 4)] * 49 + [(1, 4)]})
+    assert C.compare_pass_at_k(a1, b1, 1).se > 0 and C.judge(pass1, "mid", {"a": a1, "b": b1}).verdict == C.NO_SE
     assert C.judge(pass1, "mid", {"a": one}).verdict == C.NOT_RUN
 
 

@@ -22,7 +22,8 @@ problems × 32 samples: 5.1 % false positives at nominal 5 %, where the old SE g
 power; tests/experiments/test_study.py re-checks the rate on every run of the suite). What it conditions
 on: the held-out problem set is fixed (the same for every arm), so the inference is about these problems;
 with 200 of them the problem × method interaction's share of the error is small, and it is stated, not
-hidden. With one seed the problems are the replications (sd of per-problem differences / √P, P − 1 df).
+hidden. A comparison over fewer than 2 seeds is not judged (NO_SE); the SE over problems (sd of the
+per-problem differences / √P, P − 1 df) is still computed for one seed, for an arm's own pass@k.
 
 A zero standard error (every seed's difference identical: discrete counts, a ceiling) is not zero
 variance: the p is the exact sign-flip test over seeds (`regroup.report.stats.sign_flip_p`, at least
@@ -51,7 +52,7 @@ SUPPORTED, CONTRADICTED, INCONCLUSIVE = "supported", "contradicted", "inconclusi
 EXPLORATORY = "exploratory"
 TIE = "tie (Δ = 0 on every seed)"
 NOTHING_TO_MATCH = "nothing to match (more data did not help measurably)"
-NO_SE, NOT_RUN = "no standard error (one seed, one problem)", "not run"
+NO_SE, NOT_RUN = "no test (fewer than 2 seeds: the seeds are the replications)", "not run"
 NOT_MEASURED = "not measured (no common seed, problem with n >= k, or logged metric)"
 T1 = "t1"
 """The protocol key of the T = 1 evaluation every arm has (`ArmResult.per_problem`)."""
@@ -287,7 +288,7 @@ def judge(claim: Claim, regime: str, arms: Mapping[str, ArmResult]) -> Verdict:
     comparison = compare(arms[claim.arm], arms[claim.against], claim.measure, claim.protocol)
     if comparison.delta is None:
         return Verdict(claim, regime, comparison, NOT_MEASURED)
-    if comparison.se is None:
+    if comparison.se is None or comparison.seeds < 2:  # one seed's problems are not independent replications
         return Verdict(claim, regime, comparison, NO_SE)
     ci = confidence_interval(comparison)
     if claim.kind == "better":
@@ -298,7 +299,7 @@ def judge(claim: Claim, regime: str, arms: Mapping[str, ArmResult]) -> Verdict:
     gain = compare(arms[claim.against], arms[claim.reference], claim.measure, claim.protocol)
     if gain.delta is None:
         return Verdict(claim, regime, comparison, NOT_MEASURED, reference_comparison=gain, ci=ci)
-    if gain.se is None:
+    if gain.se is None or gain.seeds < 2:
         return Verdict(claim, regime, comparison, NO_SE, reference_comparison=gain, ci=ci)
     p = min(1.0, 2.0 * min(_matches_p(comparison, gain, claim.margin)))  # both directions, as a two-sided test
     return _decide(Verdict(claim, regime, comparison, INCONCLUSIVE, reference_comparison=gain, p=p, ci=ci), p)
