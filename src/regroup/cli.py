@@ -379,12 +379,12 @@ def cmd_demo(args) -> int:
 def cmd_study(args) -> int:
     from regroup.experiments.study import (  # heavy (transformers, matplotlib): the harness, this command only
         ARMS_BY_NAME,
-        DEFAULT_ARMS,
         QUICK,
         StudySettings,
         estimate_seconds,
         run_study,
         study_plan,
+        summarize_study,
     )
 
     arms = tuple(a.strip() for a in args.arms.split(",") if a.strip()) if args.arms else None
@@ -393,6 +393,7 @@ def cmd_study(args) -> int:
             REAL_ARMS_BY_NAME,
             RealSettings,
             real_arm_config,
+            real_plan,
             run_real_study,
         )
 
@@ -406,51 +407,51 @@ def cmd_study(args) -> int:
             missing = [str(d) for d in dirs if not d.is_dir()]
             if missing:
                 raise ConfigError(f"--summarize: no such study folder {missing}")
-            lengths = sorted({int(p.name[3:]) for d in dirs for p in d.glob("len*") if p.name[3:].isdigit()})
-            for length in lengths:
-                print(f"## max_new_tokens {length}\n\n{summarize_real(dirs, length)}\n")
+            print(summarize_real(dirs))
             return 0
         s = RealSettings(
             arms=arms,
             **{
                 k: v
-                for k, v in (("seeds", args.seeds), ("first_seed", args.first_seed), ("lengths", args.lengths))
+                for k, v in (("seeds", args.seeds), ("first_seed", args.first_seed), ("length", args.length))
                 if v is not None
             },
         )
         if args.dry_run:  # every arm's config validates, before any model loads
             for name in arms or REAL_ARMS_BY_NAME:
-                for length in s.lengths:
-                    real_arm_config(REAL_ARMS_BY_NAME[name], s, 0, length, Path(args.out) / "dry-run", s.model_dir)
-            print(json.dumps({"settings": s.__dict__, "arms": list(arms or REAL_ARMS_BY_NAME)}, indent=2, default=str))
+                real_arm_config(REAL_ARMS_BY_NAME[name], s, 0, Path(args.out) / "dry-run")
+            chosen = [REAL_ARMS_BY_NAME[n] for n in arms or REAL_ARMS_BY_NAME]
+            print(json.dumps(real_plan(s, chosen), indent=2, default=str))
             return 0
         print(f"real-model study: {run_real_study(s, out_root=args.out, log=_log)}")
         return 0
-    real_only = [
-        flag
-        for flag, value in (
-            ("--seeds", args.seeds),
-            ("--first-seed", args.first_seed),
-            ("--lengths", args.lengths),
-            ("--summarize", args.summarize),
-        )
-        if value is not None
-    ]
-    if real_only:
-        raise ConfigError(f"{', '.join(real_only)}: only with --real (the miniature study's size is fixed in code)")
+    if args.length is not None:
+        raise ConfigError("--length: only with --real")
+    if args.summarize:  # join a (split) miniature study's folders into one page
+        dirs = [Path(d) for d in args.summarize]
+        missing = [str(d) for d in dirs if not (d / "plan.json").is_file() or not (d / "regimes.json").is_file()]
+        if missing:
+            raise ConfigError(f"--summarize: not a started study folder (plan.json, regimes.json): {missing}")
+        html = summarize_study(dirs, Path(args.out), log=_log)
+        print(f"study: {html}\n       {html.with_suffix('.md')}")
+        return 0
     unknown = [a for a in arms or () if a not in ARMS_BY_NAME]
     if unknown:
         raise ConfigError(f"--arms: unknown study arm(s) {unknown}; available: {', '.join(ARMS_BY_NAME)}")
     s = replace(QUICK if args.quick else StudySettings(), arms=arms)
+    if args.seeds is not None or args.first_seed is not None:  # this process's share of the registered seeds
+        first = args.first_seed or 0
+        count = args.seeds if args.seeds is not None else s.seeds - first
+        if first + count > s.seeds:
+            raise ConfigError(f"--first-seed {first} --seeds {count}: past the {s.seeds} registered seeds")
+        s = replace(s, split=(first, count))
     if args.dry_run:
-        chosen = [ARMS_BY_NAME[n] for n in arms or DEFAULT_ARMS]
+        chosen = [ARMS_BY_NAME[n] for n in arms] if arms else None
         print(json.dumps(study_plan(s, chosen), indent=2, default=str))
-        _log(
-            f"estimated wall time on 2 CPU cores: {estimate_seconds(s, chosen) / 60:.0f} min "
-            "(a cost model, not a measurement)"
-        )
+        mine = estimate_seconds(replace(s, seeds=len(s.run_seeds), split=None), chosen)
+        _log(f"estimated wall time of this process on one core: {mine / 60:.0f} min (a cost model, not a measurement)")
         return 0
-    html = run_study(quick=args.quick, out_root=args.out, log=_log, settings=s if arms else None)
+    html = run_study(quick=args.quick, out_root=args.out, log=_log, settings=s)
     print(f"study: {html}\n       {html.with_suffix('.md')}")
     return 0
 
@@ -723,22 +724,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--dry-run", action="store_true", help="print the plan (arms, claims, estimate) and validate; run nothing"
     )
-    p.add_argument("--seeds", type=_number(int, "count"), default=None, help="--real: seeds per arm (default 3)")
+    p.add_argument(
+        "--seeds",
+        type=_number(int, "count"),
+        default=None,
+        help="seeds this process runs (--real: seeds per arm; the miniature study: its share of the registered seeds)",
+    )
     p.add_argument(
         "--first-seed",
         type=_number(int, "zero_or_more"),
         default=None,
-        help="--real: the first seed (split one study over processes; join them with --summarize)",
+        help="the first seed (split one study over processes; join them with --summarize)",
     )
     p.add_argument(
-        "--lengths", type=_int_list, default=None, help="--real: comma-separated rollout.max_new_tokens (default 40)"
+        "--length", type=_number(int, "count"), default=None, help="--real: rollout.max_new_tokens (default 40)"
     )
     p.add_argument(
         "--summarize",
         nargs="+",
         metavar="DIR",
         default=None,
-        help="--real: print the pass@1 table of these real-study folders (paired over problems and seeds)",
+        help="join these study folders (split over processes) into one table: --real prints it; the miniature "
+        "study writes study.html/.md under --out",
     )
     p.set_defaults(fn=cmd_study)
 

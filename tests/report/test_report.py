@@ -179,6 +179,10 @@ def test_build_report_writes_plots_table_diff_and_honest_text(runs, tmp_path):
     ]
     assert len(table) == 2 + 3 and len({line.count(" | ") for line in table if "---" not in line}) == 1
     assert table[1].count("|") == table[0].count("|")
+    # a config diff of several settings breaks its cell with a real <br>, not the escaped text "&lt;br&gt;"
+    run_rows = [line for line in md.splitlines() if "`mask.enabled`" in line]
+    assert run_rows and all("&lt;br&gt;" not in line for line in md.splitlines())
+    assert any("**true**<br>" in line or "<br>`mask.enabled`" in line for line in run_rows)
 
 
 def test_no_baseline_run_and_no_eval_are_said_plainly(tmp_path):

@@ -111,9 +111,9 @@ def test_config_reads_piece_names_from_the_registries(monkeypatch):
         load_config(CONFIGS / "grpo.yaml", ["rewards=[constant]"])
     monkeypatch.setattr(REWARDS, "_items", {**REWARDS._items, "constant": lambda task, **_: lambda r, p: 1.0})
     assert load_config(CONFIGS / "grpo.yaml", ["rewards=[constant*2]"]).rewards.functions == ["constant*2"]
+    from regroup.rewards.build import build_reward_fn
     from regroup.tasks import get_task
     from regroup.tasks.base import Problem
-    from regroup.rewards.build import build_reward_fn
 
     fn = build_reward_fn(["constant * 2", "task"], get_task("arithmetic"))
     assert fn("no answer here", Problem("p0", "1+1?", "2")) == 2.0  # 2 x 1.0 + the task's 0.0

@@ -43,7 +43,7 @@ import random
 import shutil
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from transformers import AutoModelForCausalLM
@@ -58,6 +58,7 @@ from regroup.models.load import load_tokenizer
 from regroup.report import build_report
 from regroup.report.claims import ALPHA, ArmResult, Claim, judge_all, per_seed_mean
 from regroup.report.runs import load_run, read_metrics
+from regroup.report.stats import paired_t_power, seeds_for_power
 from regroup.report.summary import last_step, wall_time_s
 from regroup.runtime.checkpoint import list_checkpoints
 from regroup.runtime.rundir import claim_run_dir, new_run_dir
@@ -135,8 +136,12 @@ TASK_NAMES = {  # (step mix, rename only) -> data.task
 class StudySettings:
     """What one study runs."""
 
-    seeds: int = 5
-    """Seeds per arm."""
+    seeds: int = 25
+    """Registered seeds per arm: the power calculation's (`design_seeds`): the fewest giving every primary
+    endpoint POWER at its paper's effect under the pilot spread (PILOT_SD)."""
+    split: tuple[int, int] | None = None
+    """(first seed, count): this process runs seeds first .. first + count − 1 of the registered ones (a
+    study split over processes; `summarize_study` joins their folders). None: all `seeds`."""
     prompts_per_step: int = 8
     """GRPO's questions per step."""
     num_generations: int = 8
@@ -147,11 +152,14 @@ class StudySettings:
     """Passes over the training questions (the TA-GRPO paper's 2 epochs)."""
     data_multiplier: float = 2.5
     """Distinct questions of the grpo_data arm, relative to `questions` (TA-GRPO's "2.5x data" claim)."""
-    eval_problems: int = 48
+    eval_problems: int = 200
     """Held-out problems per regime, the same for every arm and the start."""
-    eval_samples: int = 32
-    """Samples per held-out problem at T = 1 (pass@1, pass@8, pass@32)."""
-    paper_protocols: tuple[str, ...] = ("dagrpo", "ta_grpo")
+    eval_samples: int = 64
+    """Samples per held-out problem at T = 1 of an arm in a pass@k (k > 1) primary endpoint of the regime
+    (pass@32 from 64 samples: the unbiased estimator averages over subsets instead of one draw of 32)."""
+    pass1_eval_samples: int = 32
+    """Samples per held-out problem at T = 1 of the other arms (their endpoints read pass@1)."""
+    paper_protocols: tuple[str, ...] = ()
     """Also evaluate at these papers' decoding settings (`regroup.eval.benchmarks.DECODING`)."""
     paper_eval_samples: int = 8
     """Samples per held-out problem at each paper's decoding settings (pass@1, pass@8)."""
@@ -169,7 +177,7 @@ class StudySettings:
     """Longest response in training and evaluation."""
     regimes: tuple[str, ...] = ("mid", "sparse")
     arms: tuple[str, ...] | None = None
-    """A subset of ARMS (None: the default arms, DEFAULT_ARMS)."""
+    """Arms of ARMS to run in every regime (None: each regime's REGIME_ARMS)."""
     diagnostics_per_run: int = 4
     """Mechanism diagnostics (diversity, gradient conflict) this many times per run, evenly over its steps."""
     overrides: list[str] = field(default_factory=list)
@@ -185,6 +193,30 @@ class StudySettings:
         return [k for k in (1, 8, 32) if k <= self.eval_samples]
 
     @property
+    def run_seeds(self) -> list[int]:
+        """The seeds this process runs."""
+        first, count = self.split or (0, self.seeds)
+        return list(range(first, first + count))
+
+    def regime_arms(self, regime: str) -> list[Arm]:
+        """The arms this study runs in `regime`."""
+        return [ARMS_BY_NAME[n] for n in (self.arms or REGIME_ARMS.get(regime, ()))]
+
+    def arm_eval_samples(self, arm: str, regime: str) -> int:
+        """`eval_samples` for an arm in a pass@k (k > 1) primary endpoint of `regime` (or with --arms, where
+        every arm gets it), else `pass1_eval_samples`."""
+        if self.arms is not None:
+            return self.eval_samples
+        wide = any(
+            c.regime == regime
+            and c.measure.startswith("pass@")
+            and int(c.measure[5:]) > 1
+            and arm in (c.arm, c.against)
+            for c in PRIMARIES
+        )
+        return self.eval_samples if wide else min(self.eval_samples, self.pass1_eval_samples)
+
+    @property
     def paper_ks(self) -> list[int]:
         return [k for k in (1, 8) if k <= self.paper_eval_samples]
 
@@ -197,6 +229,7 @@ QUICK = StudySettings(
     epochs=1,
     eval_problems=8,
     eval_samples=8,
+    pass1_eval_samples=4,
     paper_eval_samples=4,
     probe_problems=8,
     early_warmup_steps=60,
@@ -257,13 +290,27 @@ ARMS = [
         DRGRPO,
         description="GRPO with DaGRPO's Dr. GRPO advantages and constant normaliser: every DaGRPO arm's control",
     ),
-    Arm("grpo_kl", "grpo.yaml", "equal samples", TA_BETA, description="GRPO with TA-GRPO's KL weight (beta 0.001)"),
-    Arm("grpo_data", "grpo.yaml", "2.5x questions", description="GRPO on 2.5x the distinct questions, same epochs"),
+    Arm(
+        "grpo_kl",
+        "grpo.yaml",
+        "equal samples",
+        TA_BETA,
+        default=False,
+        description="GRPO with TA-GRPO's KL weight (beta 0.001)",
+    ),
+    Arm(
+        "grpo_data",
+        "grpo.yaml",
+        "2.5x questions",
+        default=False,
+        description="GRPO on 2.5x the distinct questions, same epochs",
+    ),
     Arm(
         "grpo_dynamic",
         "grpo.yaml",
         "equal questions",
         ("dynamic_sampling.enabled=true",),
+        default=False,
         description="GRPO + DAPO dynamic sampling (uniform groups dropped, batch refilled)",
     ),
     Arm("grpo_matched", "grpo_matched.yaml", "equal questions", description="GRPO with (N+1)·G samples of q0"),
@@ -272,13 +319,18 @@ ARMS = [
         "ta_grpo_author",
         "ta_grpo.yaml",
         "authors' protocol",
-        description="TA-GRPO as the authors' scripts run it: fixed rows per step, (N+1)x the optimizer steps",
+        ("ta.ratio_anchor=own",),  # the authors' code: each response's ratio and KL on its own prompt
+        default=False,
+        description="TA-GRPO as the authors' scripts run it: fixed rows per step, (N+1)x the optimizer steps, "
+        "each response's ratio on its own prompt",
     ),
     Arm(
         "grpo_author_steps",
         "grpo.yaml",
         "equal optimizer steps",
-        description="GRPO with ta_grpo_author's optimizer steps (is TA's gain more updates?)",
+        TA_BETA,  # ta_grpo_author's KL weight: the control differs from it in the pooling only
+        default=False,
+        description="GRPO with ta_grpo_author's optimizer steps and KL weight (is TA's gain more updates?)",
     ),
     Arm(
         "ta_grpo_eqsamples",
@@ -301,6 +353,7 @@ ARMS = [
         "dagrpo_mask_only.yaml",
         "equal samples",
         ("mask.unit=pair",),
+        default=False,
         description="DaGRPO masks only, per pair (only the pairwise advantage terms within delta dropped)",
     ),
     Arm("dagrpo_anchor", "dagrpo.yaml", "equal samples", ("mask.enabled=false",), description="DaGRPO anchors only"),
@@ -309,6 +362,13 @@ ARMS = [
 ]
 ARMS_BY_NAME = {a.name: a for a in ARMS}
 DEFAULT_ARMS = tuple(a.name for a in ARMS if a.default)
+"""Every arm some regime runs by default (REGIME_ARMS); the others are defined and run when named (--arms)."""
+
+REGIME_ARMS = {
+    # only the arms the registered primary endpoints (PRIMARIES) and their isolating controls need
+    "mid": ("grpo_drgrpo", "dagrpo_mask"),
+    "sparse": ("grpo", "grpo_drgrpo", "dagrpo_anchor", "dagrpo", "grpo_matched", "ta_grpo"),
+}
 
 
 SAMPLED_UNIFORM = "groups/sampled_uniform_frac"
@@ -318,9 +378,100 @@ SAMPLED_UNIFORM = "groups/sampled_uniform_frac"
 MATCH_MARGIN = 0.02
 """Non-inferiority margin of the "matches 2.5x data" claim: 2 points of pass@1, fixed before any run."""
 
-# The claims, fixed in code before the run (the verdicts of each paper's claims, over both regimes, are
-# one Holm family: `Claim.paper`; ALPHA in regroup.report.claims). Claims on arms not run give "not run".
-CLAIMS = [
+# The registered primary endpoints, fixed in code before the run and written into plan.json with their power:
+# 3 per paper, each in one regime, two-sided paired t-tests over seeds, Holm within each paper's 3. The
+# effects are the papers' (SPEC §6; issue 29 for the +6.86 against matched sampling), as differences in
+# the measure's units. The mid regime's pass@32 is at its ceiling (97.9 % for every 16-step arm in the
+# 2026-12-01 run), so no pass@32 endpoint is registered there.
+PRIMARIES = [
+    Claim(
+        "DaGRPO",
+        "Masks + anchors beat Dr. GRPO (pass@1, sparse: the paper's hard queries)",
+        "dagrpo",
+        "grpo_drgrpo",
+        "pass@1",
+        primary=True,
+        regime="sparse",
+        effect=0.047,
+        effect_source="DaGRPO in-domain math average 48.8 vs GRPO 44.1 (SPEC §6)",
+    ),
+    Claim(
+        "DaGRPO",
+        "Anchors alone beat Dr. GRPO (pass@1, sparse: they rescue all-wrong groups)",
+        "dagrpo_anchor",
+        "grpo_drgrpo",
+        "pass@1",
+        primary=True,
+        regime="sparse",
+        effect=0.029,
+        effect_source="the anchors' share of DaGRPO's gain: 48.8 (masks + anchors) − 45.9 (masks alone), SPEC §6",
+    ),
+    Claim(
+        "DaGRPO",
+        "Masks alone beat Dr. GRPO (pass@1, mid: mixed groups, where masks act)",
+        "dagrpo_mask",
+        "grpo_drgrpo",
+        "pass@1",
+        primary=True,
+        regime="mid",
+        effect=0.018,
+        effect_source="DaGRPO masking alone 45.9 vs GRPO 44.1 (SPEC §6)",
+    ),
+    Claim(
+        "TA-GRPO",
+        "Higher pass@32 than matched sampling ((N+1)·G of q0, sparse): the gain is the rephrasing",
+        "ta_grpo",
+        "grpo_matched",
+        "pass@32",
+        primary=True,
+        regime="sparse",
+        effect=0.0686,
+        effect_source="TA-GRPO vs matched sampling, pass@32 on AIME24: +6.86 (the paper, as issue 29 quotes it)",
+    ),
+    Claim(
+        "TA-GRPO",
+        "Higher pass@32 than GRPO (equal questions, sparse)",
+        "ta_grpo",
+        "grpo",
+        "pass@32",
+        primary=True,
+        regime="sparse",
+        effect=0.0434,
+        effect_source="TA-GRPO average pass@32 over GRPO: +4.34 (Qwen3-4B; +4.97 on 1.7B), SPEC §6",
+    ),
+    Claim(
+        "TA-GRPO",
+        "Pooled rephrasings are less often uniform than matched sampling's pools of the same size (sparse)",
+        "ta_grpo",
+        "grpo_matched",
+        "groups/sampled_uniform_frac",
+        direction=-1,
+        primary=True,
+        regime="sparse",
+        effect=0.05,
+        effect_source="no number in the paper (its mechanism, stated in words): 5 points of the uniform share, "
+        "the smallest reduction this study calls meaningful, fixed before the run",
+    ),
+]
+
+# Pilot standard deviations of the per-seed differences, for the power calculation only: from the 2026-12-01
+# run's 95 % CIs (docs/results/study-2026-12-01.md: half-width / t_{0.975, 4} is that run's SE, computed
+# as √(var_s/5 + var_p/48) >= sd(Δ_s)/√5, so SE · √5 bounds sd(Δ_s) from above). They come from 48 problems
+# × 32 samples; 200 × 64 can only shrink the problem and binomial share, so the seeds they ask for are an
+# upper bound. Fixed before this run; the run's own spread is reported beside them, never used to resize it.
+PILOT_SD = {
+    ("dagrpo", "grpo_drgrpo", "pass@1", "sparse"): 2.05 / 2.7764 * math.sqrt(5) / 100,  # CI [-2.1, +2.0]
+    ("dagrpo_anchor", "grpo_drgrpo", "pass@1", "sparse"): 1.8 / 2.7764 * math.sqrt(5) / 100,  # [-1.8, +1.8]
+    ("dagrpo_mask", "grpo_drgrpo", "pass@1", "mid"): 2.1 / 2.7764 * math.sqrt(5) / 100,  # [-0.6, +3.6]
+    ("ta_grpo", "grpo_matched", "pass@32", "sparse"): 12.3 / 2.7764 * math.sqrt(5) / 100,  # [-15.2, +9.4]
+    ("ta_grpo", "grpo", "pass@32", "sparse"): 7.35 / 2.7764 * math.sqrt(5) / 100,  # [-3.6, +11.1]
+    ("ta_grpo", "grpo_matched", "groups/sampled_uniform_frac", "sparse"): 0.064 / 2.7764 * math.sqrt(5),
+}
+POWER = 0.8
+"""The power each primary endpoint is sized for, at its paper's effect."""
+
+# Exploratory claims: judged in every regime that ran both arms, raw p and CI, never "supported".
+CLAIMS = PRIMARIES + [
     Claim(
         "TA-GRPO",
         "Pooling rephrasings leaves fewer uniform-reward groups than GRPO",
@@ -499,15 +650,22 @@ DYNAMIC_EXTRA = 1.5
 """Dynamic sampling's generation relative to its plan (up to max_rounds extra rounds: an assumption)."""
 
 
-def estimate_seconds(s: StudySettings, arms: Sequence[Arm]) -> float:
-    """Planned wall time of `regroup study` with `s` and `arms` under the cost model above."""
-    train = sum(
-        plan(a, s).samples * (DYNAMIC_EXTRA if "dynamic_sampling.enabled=true" in a.extra else 1.0) for a in arms
-    )
-    per_eval = s.eval_problems * (s.eval_samples + 1 + len(s.paper_protocols) * s.paper_eval_samples)
-    evals = (len(arms) * s.seeds + 1) * per_eval  # + the start, once per regime
-    per_regime = s.seeds * train + EVAL_SAMPLE_COST * evals
-    return FIXED_SECONDS + len(s.regimes) * per_regime * SECONDS_PER_TRAIN_SAMPLE
+def estimate_seconds(s: StudySettings, arms: Sequence[Arm] | None = None) -> float:
+    """Planned wall time (one core) of `regroup study` with `s` under the cost model above: `arms` in every
+    regime, or (None) each regime's `s.regime_arms`. Training samples count 1, evaluation samples
+    EVAL_SAMPLE_COST (each evaluation: the problems × (its samples + 1 greedy), + the paper protocols)."""
+    total = 0.0
+    for regime in s.regimes:
+        chosen = list(arms) if arms is not None else s.regime_arms(regime)
+        train = sum(
+            plan(a, s).samples * (DYNAMIC_EXTRA if "dynamic_sampling.enabled=true" in a.extra else 1.0) for a in chosen
+        )
+        paper = len(s.paper_protocols) * s.paper_eval_samples
+        samples = [s.eval_samples if arms is not None else s.arm_eval_samples(a.name, regime) for a in chosen]
+        evals = sum(s.eval_problems * (n + 1 + paper) for n in samples) * s.seeds
+        evals += s.eval_problems * (s.eval_samples + 1 + paper)  # the start, once per regime
+        total += s.seeds * train + EVAL_SAMPLE_COST * evals
+    return FIXED_SECONDS + total * SECONDS_PER_TRAIN_SAMPLE
 
 
 @dataclass
@@ -618,18 +776,21 @@ def choose_regime(name: str, s: StudySettings, log=print) -> Regime:
     return regime
 
 
-def evaluate_start(regime: Regime, s: StudySettings, out_dir: Path, log) -> list:
-    """The regime's held-out problems, and the starting model's evaluation on them (out_dir/start/eval)."""
+def heldout_for(regime: Regime, s: StudySettings) -> list:
+    """The regime's held-out problems: none a training question of any arm."""
     task = _task_for(regime.step_mix)
     biggest = max(plan(a, s).distinct_questions for a in ARMS)
-    problems = heldout_problems(task, s.eval_problems, 999, task.generate(biggest, seed=1234))
+    return heldout_problems(task, s.eval_problems, 999, task.generate(biggest, seed=1234))
+
+
+def evaluate_start(regime: Regime, problems: list, s: StudySettings, out_dir: Path, log) -> None:
+    """The starting model's evaluation on the held-out problems (out_dir/start/eval)."""
     log(f"{regime.name}: evaluating the start on {len(problems)} held-out problems")
     evaluate_model(regime.warm_dir, problems, out_dir / "start" / "eval", _eval_settings(s), seed=0, ks=s.ks)
-    return problems
 
 
-def _eval_settings(s: StudySettings):
-    return DemoSettings(eval_problems=s.eval_problems, eval_samples=s.eval_samples)
+def _eval_settings(s: StudySettings, samples: int | None = None):
+    return DemoSettings(eval_problems=s.eval_problems, eval_samples=samples or s.eval_samples)
 
 
 def evaluate_at(model_dir: str, problems: list, out_dir: Path, protocol: str, s: StudySettings) -> dict:
@@ -673,15 +834,25 @@ def run_arm(arm: Arm, regime: Regime, seed: int, problems: list, s: StudySetting
         build_trainer(cfg, run_dir, log=log).train()
     train_seconds = time.perf_counter() - t0
     final = list_checkpoints(run_dir)[-1]
-    summary = evaluate_model(str(final), problems, run_dir / "eval", _eval_settings(s), seed=0, ks=s.ks)
+    n = s.arm_eval_samples(arm.name, regime.name)
+    t1 = time.perf_counter()
+    summary = evaluate_model(
+        str(final), problems, run_dir / "eval", _eval_settings(s, n), seed=0, ks=[k for k in s.ks if k <= n]
+    )
     for name in s.paper_protocols:  # each paper's decoding settings, beside T = 1
         evaluate_at(str(final), problems, run_dir / f"eval_{name}", name, s)
-    (run_dir / "eval_before").mkdir(exist_ok=True)
-    for name in ("summary.json", "per_problem.jsonl"):
-        write_atomic(run_dir / "eval_before" / name, (regime_dir / "start" / "eval" / name).read_bytes())
-    write_atomic(run_dir / "timing.json", json.dumps({"train_seconds": train_seconds}))
+    start = regime_dir / "start" / "eval"
+    if start.is_dir():  # the start is evaluated by the process that runs seed 0 only
+        (run_dir / "eval_before").mkdir(exist_ok=True)
+        for name in ("summary.json", "per_problem.jsonl"):
+            write_atomic(run_dir / "eval_before" / name, (start / name).read_bytes())
+    eval_seconds = time.perf_counter() - t1
+    write_atomic(run_dir / "timing.json", json.dumps({"train_seconds": train_seconds, "eval_seconds": eval_seconds}))
     shutil.rmtree(run_dir / "checkpoints")  # evaluated; the study keeps metrics and evaluations only
-    log(f"{regime.name} {arm.name} seed {seed}: pass@1 {summary['mean@n']:.3f} ({train_seconds:.0f} s of training)")
+    log(
+        f"{regime.name} {arm.name} seed {seed}: pass@1 {summary['mean@n']:.3f} "
+        f"({train_seconds:.0f} s of training, {eval_seconds:.0f} s of evaluation)"
+    )
     return run_dir
 
 
@@ -749,63 +920,176 @@ def measured_budget(run_dirs: list[Path]) -> dict:
     }
 
 
-def study_plan(s: StudySettings, arms: Sequence[Arm]) -> dict:
-    """What a study commits to before its first run: arms, claims (with margins), the level, the cost estimate."""
-    ran = {a.name for a in arms}
+def primary_power(seeds: int) -> list[dict]:
+    """Each registered primary endpoint with its effect, test, level, pilot spread and the power `seeds`
+    seeds give it (paired t over seeds at Holm's first-step level α/m, m = the paper's primaries: Holm's later
+    steps are easier, so this is a lower bound), and the seeds POWER would need."""
+    per_paper = {p: sum(c.paper == p for c in PRIMARIES) for p in dict.fromkeys(c.paper for c in PRIMARIES)}
+    rows = []
+    for c in PRIMARIES:
+        sd = PILOT_SD[(c.arm, c.against, c.measure, c.regime)]
+        level = ALPHA / per_paper[c.paper]
+        rows.append(
+            {
+                "paper": c.paper,
+                "endpoint": c.text,
+                "regime": c.regime,
+                "measure": c.measure,
+                "difference": f"{c.arm} − {c.against}",
+                "direction": c.direction,
+                "effect": c.effect,
+                "effect_source": c.effect_source,
+                "test": "two-sided paired t-test over seeds (S − 1 df); exact sign-flip test at a zero SE",
+                "level_first_holm_step": level,
+                "pilot_sd_per_seed": sd,
+                "seeds": seeds,
+                "power": round(paired_t_power(c.effect, sd, seeds, level), 4),  # type: ignore[arg-type]
+                "seeds_for_power": seeds_for_power(c.effect, sd, level, POWER),  # type: ignore[arg-type]
+            }
+        )
+    return rows
+
+
+def design_seeds() -> int:
+    """The registered seed count: the fewest seeds giving every primary endpoint POWER (`primary_power`)."""
+    needed = [r["seeds_for_power"] for r in primary_power(2)]
+    assert all(n is not None for n in needed), "a primary endpoint cannot reach its power within 200 seeds"
+    return max(needed)
+
+
+def study_plan(s: StudySettings, arms: Sequence[Arm] | None = None) -> dict:
+    """What a study commits to before its first run: the primary endpoints with their effects, tests and
+    power, the exploratory claims, the arms per regime, the level, the seeds, the cost estimate."""
+    per_regime = {r: [a.name for a in (arms if arms is not None else s.regime_arms(r))] for r in s.regimes}
+    ran = {n for names in per_regime.values() for n in names}
     return {
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "alpha": ALPHA,
-        "correction": "Holm within each family: the verdicts (claims x regimes) of one Claim.paper with a p-value",
-        "arms": [asdict(a) for a in arms],
+        "correction": "Holm within each paper's registered primary endpoints only (m = that paper's primaries); "
+        "exploratory claims: raw p and CI, never 'supported'",
+        "seeds": {"registered": s.seeds, "this_process": s.run_seeds},
+        "primaries": primary_power(s.seeds),
+        "power_target": POWER,
+        "arms_per_regime": per_regime,
+        "eval_samples": {r: {n: s.arm_eval_samples(n, r) for n in names} for r, names in per_regime.items()},
+        "arms": [asdict(ARMS_BY_NAME[n]) for n in sorted(ran)],
         "settings": {**asdict(s), "steps": s.steps, "ks": s.ks},
-        "claims": [
+        "exploratory_claims": [
             {**asdict(c), "runs": c.arm in ran and c.against in ran and (c.reference is None or c.reference in ran)}
             for c in CLAIMS
+            if not c.primary
         ],
-        "estimated_seconds": round(estimate_seconds(s, arms)),
+        "estimated_seconds_one_core": round(estimate_seconds(replace(s, split=None), arms)),
+        "estimated_seconds_this_process": round(estimate_seconds(replace(s, seeds=len(s.run_seeds), split=None), arms)),
     }
 
 
 def run_study(quick: bool = False, out_root: str = "runs", log=print, settings: StudySettings | None = None) -> Path:
-    """Run every arm in every regime with every seed, judge the claims, write study.html and study.md."""
+    """Run every arm of each regime with this process's seeds (seed outer, so a study stopped early leaves
+    complete seeds), then judge the claims over this folder and write study.html and study.md. A study split
+    over processes (`StudySettings.split`) is joined with `summarize_study`."""
     s = settings or (QUICK if quick else StudySettings())
     unknown = [n for n in (s.arms or ()) if n not in ARMS_BY_NAME]
     if unknown:
         raise ValueError(f"unknown study arm(s) {unknown}; available: {', '.join(ARMS_BY_NAME)}")
-    arms = [ARMS_BY_NAME[n] for n in (s.arms or DEFAULT_ARMS)]
     study_dir = new_run_dir(out_root, "study")  # exclusive: two studies started in the same second get two folders
-    # the claims, margins, level and arms, written before any run: nothing is tuned after seeing results
-    (study_dir / "plan.json").write_text(json.dumps(study_plan(s, arms), indent=2, default=str))
+    # the endpoints, effects, power, margins, level and arms, written before any run: nothing is tuned after
+    write_atomic(study_dir / "plan.json", json.dumps(study_plan(s), indent=2, default=str))
     started = time.perf_counter()
-    regimes, results, budgets, reports = [], {}, {}, {}
-    for name in s.regimes:
-        regime = choose_regime(name, s, log)
-        regimes.append(regime)
-        regime_dir = study_dir / name
-        problems = evaluate_start(regime, s, regime_dir, log)
+    regimes = [choose_regime(name, s, log) for name in s.regimes]
+    problems = {r.name: heldout_for(r, s) for r in regimes}
+    if 0 in s.run_seeds:  # the start once, not in every process of a split study
+        for r in regimes:
+            evaluate_start(r, problems[r.name], s, study_dir / r.name, log)
+    write_atomic(study_dir / "regimes.json", json.dumps([asdict(r) for r in regimes], indent=2, default=str))
+    done: list[int] = []
+    for seed in s.run_seeds:
+        for regime in regimes:
+            for arm in s.regime_arms(regime.name):
+                run_arm(arm, regime, seed, problems[regime.name], s, study_dir / regime.name, log)
+        done.append(seed)
+        progress = {"complete_seeds": done, "seconds": time.perf_counter() - started}
+        write_atomic(study_dir / "progress.json", json.dumps(progress))
+        log(f"study: seed {seed} complete ({len(done)} of {len(s.run_seeds)} in this process)")
+    write_atomic(
+        study_dir / "progress.json",
+        json.dumps({"complete_seeds": done, "seconds": time.perf_counter() - started, "finished": True}),
+    )
+    return summarize_study([study_dir], study_dir, log=log, quick=quick)
+
+
+def _settings_from_plan(plan_json: dict) -> StudySettings:
+    names = {f.name for f in fields(StudySettings)}
+    raw = {k: v for k, v in plan_json["settings"].items() if k in names}
+    for key in ("paper_protocols", "regimes", "arms", "split"):
+        if isinstance(raw.get(key), list):
+            raw[key] = tuple(raw[key])
+    return StudySettings(**raw)
+
+
+def summarize_study(study_dirs: Sequence[Path], out_dir: Path, log=print, quick: bool = False) -> Path:
+    """Join the folders of one study (split over processes) into out_dir/study.html, study.md and
+    study.json: every finished run (its eval/per_problem.jsonl written) counts, paired per claim over the
+    seeds both arms finished. The folders must share one plan (settings and arms)."""
+    study_dirs = [Path(d) for d in study_dirs]
+    plans = [json.loads((d / "plan.json").read_text()) for d in study_dirs]
+    s = _settings_from_plan(plans[0])
+    for d, other in zip(study_dirs[1:], plans[1:]):
+        if replace(_settings_from_plan(other), split=None) != replace(s, split=None):
+            raise ValueError(f"{d}: a different study's plan (settings differ from {study_dirs[0]})")
+    regimes = [Regime(**r) for r in json.loads((study_dirs[0] / "regimes.json").read_text())]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results, budgets, run_dirs = {}, {}, {}
+    registered = plans[0].get("arms_per_regime", {})  # the plan's arms, whatever the code says today
+    for regime in regimes:
         dirs: dict[str, list[Path]] = {}
-        for seed in range(s.seeds):
-            for arm in arms:
-                dirs.setdefault(arm.name, []).append(run_arm(arm, regime, seed, problems, s, regime_dir, log))
+        names = registered.get(regime.name) or [a.name for a in s.regime_arms(regime.name)]
+        for arm in (ARMS_BY_NAME[n] for n in names):
+            found = sorted(
+                (p for d in study_dirs for p in (d / regime.name).glob(f"{arm.name}-s*")),
+                key=lambda p: int(p.name.rpartition("-s")[2]),
+            )
+            finished = [
+                p
+                for p in found
+                if (p / "eval" / "per_problem.jsonl").is_file() and p.name[len(arm.name) + 2 :].isdigit()
+            ]
+            if finished:
+                dirs[arm.name] = finished
+        run_dirs[regime.name] = dirs
         if "grpo" in dirs:
             regime.grpo_step1_all_wrong = first_step_mean(dirs["grpo"], "groups/all_wrong_frac")
-        results[name] = {a: read_arm_result(d) for a, d in dirs.items()}
-        budgets[name] = {a: measured_budget(d) for a, d in dirs.items()}
-        reports[name] = build_report(
-            [str(p) for d in dirs.values() for p in d], str(regime_dir), title=f"regroup study, {name} regime"
-        )
+        results[regime.name] = {a: read_arm_result(d) for a, d in dirs.items()}
+        budgets[regime.name] = {a: measured_budget(d) for a, d in dirs.items()}
+        if dirs:
+            build_report(
+                [str(p) for d in dirs.values() for p in d],
+                str(out_dir / regime.name),
+                title=f"regroup study, {regime.name} regime",
+            )
     verdicts = judge_all(CLAIMS, results)
-    seconds = time.perf_counter() - started
+    progress = [
+        json.loads((d / "progress.json").read_text()) if (d / "progress.json").is_file() else {} for d in study_dirs
+    ]
+    seconds = max((p.get("seconds", 0.0) for p in progress), default=0.0)
+    arms = [a for a in ARMS if any(a.name in run_dirs[r.name] for r in regimes)]
+    seeds_run = {
+        r.name: {a: [int(p.name.rpartition("-s")[2]) for p in d] for a, d in run_dirs[r.name].items()} for r in regimes
+    }
     record = {
-        "seconds": seconds,
+        "study_dirs": [str(d) for d in study_dirs],
+        "seconds_longest_process": seconds,
+        "processes": [{"dir": str(d), **p} for d, p in zip(study_dirs, progress)],
         "quick": quick,
         "settings": {**asdict(s), "steps": s.steps, "ks": s.ks},
         "regimes": [asdict(r) for r in regimes],
+        "seeds_run": seeds_run,
         "planned": {a.name: asdict(plan(a, s)) for a in arms},
         "measured": budgets,
     }
-    write_atomic(study_dir / "study.json", json.dumps(record, indent=2, default=str))
+    write_atomic(out_dir / "study.json", json.dumps(record, indent=2, default=str))
     html = write_study_page(
-        study_dir,
+        out_dir,
         s,
         arms,
         regimes,
@@ -816,9 +1100,7 @@ def run_study(quick: bool = False, out_root: str = "runs", log=print, settings: 
         planned={a.name: plan(a, s) for a in arms},
         protocols=PROTOCOLS,
         mechanisms=MECHANISMS,
+        primaries=primary_power(s.seeds),
     )
+    log(f"study summary: {html}")
     return html
-
-
-def with_changes(s: StudySettings, **changes) -> StudySettings:
-    return replace(s, **changes)

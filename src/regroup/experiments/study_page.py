@@ -12,6 +12,7 @@ from typing import Any
 from regroup.io import write_atomic
 from regroup.report.claims import (
     ALPHA,
+    NOT_RUN,
     T1,
     ArmResult,
     Comparison,
@@ -19,8 +20,10 @@ from regroup.report.claims import (
     compare_pass_at_k,
     confidence_interval,
     mean_pass_at_k,
+    verdict_label,
 )
 from regroup.report.render import CSS
+from regroup.report.stats import paired_t_power
 from regroup.report.text import wall_time
 
 _VERDICT_CLASS = {"supported": "better", "contradicted": "worse"}
@@ -51,6 +54,79 @@ def fmt_value(c: Comparison | None) -> str:
     return f"{100 * c.delta:.1f}" + (f" ± {100 * c.se:.1f}" if c.se is not None else "")
 
 
+def _effect(v: Verdict) -> str:
+    e = v.claim.effect
+    if e is None:
+        return "—"
+    e *= v.claim.direction
+    return f"{100 * e:+.1f} pts" if v.claim.measure.startswith("pass@") else f"{e:+.3f}"
+
+
+def primary_rows(verdicts: Sequence[Verdict], power: Sequence[Mapping[str, Any]]) -> list[list[str]]:
+    """Cells of the registered-endpoint table: paper, endpoint, regime, measure, difference, the paper's
+    effect, power at the registered seeds, seeds run and the power they give (pilot spread), Δ [CI], df,
+    p, p (Holm), verdict (with whether the CI rules out the paper's effect)."""
+    by_text = {r["endpoint"]: r for r in power}
+    rows = []
+    for v in (v for v in verdicts if v.claim.primary):
+        c, claim = v.comparison, v.claim
+        r = by_text.get(claim.text, {})
+        percent = claim.measure.startswith("pass@")
+        ran = c.seeds if c is not None else 0
+        level, sd = r.get("level_first_holm_step"), r.get("pilot_sd_per_seed")
+        power_run = (
+            f"{100 * paired_t_power(claim.effect, sd, ran, level):.0f} %"  # type: ignore[arg-type]
+            if level is not None and sd is not None and ran
+            else "—"
+        )
+        rows.append(
+            [
+                claim.paper,
+                claim.text,
+                v.regime,
+                claim.measure,
+                f"{claim.arm} − {claim.against}",
+                _effect(v),
+                f"{100 * r['power']:.0f} % ({r['seeds']} seeds)" if r else "—",
+                f"{ran} ({power_run})",
+                fmt_ci(c, percent) + (" pts" if percent and c is not None and c.delta is not None else ""),
+                "—" if c is None or c.df is None else f"{c.df:.0f}",
+                fmt_p(v.p),
+                fmt_p(v.p_adjusted),
+                verdict_label(v),
+            ]
+        )
+    return rows
+
+
+PRIMARY_HEADER = [
+    "paper",
+    "registered endpoint",
+    "regime",
+    "measure",
+    "difference",
+    "paper's effect",
+    "power (registered seeds)",
+    "seeds run (power)",
+    f"Δ [{100 * (1 - ALPHA):.0f} % CI]",
+    "df",
+    "p",
+    "p (Holm)",
+    "verdict",
+]
+
+
+def per_seed_rows(verdicts: Sequence[Verdict]) -> list[list[str]]:
+    """Each primary endpoint's per-seed differences (the replications its test is over)."""
+    rows = []
+    for v in (v for v in verdicts if v.claim.primary and v.comparison is not None):
+        percent = v.claim.measure.startswith("pass@")
+        scale, digits = (100.0, 1) if percent else (1.0, 3)
+        values = ", ".join(f"{scale * d:+.{digits}f}" for d in v.comparison.per_seed)
+        rows.append([v.claim.text, v.regime, f"{v.claim.arm} − {v.claim.against}", values or "—"])
+    return rows
+
+
 def verdict_rows(verdicts: Sequence[Verdict]) -> list[list[str]]:
     """Cells of the verdict table: paper, claim, regime, measure, comparison, Δ [CI], df, n, p, p (Holm), verdict."""
     rows = []
@@ -77,7 +153,7 @@ def verdict_rows(verdicts: Sequence[Verdict]) -> list[list[str]]:
                 size,
                 fmt_p(v.p),
                 fmt_p(v.p_adjusted),
-                v.verdict,
+                verdict_label(v),
             ]
         )
     return rows
@@ -147,13 +223,15 @@ def results_rows(
     return rows
 
 
-def results_header(ks: Sequence[int], paper_protocols: Sequence[str] = ()) -> list[str]:
+def results_header(ks: Sequence[int], paper_protocols: Sequence[str] = (), baseline: str = "grpo") -> list[str]:
     ci = f"[{100 * (1 - ALPHA):.0f} % CI]"
     head = (
-        ["arm", "protocol", "seeds"] + [f"pass@{k} ± SE (T = 1)" for k in ks] + [f"Δ pass@{k} vs grpo {ci}" for k in ks]
+        ["arm", "protocol", "seeds"]
+        + [f"pass@{k} ± SE (T = 1)" for k in ks]
+        + [f"Δ pass@{k} vs {baseline} {ci}" for k in ks]
     )
     for proto in paper_protocols:
-        head += [f"pass@1 ± SE ({proto} decoding)", f"Δ pass@1 vs grpo {ci} ({proto})"]
+        head += [f"pass@1 ± SE ({proto} decoding)", f"Δ pass@1 vs {baseline} {ci} ({proto})"]
     return head
 
 
@@ -255,17 +333,25 @@ def write_study_page(
     planned: Mapping[str, Any],
     protocols: Mapping[str, tuple[str, str]],
     mechanisms: Sequence[str],
+    primaries: Sequence[Mapping[str, Any]] = (),
 ) -> Path:
     """Write study_dir/study.html (self-contained) and study_dir/study.md; return the HTML path. The study
     hands over its content (each arm's planned budget, the protocols, the mechanism metrics): the page
     knows no study."""
     ks = s.ks
-    vrows = verdict_rows(verdicts)
-    classes = [_VERDICT_CLASS.get(v.verdict) for v in verdicts]
+    exploratory = [v for v in verdicts if not v.claim.primary and v.verdict != NOT_RUN]
+    not_run = sum(1 for v in verdicts if not v.claim.primary and v.verdict == NOT_RUN)
+    vrows = verdict_rows(exploratory)
+    classes = [_VERDICT_CLASS.get(v.verdict) for v in exploratory]
+    prows = primary_rows(verdicts, primaries)
+    pclasses = [_VERDICT_CLASS.get(v.verdict) for v in verdicts if v.claim.primary]
+    srows = per_seed_rows(verdicts)
     intro = (
-        f"{s.seeds} seeds per arm; GRPO: {s.questions} distinct questions × {s.epochs} epochs = {s.steps} steps "
+        f"{s.seeds} seeds per arm registered (the seeds each arm finished are in its tables); GRPO: "
+        f"{s.questions} distinct questions × {s.epochs} epochs = {s.steps} steps "
         f"of {s.prompts_per_step} questions × G = {s.num_generations}; held-out: {s.eval_problems} problems × "
-        f"{s.eval_samples} samples at T = 1"
+        f"{s.eval_samples} samples at T = 1 for the arms of a pass@k (k > 1) endpoint, {s.pass1_eval_samples} for "
+        "the others"
         + (
             f", and × {s.paper_eval_samples} samples at each of "
             f"{', '.join(s.paper_protocols)} decoding (regroup.eval.benchmarks.DECODING)"
@@ -275,16 +361,18 @@ def write_study_page(
         + f". Measured study time: {wall_time(seconds)}."
     )
     note = (
-        f"pass@k in % ± 1 SE over problems and seeds. Δ in percentage points with its {100 * (1 - ALPHA):.0f} % "
-        "confidence interval (t with the df shown; unadjusted), paired over problems and seeds: SE = √(var over "
-        "seeds of the per-seed mean / S + var over problems of the per-problem mean / P) with S − 1 df (the "
-        "seeds are the independent replications); training metrics paired over seeds, S − 1 df. p: the claim's "
-        "own test (two-sided for 'better' claims; for 'matches', twice the smaller of: the larger of the "
-        "non-inferiority p at the stated margin and the one-sided p that the extra data helps, and the p that "
-        f"it falls short by more than the margin). p (Holm): adjusted over the verdicts of the same paper (its family: every regime); a verdict is "
-        f"'supported' or 'contradicted' only when p (Holm) < {ALPHA}; 'inconclusive' means this study could not "
-        "tell, not that the arms are equal. Claims, margins and arms were fixed in code before the run (plan.json)."
+        f"pass@k in % ± 1 SE over seeds. Δ in percentage points with its {100 * (1 - ALPHA):.0f} % confidence "
+        "interval (t with the df shown; unadjusted). The test: the paired t-test over seeds (each seed's mean "
+        "difference over the held-out problems is one replication; S − 1 df); at a zero SE the exact sign-flip "
+        "test over seeds (p >= 2^(1−S)); Δ = 0 on every seed is a tie. p (Holm): adjusted over the registered "
+        "primary endpoints of the same paper only; a primary is 'supported' or 'contradicted' only when p (Holm) "
+        f"< {ALPHA}; 'inconclusive' means this study could not tell, and says whether its CI rules out the "
+        "paper's effect. Power: of the paired t-test at Holm's first-step level α/m, at the paper's effect, from "
+        "the pilot spread registered in plan.json (not this run's). Exploratory claims: raw p and CI only, never "
+        "'supported' ('matches' claims: twice the smaller of the non-inferiority-and-gain p and the falls-short "
+        "p). Endpoints, effects, seeds and arms were fixed in code and written to plan.json before any arm trained."
     )
+    explore_note = f"Exploratory claims whose arms did not run in a regime: {not_run} (listed in plan.json)."
     html = [
         f"<!doctype html><html lang=en><head><meta charset=utf-8><title>regroup study</title><style>{CSS}"
         "tr.better td{background:#f1faf2} tr.worse td{background:#fdf1f1}</style></head><body><main>",
@@ -294,9 +382,14 @@ def write_study_page(
         _html_table(REGIME_HEADER, _regime_rows(regimes, s.sparse_min_all_wrong), left=2),
         "<h2>Protocols</h2>",
         _html_table(PROTOCOL_HEADER, _protocol_rows(protocols), left=3),
-        "<h2>Verdicts</h2>",
-        _html_table(VERDICT_HEADER, vrows, left=5, classes=classes),
+        "<h2>Registered primary endpoints</h2>",
+        _html_table(PRIMARY_HEADER, prows, left=5, classes=pclasses),
         f"<p class=note>{escape(note)}</p>",
+        "<h3>Per-seed differences of the primary endpoints</h3>",
+        _html_table(["endpoint", "regime", "difference", "per seed (seed order)"], srows, left=3),
+        "<h2>Exploratory comparisons</h2>",
+        _html_table(VERDICT_HEADER, vrows, left=5, classes=classes),
+        f"<p class=note>{escape(explore_note)}</p>",
     ]
     md = [
         "# regroup study: the papers' claims at the tiny model's scale",
@@ -311,24 +404,35 @@ def write_study_page(
         "",
         markdown_table(PROTOCOL_HEADER, _protocol_rows(protocols)),
         "",
-        "## Verdicts",
+        "## Registered primary endpoints",
+        "",
+        markdown_table(PRIMARY_HEADER, prows),
+        "",
+        note,
+        "",
+        "### Per-seed differences of the primary endpoints",
+        "",
+        markdown_table(["endpoint", "regime", "difference", "per seed (seed order)"], srows),
+        "",
+        "## Exploratory comparisons",
         "",
         markdown_table(VERDICT_HEADER, vrows),
         "",
-        note,
+        explore_note,
         "",
     ]
     for regime in regimes:
         name = regime.name
         res = results.get(name, {})
-        rrows = results_rows(arms, res, ks, s.paper_protocols)
+        baseline = "grpo" if "grpo" in res else "grpo_drgrpo"  # the mid regime runs Dr. GRPO as its control
+        rrows = results_rows(arms, res, ks, s.paper_protocols, baseline)
         brows = budget_rows(arms, planned, budgets.get(name, {}))
         mrows = mechanism_rows(arms, res, mechanisms)
         html += [
             f"<h2>{escape(name)} regime</h2>",
             f"<p class=meta>{escape(regime.description)}</p>",
             "<h3>Held-out results</h3>",
-            _html_table(results_header(ks, s.paper_protocols), rrows, left=2),
+            _html_table(results_header(ks, s.paper_protocols, baseline), rrows, left=2),
             "<h3>Budgets per protocol</h3>",
             _html_table(BUDGET_HEADER, brows, left=2),
             "<h3>Mechanisms (mean over training steps, then over seeds)</h3>",
@@ -350,7 +454,7 @@ def write_study_page(
             "",
             regime.description,
             "",
-            markdown_table(results_header(ks, s.paper_protocols), rrows),
+            markdown_table(results_header(ks, s.paper_protocols, baseline), rrows),
             "",
             "Budgets per protocol:",
             "",

@@ -29,7 +29,8 @@ td.l,th.l{text-align:left} td.num{font-variant-numeric:tabular-nums;white-space:
 .chip{display:inline-block;font-size:11.5px;padding:1px 7px;border-radius:9px;margin-left:4px;white-space:nowrap}
 .better{background:#e3f4e6;color:#1d6b2c} .worse{background:#fbe4e4;color:#9b2323}
 .unclear{background:#eef0f3;color:#4d5866} .base{color:#6b7785;font-style:italic}
-code{font:12.5px ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;background:#f1f3f5;padding:1px 4px;border-radius:3px}
+code{font:12.5px ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;background:#f1f3f5;
+padding:1px 4px;border-radius:3px}
 .diff{font-size:12.5px;text-align:left} .diff div{white-space:nowrap}
 .grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(480px,1fr));gap:18px;margin-top:10px;grid-auto-flow:dense}
 figure.wide{grid-column:1/-1}
@@ -106,7 +107,9 @@ def results_table_html(rows: Sequence[dict[str, Any]], colors: dict[str, str]) -
             (
                 '<td class="num base">baseline</td>'
                 if r["is_baseline"]
-                else f"<td class=num>{_delta_cell(r.get('delta_baseline'), r.get('delta_baseline_se'), r.get('verdict_baseline'))}</td>"
+                else "<td class=num>"
+                + _delta_cell(r.get("delta_baseline"), r.get("delta_baseline_se"), r.get("verdict_baseline"))
+                + "</td>"
             ),
             f"<td class=num>{r['steps'] if r.get('steps') is not None else '—'}</td>",
             f"<td class=num>{wall_time(r.get('wall_time_s'))}</td>",
@@ -281,10 +284,15 @@ def render_markdown(
         elif not r["config_diff"]:
             diff = f"same settings as {r['diff_against']}"  # escaped with the cell below
         else:
-            diff = "<br>".join(f"`{k}`: {format_value(a)} → **{format_value(b)}**" for k, a, b in r["config_diff"])
+            # each change escaped on its own, joined by a raw <br>: the one line break a Markdown table cell has
+            diff = "<br>".join(
+                _md_escape(f"`{k}`: {format_value(a)} → **{format_value(b)}**") for k, a, b in r["config_diff"]
+            )
+        if r["diff_against"] is None or not r["config_diff"]:
+            diff = _md_escape(diff)
         lines.append(
             f"| {_md_escape(r['label'])} | {_md_escape(', '.join(r['runs']))} | "
-            f"{', '.join(str(s) for s in r['seeds'])} | {_md_escape(diff)} |"
+            f"{', '.join(str(s) for s in r['seeds'])} | {diff} |"
         )
     for section, heading in (("evaluation", "Evaluation"), ("training", "Training")):
         lines += ["", f"## {heading}", ""]

@@ -150,3 +150,86 @@ def holm(pvalues: Sequence[float | None]) -> list[float | None]:
         running = max(running, min(1.0, (m - rank) * p))
         out[i] = running
     return out
+
+
+# ------------------------------------------------------------------ exact and power calculations (no scipy)
+def sign_flip_p(values: Sequence[float], two_sided: bool = True) -> float:
+    """Exact sign-flip (randomisation) p of H0: the values are symmetric about 0 (the paired seeds' differences
+    under no effect): the share of the 2^S sign patterns whose |sum| (one-sided: sum) is at least the observed.
+
+    Its smallest value is 2^(1−S) two-sided (2^(−S) one-sided): with 2 seeds it is 0.5, whatever the values, so
+    a difference with no spread over few seeds cannot come out significant. All-equal magnitudes (the case of a
+    zero standard error) are counted in closed form; otherwise the patterns are enumerated (S <= 20)."""
+    s = len(values)
+    if s == 0:
+        return 1.0
+    observed = sum(values)
+    scale = max(abs(v) for v in values)
+    if scale == 0:
+        return 1.0  # every difference 0: a tie, no evidence either way
+    tol = 1e-12 * scale * s
+    if all(abs(abs(v) - scale) <= 1e-12 * scale for v in values):
+        # sum = scale · (2j − S) with j positive signs: count the j whose sum is at least as extreme
+        hits = sum(
+            math.comb(s, j)
+            for j in range(s + 1)
+            if (abs(scale * (2 * j - s)) if two_sided else scale * (2 * j - s))
+            >= (abs(observed) if two_sided else observed) - tol
+        )
+        return hits / 2**s
+    if s > 20:
+        raise ValueError(f"sign_flip_p enumerates 2^S patterns: S = {s} > 20")
+    target = abs(observed) if two_sided else observed
+    hits = 0
+    for pattern in range(2**s):
+        total = sum(-v if pattern >> i & 1 else v for i, v in enumerate(values))
+        hits += (abs(total) if two_sided else total) >= target - tol
+    return hits / 2**s
+
+
+def normal_cdf(x: float) -> float:
+    return 0.5 * math.erfc(-x / math.sqrt(2.0))
+
+
+def t_test_power(noncentrality: float, df: float, alpha: float) -> float:
+    """Power of the two-sided one-sample t-test at level `alpha` with `df` degrees of freedom when the true
+    mean over its SE is `noncentrality` (δ = Δ / (σ / √S)): P(|T'| > t_{1−α/2, df}) for the noncentral t
+    T' = (Z + δ) / √(V / df), V ~ χ²_df, integrated over the χ distribution of √V (Simpson, 4,000 panels)."""
+    crit = t_ppf(1.0 - alpha / 2.0, df)
+    if math.isinf(df):
+        return normal_cdf(noncentrality - crit) + normal_cdf(-noncentrality - crit)
+    # density of x = √V (the χ distribution with df degrees of freedom), in logs for large df
+    log_norm = (df / 2.0 - 1.0) * math.log(2.0) + math.lgamma(df / 2.0)
+    lo, hi = max(0.0, math.sqrt(df) - 12.0), math.sqrt(df) + 12.0  # √V has sd < 1: ±12 holds all its mass
+    panels = 4000
+    step = (hi - lo) / panels
+    total = 0.0
+    for i in range(panels + 1):
+        x = lo + i * step
+        if x == 0.0:
+            density = 0.0 if df > 1 else math.exp(-log_norm)
+        else:
+            density = math.exp((df - 1.0) * math.log(x) - x * x / 2.0 - log_norm)
+        w = x / math.sqrt(df)
+        rejects = normal_cdf(noncentrality - crit * w) + normal_cdf(-noncentrality - crit * w)
+        weight = 1 if i in (0, panels) else (4 if i % 2 else 2)
+        total += weight * density * rejects
+    return min(1.0, total * step / 3.0)
+
+
+def paired_t_power(effect: float, sd: float, seeds: int, alpha: float) -> float:
+    """Power of the two-sided paired t-test over `seeds` seeds (S − 1 df) to detect a true mean difference
+    `effect` when the per-seed differences have standard deviation `sd`."""
+    if seeds < 2:
+        return 0.0
+    if sd <= 0:
+        return 1.0
+    return t_test_power(effect / (sd / math.sqrt(seeds)), float(seeds - 1), alpha)
+
+
+def seeds_for_power(effect: float, sd: float, alpha: float, power: float = 0.8, most: int = 200) -> int | None:
+    """The fewest seeds (>= 2) whose paired t-test reaches `power` at `effect` (None: not within `most`)."""
+    for seeds in range(2, most + 1):
+        if paired_t_power(effect, sd, seeds, alpha) >= power:
+            return seeds
+    return None

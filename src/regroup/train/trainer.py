@@ -521,7 +521,6 @@ class Trainer:
         save_training_state(self.acc, staging)  # collective: each process its own shards
         path = None
         if self.is_main:
-
             assert weights is not None, "full_state_dict returns the full weights on rank 0"
 
             def write_weights(folder: Path) -> None:
