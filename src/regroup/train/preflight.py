@@ -229,7 +229,7 @@ def check_references(cfg, problems: list, task, encode_response, log=print) -> R
 
 
 def check_train_memory(
-    cfg, model_path: str, world: int, device: str, log=print, prompt_tokens: int | None = None
+    cfg, model_path: str | None, world: int, device: str, log=print, prompt_tokens: int | None = None
 ) -> None:
     shape = model_shape(model_path) if model_path else builtin_shape()
     if shape is None:
