@@ -43,7 +43,7 @@ BACKENDS = ("vllm_server", "hf")
 """Backends with an engine that samples while the learner trains (their own weights)."""
 
 
-def check_async_config(cfg) -> None:
+def check_async_config(cfg, *, ratio_on_original: bool) -> None:
     """The async settings that cannot work, each as one line naming the key (before any model loads)."""
     r = cfg.rollout
     if not r.async_steps:
@@ -65,7 +65,7 @@ def check_async_config(cfg) -> None:
             "nothing left to correct; set rollout.tis_cap=0, or rollout.async_correction=decoupled to weigh "
             "pi_prox/pi_behaviour with it"
         )
-    if r.async_correction == "behaviour" and cfg.ta.enabled and cfg.ta.ratio_anchor == "original":
+    if r.async_correction == "behaviour" and ratio_on_original:  # TA-GRPO ratios on q0 (the recipe's answer)
         raise ConfigError(
             "rollout.async_correction=behaviour with ta.ratio_anchor=original would divide pi(o|q0) by the "
             "sampler's pi(o|q_n), two different prompts; use rollout.async_correction=decoupled"

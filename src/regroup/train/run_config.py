@@ -98,7 +98,9 @@ def check_config(cfg: RunConfig) -> None:
         loss_spec(cfg)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    check_async_config(cfg)  # rollout.async_steps: the backends and corrections that cannot work
+    check_async_config(
+        cfg, ratio_on_original=features(cfg).ratio_on_original
+    )  # rollout.async_steps: the backends and corrections that cannot work
 
 
 def _piece(key: str, registry: Registry, name: str, must_call: bool = True) -> Any:
