@@ -8,7 +8,6 @@ import json
 import math
 import os
 import tempfile
-import time
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -153,13 +152,9 @@ text = st.text(max_size=200) | st.text(alphabet="0123456789+-=#.x ", max_size=20
 @given(response=text, which=st.integers(0, len(PROBLEMS) - 1))
 def test_grader_and_step_score_on_random_text(response, which):
     p = PROBLEMS[which]
-    start = time.perf_counter()
-    g, s = grade(response, p), step_score(response, p)
+    g, s = grade(response, p), step_score(response, p)  # a hang would never return: the test would not end
     assert g in (0.0, 1.0)
     assert isinstance(s, float) and math.isfinite(s) and 1.0 <= s <= 10.0
-    # no hang: a hang never returns (pytest's own timeout ends it); 120 s only catches a pathological
-    # slow path (it takes ~1 ms), far beyond any loaded machine's slowdown
-    assert time.perf_counter() - start < 120.0
 
 
 @pytest.fixture(scope="module")
@@ -181,13 +176,13 @@ latexish = st.text(alphabet="0123456789{}()^\\/+-*.,=xab $", max_size=60)
 @given(inner=latexish | st.text(max_size=60), answer=latexish | st.text(max_size=10), boxed=st.booleans())
 def test_math_checker_on_random_text(checker, inner, answer, boxed):
     response = f"\\boxed{{{inner}}}" if boxed else inner
-    start = time.perf_counter()
+    checker.pop_counts()
     value = checker(response, Problem("f", "q", answer or "0"))
     assert value in (0.0, 1.0)
-    # no hang: a check is cut at timeout_s + grace_s, and a replacement worker gets startup_timeout_s to start
-    # (the checker's own deadlines, not a guess at this machine's speed: a loaded machine starts workers slowly)
-    # a hang would never return; 10x those deadlines plus a minute is a margin no loaded machine needs
-    assert time.perf_counter() - start < 10 * (checker.timeout_s + checker.grace_s + checker.startup_timeout_s) + 60.0
+    # no hang: a check is cut at the checker's own deadline (timeout_s + grace_s), counted as one event, and the
+    # call returns a verdict either way (a hang would never return)
+    counts = checker.pop_counts()
+    assert counts.get("checked", 0) == 1 and counts.get("timeout", 0) <= 1, counts
 
 
 # -- every numeric config field with its bad values ---------------------------------------------------
