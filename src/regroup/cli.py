@@ -18,6 +18,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from regroup.config.fields import NumericRule, above, at_least, read_yaml
+from regroup.config.registry import STAGES, did_you_mean
 from regroup.config.schema import (
     apply_overrides,
     check_resume_overrides,
@@ -32,7 +33,6 @@ from regroup.eval.benchmarks import DECODING, Decoding, parse_bench_list
 from regroup.eval.runner import EVAL_SECTIONS, format_table, run_bench_cli, run_config_path, run_eval_cli
 from regroup.models.load import convert_gguf
 from regroup.models.smollm import smollm2_gguf
-from regroup.registry import STAGES, did_you_mean
 from regroup.rephrase import REPHRASERS
 from regroup.rephrase.run import run_rephrase
 from regroup.rollout.vllm_server import serve_command, serve_env

@@ -16,8 +16,7 @@ from helpers import CONFIGS, small_config, weights
 from loss_call import call_policy_loss
 
 from regroup.algo.losses import LossInputs, LossSpec, LossTotals, policy_loss, rows_with_gradient
-from regroup.errors import ConfigError
-from regroup.registry import (
+from regroup.config.registry import (
     ADV_ESTIMATORS,
     KL_ESTIMATORS,
     LOSS_TERMS,
@@ -27,6 +26,7 @@ from regroup.registry import (
     knob_rows,
     parse_args,
 )
+from regroup.errors import ConfigError
 from regroup.train.loss_config import describe_loss
 from regroup.train.run_config import load_config
 
@@ -215,7 +215,7 @@ def reinforce(logps, old_logps, advantages, mask, spec):
 # ---- pieces with their own knobs: one module, no registration ----
 from dataclasses import dataclass
 
-from regroup.registry import knob, takes
+from regroup.config.registry import knob, takes
 
 SEEN = []  # the knobs each call received, for the test to read
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from regroup.config.registry import REPHRASERS, REWARDS, SCORERS, STAGES, TASKS
 from regroup.config.schema import leaves
 from regroup.errors import ConfigError
-from regroup.registry import REPHRASERS, REWARDS, SCORERS, STAGES, TASKS
 from regroup.train.run_config import config_from_dict, load_config, save_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"

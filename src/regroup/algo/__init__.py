@@ -1,6 +1,6 @@
 """Pure algorithm pieces: tensors in, tensors out (SPEC §1–§3). No I/O, models, or config here.
 
-Importing the package registers every built-in loss piece and advantage estimator (`regroup.registry`:
+Importing the package registers every built-in loss piece and advantage estimator (`regroup.config.registry`:
 POLICY_LOSSES, KL_ESTIMATORS, LOSS_TERMS, ADV_ESTIMATORS), each in its own module with its knobs;
 `losses.policy_loss` and the advantage stage look them up by name.
 """

@@ -25,7 +25,7 @@ from regroup.algo.stats import (
     segment_count,
     segment_sum,
 )
-from regroup.registry import ADV_ESTIMATORS, knob
+from regroup.config.registry import ADV_ESTIMATORS, knob
 
 SCALES = ("group", "batch", "none")
 

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from regroup.algo.ratios import importance_ratio, per_token_advantages
-from regroup.registry import POLICY_LOSSES, knob
+from regroup.config.registry import POLICY_LOSSES, knob
 
 
 @dataclass(frozen=True)

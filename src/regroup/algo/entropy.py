@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from regroup.registry import LOSS_TERMS
+from regroup.config.registry import LOSS_TERMS
 
 
 @LOSS_TERMS.register("entropy")

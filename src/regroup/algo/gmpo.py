@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from regroup.algo.ratios import per_token_advantages
-from regroup.registry import POLICY_LOSSES, knob
+from regroup.config.registry import POLICY_LOSSES, knob
 
 
 @dataclass(frozen=True)

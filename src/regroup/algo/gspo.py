@@ -16,7 +16,7 @@ from torch import Tensor
 
 from regroup.algo.ppo_clip import ClipArgs
 from regroup.algo.ratios import clip_ratio
-from regroup.registry import POLICY_LOSSES
+from regroup.config.registry import POLICY_LOSSES
 
 
 def sequence_log_ratio(logps: Tensor, old_logps: Tensor, mask: Tensor) -> Tensor:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from regroup.registry import KL_ESTIMATORS
+from regroup.config.registry import KL_ESTIMATORS
 
 LOW_VAR_LOG_RATIO_CLAMP = 20.0  # verl: kl = clamp(ref − logp, −20, 20)
 LOW_VAR_KL_CLAMP = 10.0  # verl: clamp(k3, −10, 10)

@@ -1,12 +1,12 @@
 """Per-token policy-gradient loss, KL, aggregation modes, and their composition (SPEC §1, §2a.4, §2b.3).
 
-The loss is composed from named pieces (`regroup.registry`), one module each: a policy loss
+The loss is composed from named pieces (`regroup.config.registry`), one module each: a policy loss
 (`POLICY_LOSSES`: ppo_clip, gspo, cispo, sapo, gmpo, vespo, luspo, or a user's `pkg.mod:obj`), a KL
 estimator (`KL_ESTIMATORS`: k1, k2, k3, low_var_kl) and extra terms (`LOSS_TERMS`: entropy, or a user's).
 `LossSpec` names them with their knobs; `policy_loss` composes them with anchors, DaGRPO weights, the
 sampler IS weight and the off-policy sequence mask, and aggregates.
 
-One signature per kind; a piece that declares knobs (an `Args` dataclass, `regroup.registry.takes`) also
+One signature per kind; a piece that declares knobs (an `Args` dataclass, `regroup.config.registry.takes`) also
 gets them as the keyword `args`:
 - policy loss `(logps[B, T], old_logps[B, T], advantages[B] or [B, T], mask[B, T], spec) ->
   (per-token loss [B, T], low-clip flags [B, T], high-clip flags [B, T])`; `mask` marks the on-policy
@@ -38,7 +38,7 @@ from regroup.algo.gspo import sequence_ratio
 from regroup.algo.off_policy_mask import off_policy_mask
 from regroup.algo.ratios import per_token_advantages
 from regroup.algo.sampler_is import IS_MODES
-from regroup.registry import KL_ESTIMATORS, LOSS_TERMS, POLICY_LOSSES, args_class, call_piece, parse_args
+from regroup.config.registry import KL_ESTIMATORS, LOSS_TERMS, POLICY_LOSSES, args_class, call_piece, parse_args
 
 AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_sum_constant")
 ANCHOR_RATIOS = ("shaped", "plain")

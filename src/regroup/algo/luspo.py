@@ -19,7 +19,7 @@ from torch import Tensor
 
 from regroup.algo.gspo import sequence_clipped_pg_loss
 from regroup.algo.ppo_clip import ClipArgs
-from regroup.registry import POLICY_LOSSES
+from regroup.config.registry import POLICY_LOSSES
 
 
 def luspo_loss(

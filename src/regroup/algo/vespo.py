@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from regroup.algo.ratios import per_token_advantages
-from regroup.registry import POLICY_LOSSES, knob
+from regroup.config.registry import POLICY_LOSSES, knob
 
 LOG_RATIO_CLAMP = 20.0  # TRL: clamp(log_ratio_per_token, -20, 20)
 LOG_W_MIN = math.log(1e-8)  # TRL: log w >= log(1e-8)

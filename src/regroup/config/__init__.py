@@ -1,11 +1,12 @@
-"""Run configuration.
+"""Run configuration: what a config may name, and the sections it is made of.
 
+- `registry`: one `Registry` per kind of named piece (stages, losses, rewards, scorers, ...) and the
+  `pkg.mod:obj` loader: the names a config may use. Imports nothing of regroup.
 - `fields`: the `F(default, help, ge=, le=)` field helper, YAML reading, dotted overrides (imports only
-  `regroup.errors` and `regroup.registry`).
+  `regroup.errors` and `config.registry`).
 - `schema`: the sections of a `RunConfig`, their bounds and cross-field rules. A leaf: it imports only
-  `config.fields`, `regroup.errors` and `regroup.registry`, so anything may import it (a test checks).
-- `loss`: the loss settings resolved into one `algo.losses.LossSpec`.
-- `loader`: reading, checking and writing a whole config. It checks the named pieces against their
-  registries (rewards, scorers, rephrasers, tasks, stages, loss pieces) and the files a run reads, so it
-  sits above those packages; nothing below it imports it.
+  `config.fields`, `config.registry` and `regroup.errors`, so anything may import it (tests/test_structure.py).
+
+Whether the named pieces exist and the files a run reads are there is checked a floor up, by
+`regroup.train.run_config` (the loader and validator); the loss settings resolve in `train.loss_config`.
 """

@@ -21,8 +21,8 @@ from typing import Any, Literal, get_args, get_origin
 
 import yaml
 
+from regroup.config.registry import did_you_mean
 from regroup.errors import ConfigError
-from regroup.registry import did_you_mean
 
 
 @dataclass(frozen=True)

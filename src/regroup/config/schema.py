@@ -2,7 +2,7 @@
 
 A field is `name: type = F(default, "help", ge=/gt=/le=/lt=)` (`regroup.config.fields`): `regroup config` lists the
 help, every int / float field has bounds (a test checks it), and choices are its `Literal` type. This module is a
-leaf: it imports only `config.fields`, `regroup.errors` and `regroup.registry` (tests/test_structure.py), so any
+leaf: it imports only `config.fields`, `config.registry` and `regroup.errors` (tests/test_structure.py), so any
 module may read a config. Whether the named pieces exist, and whether the files a run reads are there, is checked a
 floor up, by `regroup.train.run_config`.
 "SPEC §N" in this package means section N of docs/spec.md.
@@ -22,8 +22,8 @@ from typing import Any, Literal, Optional
 
 from regroup.config import fields
 from regroup.config.fields import F, parse_override
+from regroup.config.registry import did_you_mean
 from regroup.errors import ConfigError
-from regroup.registry import did_you_mean
 
 INT32 = 2**31 - 1
 SEED = dict(ge=0, le=INT32)  # numpy seeds must be < 2**32, and seeds are summed (data.seed + seed)

@@ -6,9 +6,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from regroup.config.registry import REPHRASERS, build_named
 from regroup.net import ChatClient, DiskCache
 from regroup.net.build import client_and_cache
-from regroup.registry import REPHRASERS, build_named
 from regroup.rephrase.base import Rephraser
 from regroup.rephrase.dataset import DatasetRephraser
 from regroup.rephrase.llm import OpenAIRephraser

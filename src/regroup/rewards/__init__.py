@@ -15,7 +15,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from regroup.registry import REWARDS
+from regroup.config.registry import REWARDS
 from regroup.rewards.counts import RewardCounts
 from regroup.tasks.base import Problem
 

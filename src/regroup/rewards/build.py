@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import inspect
 
+from regroup.config.registry import REWARDS, load_dotted
 from regroup.config.schema import parse_reward_spec
-from regroup.registry import REWARDS, load_dotted
 from regroup.rewards import combine
 from regroup.rewards.deadline import DeadlineReward
 from regroup.rewards.isolated import DEFAULT_MEMORY_MB

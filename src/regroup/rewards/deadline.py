@@ -60,7 +60,7 @@ def send(obj):
         data = json.dumps({"error": str(exc)[:300]}).encode()
     channel.write(struct.pack(">I", len(data)) + data)
 try:
-    from regroup.registry import load_dotted
+    from regroup.config.registry import load_dotted
     from regroup.tasks.base import Problem
     fn = load_dotted(sys.argv[1])
     if not callable(fn):

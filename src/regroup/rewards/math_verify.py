@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from regroup.registry import REWARDS
+from regroup.config.registry import REWARDS
 from regroup.rewards.counts import RewardCounts
 from regroup.rewards.isolated import DEFAULT_MEMORY_MB, kill_group, start_worker, worker_command
 

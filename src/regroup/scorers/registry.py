@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from regroup.config.registry import SCORERS, build_named
 from regroup.net import ChatClient, DiskCache
 from regroup.net.build import client_and_cache
-from regroup.registry import SCORERS, build_named
 from regroup.scorers.base import Scorer
 from regroup.scorers.judge import JudgeScorer
 from regroup.scorers.similarity import SimilarityScorer

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 import regroup.algo.advantages  # noqa: F401  (registers the built-in estimators, grpo and dr_grpo)
-from regroup.registry import ADV_ESTIMATORS, STAGES, args_class, call_piece, parse_args
+from regroup.config.registry import ADV_ESTIMATORS, STAGES, args_class, call_piece, parse_args
 from regroup.stages.base import StepBatch, StepContext
 
 

@@ -13,7 +13,7 @@ import time
 from collections import OrderedDict
 
 from regroup.batch import Sample
-from regroup.registry import STAGES
+from regroup.config.registry import STAGES
 from regroup.rewards import pop_counts
 from regroup.stages.base import StepBatch, StepContext
 

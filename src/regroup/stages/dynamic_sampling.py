@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from regroup.registry import STAGES
+from regroup.config.registry import STAGES
 from regroup.stages.base import StepBatch, StepContext
 
 

@@ -12,8 +12,8 @@ import torch
 
 from regroup.algo.distinctiveness import distinctiveness_mask, mask_stats, pair_masked_advantages
 from regroup.batch import Sample
+from regroup.config.registry import STAGES
 from regroup.errors import ConfigError
-from regroup.registry import STAGES
 from regroup.scorers.base import ScoreItem, check_score
 from regroup.stages.base import StepBatch, StepContext
 

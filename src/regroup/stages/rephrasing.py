@@ -3,7 +3,7 @@ per question and remembered (rules are seeded by the question id, so a resumed r
 
 from __future__ import annotations
 
-from regroup.registry import STAGES
+from regroup.config.registry import STAGES
 from regroup.stages.base import StepBatch, StepContext
 
 

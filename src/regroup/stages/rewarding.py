@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 import time
 
+from regroup.config.registry import STAGES
 from regroup.errors import ConfigError
-from regroup.registry import STAGES
 from regroup.rewards import pop_counts, score_many
 from regroup.stages.base import StepBatch, StepContext
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from regroup.batch import Sample
-from regroup.registry import STAGES
+from regroup.config.registry import STAGES
 from regroup.stages.base import StepBatch, StepContext
 from regroup.stages.groups import expand_groups, sample_seed
 

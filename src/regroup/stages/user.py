@@ -12,8 +12,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from regroup.config.registry import Registry, did_you_mean, load_dotted
 from regroup.errors import ConfigError
-from regroup.registry import Registry, did_you_mean, load_dotted
 
 ENTRY = re.compile(r"(?:(?P<where>before|after):(?P<anchor>[A-Za-z0-9_\-]+)=)?(?P<path>[\w.]+:[\w.]+)")
 

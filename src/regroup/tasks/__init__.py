@@ -1,11 +1,11 @@
 """Tasks: where problems, graders, step scorers and rephrasings come from. `get_task` picks one by name
-(a task registered on `regroup.registry.TASKS`, or "pkg.mod:obj")."""
+(a task registered on `regroup.config.registry.TASKS`, or "pkg.mod:obj")."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from regroup.registry import TASKS, load_dotted
+from regroup.config.registry import TASKS, load_dotted
 from regroup.tasks import arithmetic  # noqa: F401  (registers "arithmetic")
 from regroup.tasks.base import Problem, Task
 

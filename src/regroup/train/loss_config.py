@@ -7,7 +7,7 @@ one-line error naming the keys) and the recipe keeps what it returns. `advantage
 `grpo.advantage_estimator` and its knobs for the advantage stage; `loss_spec` checks it too.
 
 Each piece's knobs (`grpo.policy_loss_args`, `kl_estimator_args`, `loss_term_args`,
-`advantage_estimator_args`) are parsed against the piece's own `Args` dataclass (`regroup.registry.parse_args`).
+`advantage_estimator_args`) are parsed against the piece's own `Args` dataclass (`regroup.config.registry.parse_args`).
 A user's piece (`pkg.mod:obj`) is also called once on a tiny dummy batch here (`check_plugins`), so that a
 wrong signature or output shape is one line now, not a traceback after the weights load and the first
 rollout. Errors are `ValueError`s; the config turns them into its `ConfigError`.
@@ -21,7 +21,7 @@ import torch
 
 import regroup.algo  # noqa: F401  (registers the built-in loss pieces and advantage estimators)
 from regroup.algo.losses import LossSpec, LossTotals, TermInputs, policy_term
-from regroup.registry import (
+from regroup.config.registry import (
     ADV_ESTIMATORS,
     KL_ESTIMATORS,
     LOSS_TERMS,

@@ -21,6 +21,7 @@ import regroup.scorers
 import regroup.stages
 import regroup.tasks  # noqa: F401  (registers the built-in tasks; `regroup` is bound by the lines above)
 from regroup.config.fields import build, read_yaml
+from regroup.config.registry import REPHRASERS, REWARDS, SCORERS, STAGES, TASKS, Registry
 from regroup.config.schema import (
     RunConfig,
     apply_overrides,
@@ -33,7 +34,6 @@ from regroup.data.load import DataError, peek_columns
 from regroup.errors import ConfigError
 from regroup.io import write_atomic
 from regroup.net.redact import check_key_env_name
-from regroup.registry import REPHRASERS, REWARDS, SCORERS, STAGES, TASKS, Registry
 from regroup.rollout.producer import check_async_config
 from regroup.stages.user import check_user_stage, parse_stage_entry
 from regroup.train.recipes import features, loss_spec

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 
-from regroup.registry import TASKS
+from regroup.config.registry import TASKS
 from regroup.tasks.arithmetic.config import ArithmeticConfig
 from regroup.tasks.arithmetic.generator import generate
 from regroup.tasks.arithmetic.grading import ANSWER_MARKER, extract_answer, format_answer, grade, step_score
