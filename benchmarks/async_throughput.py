@@ -56,12 +56,8 @@ def overrides(args, lag: int, seed: int, run_dir: Path, url: str | None) -> list
 
 
 def trainer_for(cfg, run_dir):
-    from regroup.train.trainer import Trainer
+    from regroup.train.build import build_trainer
 
-    try:
-        from regroup.train.build import build_trainer  # the builder, once the trainer is built there
-    except ImportError:
-        return Trainer.from_config(cfg, run_dir, log=lambda m: None)
     return build_trainer(cfg, run_dir, log=lambda m: None)
 
 

@@ -75,3 +75,19 @@ def accelerate_exe() -> str:
     if not found:
         pytest.skip("the accelerate launcher is not installed")
     return found
+
+
+class Rewritten:
+    """The real sampler, its log-probs rewritten by `fn` (a stale server, NaN, missing)."""
+
+    def __init__(self, sampler, fn):
+        self.sampler, self.fn = sampler, fn
+
+    def generate(self, prompts, params, seed=None):
+        out = self.sampler.generate(prompts, params, seed=seed)
+        for c in out:
+            c.logps = self.fn(c.logps)
+        return out
+
+    def sync_weights(self, model):
+        self.sampler.sync_weights(model)

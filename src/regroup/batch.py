@@ -58,6 +58,8 @@ class RolloutBatch:
     sampled_mask: torch.Tensor  # [B, T] bool: token sampled from pi_old (False for anchor / forced tokens)
     behaviour_logps: torch.Tensor  # [B, T] sampler log-probs (0 where unknown)
     has_behaviour_logps: torch.Tensor  # [B] bool
+    on_sampled_prompt: torch.Tensor  # [B] bool: scored on the prompt that drew it (False: a TA-GRPO rephrasing
+    # whose ratio is on q0, ratio_anchor=original: its behaviour log-probs belong to another prompt)
     rewards: torch.Tensor  # [B] float, NaN = unscored
     group_ids: torch.Tensor  # [B] long
     is_anchor: torch.Tensor  # [B] bool
@@ -68,6 +70,13 @@ class RolloutBatch:
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
+
+    @property
+    def behaviour_usable(self) -> torch.Tensor:
+        """[B, T] bool: tokens whose behaviour log-prob compares with the learner's: sampled by the engine,
+        on the prompt the learner scores, with a finite value."""
+        rows = self.has_behaviour_logps & self.on_sampled_prompt  # [B]
+        return self.sampled_mask & rows[:, None] & self.behaviour_logps.isfinite()  # [B, T]
 
     def select(self, index: torch.Tensor | slice) -> RolloutBatch:
         """Rows `index` of every tensor (used for micro-batches)."""
@@ -103,6 +112,7 @@ def collate(samples: list[Sample], pad_id: int, completion_length: int | None = 
         sampled_mask=sampled,
         behaviour_logps=behaviour,
         has_behaviour_logps=torch.tensor([s.behaviour_logps is not None for s in samples]),
+        on_sampled_prompt=torch.tensor([s.ratio_prompt_ids == s.prompt_ids for s in samples]),
         rewards=torch.tensor(
             [nan if s.reward is None or not math.isfinite(s.reward) else s.reward for s in samples], dtype=torch.float32
         ),

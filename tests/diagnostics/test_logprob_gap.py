@@ -9,23 +9,19 @@ import math
 
 import pytest
 import torch
-from helpers import small_config
+from helpers import Rewritten, small_config
 
 from regroup.batch import RolloutBatch
 from regroup.diagnostics import logprob_gap
 from regroup.diagnostics.logprob_gap import LogprobGapError, LogprobGapWatch
-from regroup.train.trainer import Trainer
+from regroup.train.build import build_trainer
 
 
 def make_trainer(cfg, run_dir, log):
-    try:
-        from regroup.train.build import build_trainer  # the builder, where the trainer is built from a config
-    except ImportError:
-        return Trainer.from_config(cfg, run_dir, log=log)
     return build_trainer(cfg, run_dir, log=log)
 
 
-def part(behaviour, lengths, has=None, sampled=None) -> RolloutBatch:
+def part(behaviour, lengths, has=None, sampled=None, on_prompt=None) -> RolloutBatch:
     b, t = behaviour.shape
     mask = (torch.arange(t)[None, :] < torch.tensor(lengths)[:, None]).float()  # [b, T]
     zeros = torch.zeros((b, t), dtype=torch.long)
@@ -37,6 +33,7 @@ def part(behaviour, lengths, has=None, sampled=None) -> RolloutBatch:
         sampled_mask=mask.bool() if sampled is None else sampled,
         behaviour_logps=behaviour,
         has_behaviour_logps=torch.ones(b, dtype=torch.bool) if has is None else has,
+        on_sampled_prompt=torch.ones(b, dtype=torch.bool) if on_prompt is None else on_prompt,
         rewards=torch.zeros(b),
         group_ids=torch.zeros(b, dtype=torch.long),
         is_anchor=torch.zeros(b, dtype=torch.bool),
@@ -95,22 +92,6 @@ def test_the_watch_warns_then_stops_and_resets_on_a_good_step():
         assert "warning only" in only_warns.observe(step, bad)[0]
 
 
-class Rewritten:
-    """The real sampler, its log-probs rewritten by `fn` (a stale server, NaN, missing)."""
-
-    def __init__(self, sampler, fn):
-        self.sampler, self.fn = sampler, fn
-
-    def generate(self, prompts, params, seed=None):
-        out = self.sampler.generate(prompts, params, seed=seed)
-        for c in out:
-            c.logps = self.fn(c.logps)
-        return out
-
-    def sync_weights(self, model):
-        self.sampler.sync_weights(model)
-
-
 @pytest.mark.parametrize(
     "fn, says",
     [
@@ -152,3 +133,34 @@ def test_a_healthy_run_has_a_tiny_gap_and_no_warning(tiny_model_dir, tmp_path):
     metrics = make_trainer(cfg, tmp_path / "run", lines.append).train()
     assert metrics["rollout/logprob_gap_mean"] < 1e-4 and metrics["rollout/behaviour_logps_bad_frac"] == 0.0
     assert not [line for line in lines if "behaviour log-prob" in line or "log-probs differ" in line]
+
+
+def test_a_rephrasing_scored_on_q0_is_left_out_of_the_gap():
+    """TA-GRPO ratio_anchor=original: row 1 was sampled on its rephrasing but the learner scores it on q0, so its
+    log-probs differ by the prompt, not the policy: neither a gap nor a missing log-prob is counted for it."""
+    behaviour = torch.tensor([[-1.0, -2.0], [-0.1, -0.1]])
+    learner = torch.tensor([[-1.5, -2.0], [-6.0, -7.0]])  # row 1: 6-7 nats apart, on another prompt
+    on_prompt = torch.tensor([True, False])
+    sums: dict = {}
+    logprob_gap.accumulate(sums, part(behaviour, [2, 2], on_prompt=on_prompt), learner)
+    out = logprob_gap.finish(sums)
+    assert out["rollout/logprob_gap_mean"] == pytest.approx(0.25)  # row 0 only: |-0.5|, 0
+    assert out["rollout/logprob_gap_max"] == pytest.approx(0.5)
+    sums = {}
+    missing = part(behaviour, [2, 2], has=torch.tensor([True, False]), on_prompt=on_prompt)
+    logprob_gap.accumulate(sums, missing, learner)
+    assert logprob_gap.finish(sums)["rollout/behaviour_logps_bad_frac"] == 0.0  # not compared, so not "missing"
+
+
+
+def test_a_ta_grpo_run_with_ratios_on_q0_has_a_tiny_gap_and_no_warning(tiny_model_dir, tmp_path):
+    """configs/ta_grpo.yaml (ratio_anchor=original): the rephrasings' rows, sampled on their own prompts and
+    scored on q0, stay out of the gap; the rest shows the kernels' difference only, with no false alarm."""
+    cfg = small_config(
+        tiny_model_dir, tmp_path / "run", "ta_grpo.yaml", "train.steps=2", "diagnostics.diversity_every=0",
+        "grpo.num_generations=2",
+    )  # fmt: skip
+    lines = []
+    metrics = make_trainer(cfg, tmp_path / "run", lines.append).train()
+    assert metrics["rollout/logprob_gap_mean"] < 1e-4 and metrics["rollout/behaviour_logps_bad_frac"] == 0.0
+    assert not [line for line in lines if "log-prob" in line]

@@ -910,3 +910,15 @@ def test_real_summary_pairs_arms_over_seeds_from_split_studies(tmp_path, capsys)
     assert main(["study", "--real", "--summarize", str(tmp_path / "missing")]) == 2
     assert "| anchor_no_correct |" in capsys.readouterr().out
     assert main(["study", "--length", "40", "--dry-run"]) == 2  # --length: the real-model study only
+
+
+def test_the_per_seed_row_of_a_one_seed_endpoint_shows_that_seeds_mean():
+    """With one seed the test runs over the problems (Comparison.per_seed holds them); the page's per-seed row
+    shows the one seed's mean difference, not the per-problem values."""
+    from regroup.experiments.study_page import per_seed_rows
+
+    claim = Claim("DaGRPO", "anchors beat Dr. GRPO", "a", "b", "pass@1", primary=True, regime="sparse", effect=0.047)
+    one = C.Comparison(0.025, 0.01, seeds=1, problems=4, df=3.0, per_seed=(0.1, 0.0, 0.0, 0.0))
+    two = C.Comparison(0.02, 0.01, seeds=2, problems=4, df=1.0, per_seed=(0.01, 0.03))
+    rows = per_seed_rows([C.Verdict(claim, "sparse", one, "inconclusive"), C.Verdict(claim, "mid", two, "x")])
+    assert [r[3] for r in rows] == ["+2.5", "+1.0, +3.0"]

@@ -63,6 +63,12 @@ CASES = {
         4,
     ),
     "gmpo_anchors": ("dagrpo", ["grpo.num_generations=4", "grpo.policy_loss=gmpo", *MASKS], 4),
+    # TRL's own off-policy sequence mask and two-sided clip, passed through GRPOConfig as the recipe sets them
+    "opsm_delta": (
+        "grpo",
+        ["grpo.num_generations=4", "grpo.off_policy_mask_threshold=0.5", "grpo.policy_loss_args.delta=1.5"],
+        4,
+    ),
     "entropy_bonus": ("grpo", ["grpo.num_generations=4", "grpo.entropy_coef=0.01"], 4),
     "pair_mask": ("dagrpo_mask_only", ["grpo.num_generations=4", "mask.unit=pair", *MASKS], 4),
     "overlong": (
@@ -222,6 +228,10 @@ def test_trl_refuses_what_its_batch_cannot_do(tiny_model_dir, tmp_path):
         build("grpo", epsilon_high=0.28)
     with pytest.raises(ConfigError, match=r"GRPOConfig\.loss_type='cispo'"):
         build("grpo", loss_type="cispo")
+    with pytest.raises(ConfigError, match=r"GRPOConfig\.delta=2\.0 disagrees with grpo\.policy_loss_args\.delta"):
+        build("grpo", delta=2.0)
+    with pytest.raises(ConfigError, match=r"GRPOConfig\.off_policy_mask_threshold=0\.5 disagrees with grpo\.off_"):
+        build("grpo", off_policy_mask_threshold=0.5)
     with pytest.raises(ConfigError, match=r"GRPOConfig\.top_entropy_quantile"):
         build("grpo", top_entropy_quantile=0.2)
     with pytest.raises(ConfigError, match=r"ta\.n_variants=3: .* multiple of N\+1 = 4"):

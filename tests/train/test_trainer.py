@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import CONFIGS, small_config, weights
+from helpers import CONFIGS, Rewritten, small_config, weights
 
 from regroup.runtime.checkpoint import list_checkpoints
 from regroup.stages.base import StepBatch
@@ -480,6 +480,7 @@ def test_truncated_is_with_q0_ratios_is_refused_and_per_row_otherwise():
     part = SimpleNamespace(
         behaviour_logps=torch.log(torch.tensor([[0.25, 0.5], [1.0, 1.0]])),
         has_behaviour_logps=torch.tensor([True, False]),
+        on_sampled_prompt=torch.tensor([True, True]),
         completion_mask=torch.ones(2, 2),
     )
     w = trainer._is_weight(old, part)
@@ -504,3 +505,22 @@ def test_a_trainer_state_of_the_older_format_is_refused_in_one_line(tiny_model_d
     with pytest.raises(CheckpointRefused, match="older regroup") as refused:
         build_trainer(cfg, tmp_path / "old", resume=True, log=lambda m: None)
     assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize(("shift", "dropped"), [(0.0, False), (3.0, True)])
+def test_opsm_measures_its_kl_from_the_engines_logprobs(tiny_model_dir, tmp_path, shift, dropped):
+    """OPSM (grpo.off_policy_mask_threshold) takes the sampler's log-probs, as TRL's takes vLLM's: with one
+    mini-batch pi_old = pi_theta, so only the engine's log-probs can put a response past the threshold."""
+    cfg = small_config(
+        tiny_model_dir, tmp_path / "r", "grpo.yaml", "grpo.off_policy_mask_threshold=0.5",
+        "rewards.functions=[plugins:noisy_reward_mod7]", "rollout.logprob_gap_stop_steps=0",
+        "diagnostics.diversity_every=0",
+    )  # fmt: skip
+    trainer = build_trainer(cfg, tmp_path / "r", log=lambda m: None)
+    trainer.ctx.sampler = Rewritten(trainer.ctx.sampler, lambda lp: [x + shift for x in lp])  # the engine, shift off
+    metrics = trainer.train_step(0)
+    assert metrics["adv/abs_mean"] > 0  # mixed groups: some responses have A < 0
+    if dropped:  # every A < 0 response is 3 nats off: dropped; the A > 0 ones are kept
+        assert 0.0 < metrics["off_policy/masked_frac"] < 1.0
+    else:
+        assert metrics["off_policy/masked_frac"] == 0.0

@@ -41,9 +41,11 @@ KEYS = (
 
 
 def gap_tokens(part: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
-    """(trained [b, T], bad [b, T]): tokens the engine sampled inside the loss mask, and those of them
-    whose behaviour log-prob is missing (the row has none) or not finite (but for the row's last token)."""
-    trained = part.completion_mask.bool() & part.sampled_mask  # [b, T]
+    """(trained [b, T], bad [b, T]): tokens the engine sampled inside the loss mask, on the prompt the learner
+    scores them on (a TA-GRPO rephrasing with ratios on q0 compares two prompts, not two policies), and
+    those of them whose behaviour log-prob is missing (the row has none) or not finite (but for the row's
+    last token)."""
+    trained = part.completion_mask.bool() & part.sampled_mask & part.on_sampled_prompt[:, None]  # [b, T]
     lengths = part.completion_mask.sum(-1).long()  # [b]
     positions = torch.arange(trained.shape[1], device=trained.device)  # [T]
     last = positions[None, :] == (lengths[:, None] - 1)  # [b, T]
@@ -56,7 +58,7 @@ def gap_tokens(part: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
 def accumulate(sums: dict, part: RolloutBatch, learner_logps: torch.Tensor) -> None:
     """Add one micro-batch's gap to `sums` (learner_logps [b, T]: the learner's log-probs of the tokens)."""
     trained, bad = gap_tokens(part)
-    usable = trained & part.has_behaviour_logps[:, None] & torch.isfinite(part.behaviour_logps)  # [b, T]
+    usable = trained & part.behaviour_usable  # [b, T]
     sums["gap_trained"] = sums.get("gap_trained", 0.0) + float(trained.sum())
     sums["gap_bad"] = sums.get("gap_bad", 0.0) + float(bad.sum())
     if not bool(usable.any()):

@@ -122,7 +122,10 @@ def per_seed_rows(verdicts: Sequence[Verdict]) -> list[list[str]]:
     for v in (v for v in verdicts if v.claim.primary and v.comparison is not None):
         percent = v.claim.measure.startswith("pass@")
         scale, digits = (100.0, 1) if percent else (1.0, 3)
-        values = ", ".join(f"{scale * d:+.{digits}f}" for d in v.comparison.per_seed)
+        c = v.comparison
+        # one seed: its test runs over the problems (per_seed holds those), but the row shows the seed's mean
+        diffs = c.per_seed if c.seeds >= 2 or c.delta is None else (c.delta,)
+        values = ", ".join(f"{scale * d:+.{digits}f}" for d in diffs)
         rows.append([v.claim.text, v.regime, f"{v.claim.arm} − {v.claim.against}", values or "—"])
     return rows
 

@@ -94,9 +94,7 @@ _FORWARD_KEYS = (
 
 # TRL loss features regroup's `policy_loss` does not compute: (GRPOConfig field, is it on?, the value to use).
 _TRL_REFUSED = (
-    ("delta", lambda a: a.delta is not None, "None"),
     ("top_entropy_quantile", lambda a: a.top_entropy_quantile != 1.0, "1.0"),
-    ("off_policy_mask_threshold", lambda a: a.off_policy_mask_threshold is not None, "None"),
     ("entropy_coef", lambda a: a.entropy_coef != 0.0, "0.0"),
     ("use_adaptive_entropy", lambda a: a.use_adaptive_entropy, "False"),
     ("remove_unused_columns", lambda a: bool(a.remove_unused_columns), "False (the adapter's columns are read)"),
@@ -473,6 +471,8 @@ class RegroupGRPOTrainer(GRPOTrainer):
             anchor_token_mask=inputs.get(ANCHOR_MASK),
             is_weight=is_weight,
             entropy=entropies if self.recipe.loss.needs_entropy else None,
+            # OPSM's KL is to the sampler, as TRL's (vLLM's log-probs, else pi_old); a rephrasing scored on q0 has none
+            sampler_logps=None if self.recipe.ratio_on_original else inputs.get("sampling_per_token_logps"),
         )  # [B, T], with grad
         loss, m = policy_loss(logps, old, loss_inputs, self.recipe.loss, LossTotals(**totals))
         if self.aux_loss_enabled:

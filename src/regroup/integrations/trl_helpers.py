@@ -49,6 +49,8 @@ SHARED_SETTINGS = (
     ("importance_sampling_level", "grpo.policy_loss", lambda c: _trl_ratio_level(c)),
     ("use_bias_correction_kl", "grpo.kl_ratio_correction", lambda c: c.grpo.kl_ratio_correction),
     ("loss_type", "grpo.loss_agg", lambda c: {v: k for k, v in LOSS_AGG.items() if k != "bnpo"}[c.grpo.loss_agg]),
+    ("delta", "grpo.policy_loss_args.delta", lambda c: c.grpo.policy_loss_args.get("delta")),
+    ("off_policy_mask_threshold", "grpo.off_policy_mask_threshold", lambda c: c.grpo.off_policy_mask_threshold),
 )
 
 

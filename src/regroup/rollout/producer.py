@@ -339,7 +339,7 @@ def build_producer(trainer) -> AsyncProducer:
 
 def behaviour_old_logps(learner_old, part):
     """pi_old under `rollout.async_correction=behaviour`: the engine's log-probs [b, T] on the tokens it
-    sampled and scored with a finite value, the learner's `learner_old` [b, T] elsewhere (anchors, the EOS
-    the server client appended)."""
-    usable = part.sampled_mask & part.has_behaviour_logps[:, None] & part.behaviour_logps.isfinite()  # [b, T]
+    sampled and scored with a finite value on the prompt the learner scores, the learner's `learner_old`
+    [b, T] elsewhere (anchors, the EOS the server client appended, TA-GRPO rephrasings scored on q0)."""
+    usable = part.behaviour_usable  # [b, T]
     return learner_old.where(~usable, part.behaviour_logps.to(learner_old.dtype))  # [b, T]

@@ -300,8 +300,11 @@ class Trainer:
                         old = (
                             logps.detach() if old_logps is None else old_logps[mb]
                         )  # mu = 1, one mini-batch: ratio 1 (TRL)
-                        if self.producer is not None and cfg.rollout.async_correction == "behaviour":
-                            old = behaviour_old_logps(old, part)  # pi_old = the engine's own log-probs
+                        # [b, T] the engine's log-probs where it scored its tokens, pi_old elsewhere (None: none)
+                        behaviour = behaviour_old_logps(old, part) if bool(part.behaviour_usable.any()) else None
+                        on_behaviour = self.producer is not None and cfg.rollout.async_correction == "behaviour"
+                        if behaviour is not None and on_behaviour:
+                            old = behaviour  # pi_old = the engine's own log-probs
                         inputs = LossInputs(
                             advantages=advantages[mb],
                             loss_mask=part.completion_mask,
@@ -310,6 +313,7 @@ class Trainer:
                             anchor_token_mask=anchor_tokens[mb] if bool(anchor_tokens[mb].any()) else None,
                             is_weight=self._is_weight(old, part),
                             entropy=entropy if spec.needs_entropy else None,
+                            sampler_logps=behaviour,  # OPSM's KL is to the policy that sampled (TRL: vLLM's logps)
                         )
                         loss, loss_metrics = policy_loss(logps, old, inputs, spec, totals)
                         self.acc.backward(loss * self.world)  # DDP averages over ranks; normalisers are global
@@ -335,12 +339,13 @@ class Trainer:
         `rollout.tis_cap > 0` with ratios on q0, where π_old(o|q0)/π_sampler(o|q_n) would compare two prompts.
         """
         spec = self.recipe.loss
-        if spec.is_cap <= 0 or not bool(part.has_behaviour_logps.any()):
+        rows = part.has_behaviour_logps & part.on_sampled_prompt  # [b]
+        if spec.is_cap <= 0 or not bool(rows.any()):
             return None
         weight = sampler_is_weight(
             old, part.behaviour_logps, part.completion_mask, spec.is_mode, spec.is_cap, spec.is_min or None
         )  # [b, T] or [b, 1]
-        return torch.where(part.has_behaviour_logps.unsqueeze(1), weight, torch.ones_like(weight))
+        return torch.where(rows.unsqueeze(1), weight, torch.ones_like(weight))
 
     def _empty_update(self) -> dict:
         """This process kept no sample (dynamic sampling): it joins the collectives the others make, in
@@ -386,7 +391,12 @@ class Trainer:
         sums["tok"] = sums.get("tok", 0.0) + n_tok
         if entropy is not None:
             sums["entropy"] = sums.get("entropy", 0.0) + float((entropy * on_policy).sum())
-        for src, key in (("clip_low_frac", "clip/low_frac"), ("clip_high_frac", "clip/high_frac"), ("kl_mean", "kl")):
+        for src, key in (
+            ("clip_low_frac", "clip/low_frac"),
+            ("clip_high_frac", "clip/high_frac"),
+            ("kl_mean", "kl"),
+            ("off_policy_masked_frac", "off_policy/masked_frac"),  # OPSM's dropped share of on-policy tokens
+        ):
             if src in loss_metrics:
                 sums[key] = sums.get(key, 0.0) + float(loss_metrics[src]) * n_tok
         if anchor_tokens.any():
@@ -397,7 +407,7 @@ class Trainer:
     def _finish_sums(sums) -> dict:
         out = logprob_gap.finish(sums)
         tok = max(sums.get("tok", 0.0), 1.0)
-        for key in ("entropy", "clip/low_frac", "clip/high_frac", "kl"):
+        for key in ("entropy", "clip/low_frac", "clip/high_frac", "kl", "off_policy/masked_frac"):
             if key in sums:
                 out[key] = sums[key] / tok
         if sums.get("anchor_tok"):
