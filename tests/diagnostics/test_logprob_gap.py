@@ -152,7 +152,6 @@ def test_a_rephrasing_scored_on_q0_is_left_out_of_the_gap():
     assert logprob_gap.finish(sums)["rollout/behaviour_logps_bad_frac"] == 0.0  # not compared, so not "missing"
 
 
-
 def test_a_ta_grpo_run_with_ratios_on_q0_has_a_tiny_gap_and_no_warning(tiny_model_dir, tmp_path):
     """configs/ta_grpo.yaml (ratio_anchor=original): the rephrasings' rows, sampled on their own prompts and
     scored on q0, stay out of the gap; the rest shows the kernels' difference only, with no false alarm."""

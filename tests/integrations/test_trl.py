@@ -148,6 +148,8 @@ def test_shared_settings_must_agree():
         importance_sampling_level="token",
         use_bias_correction_kl=True,
         loss_type="dr_grpo",
+        delta=None,
+        off_policy_mask_threshold=None,
     )
     check_shared_settings(cfg, good)  # epsilon_high None = epsilon; the KL correction is moot at beta 0
     for field, value, key in (
@@ -156,6 +158,8 @@ def test_shared_settings_must_agree():
         ("num_generations", 8, "grpo.num_generations"),
         ("epsilon_high", 0.28, "grpo.eps_high"),
         ("max_completion_length", 32, "rollout.max_new_tokens"),
+        ("delta", 2.0, r"grpo\.policy_loss_args\.delta"),
+        ("off_policy_mask_threshold", 0.5, "grpo.off_policy_mask_threshold"),
     ):
         bad = SimpleNamespace(**{**vars(good), field: value})
         with pytest.raises(ConfigError, match=rf"GRPOConfig\.{field}=.* disagrees with {key}"):

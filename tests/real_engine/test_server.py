@@ -207,6 +207,43 @@ def test_logprobs_agree_and_weights_are_equal_after_a_push(server, learner):
         sampler.close()
 
 
+def test_a_lora_push_of_the_adapted_layers_only_leaves_the_server_computing_with_the_learners_weights(
+    server, smollm2, learner
+):
+    """After the first (full) reload, a LoRA run's reloads hold only the adapted layers' merged weights; vLLM's
+    in-place reload keeps every other layer. The server's log-probs then equal the learner's (LoRA on)."""
+    from regroup.config.schema import LoraConfig, ModelConfig
+    from regroup.models.load import load_policy
+    from regroup.rollout.base import SamplingParams
+    from regroup.rollout.vllm_server import VLLMServerSampler
+
+    _, tokenizer = learner
+    model = load_policy(smollm2, ModelConfig(lora=LoraConfig(r=4)), lora=True)
+    sampler = VLLMServerSampler(model, tokenizer, _cfg(server))  # the first push: every weight
+    try:
+        prompts = _prompts(tokenizer, [(3, 4), (17, 25), (40, 2), (8, 9)])
+        params = SamplingParams(temperature=0.8, top_p=1.0, max_new_tokens=24, n=2)
+        before = sampler.generate(prompts, params, seed=1)
+        gen = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                if "lora_B" in n:  # a trained adapter: B != 0 moves q, k, v, o of every layer
+                    p.copy_(0.05 * torch.randn(p.shape, generator=gen))
+        sampler.sync_weights(model)
+        layers = model.config.num_hidden_layers
+        print(
+            f"\ntensors per reload: {sampler.sync_tensors}; sync times (s): {[round(t, 2) for t in sampler.sync_times]}"
+        )
+        assert sampler.sync_tensors[1] == 4 * layers < sampler.sync_tensors[0]  # q, k, v, o only
+        after = sampler.generate(prompts, params, seed=1)
+        gap = _logp_gap(model, prompts, after, 0.8)
+        print(f"after the partial push: max {gap.max():.2e} mean {gap.mean():.2e}")
+        assert gap.numel() >= 8 * 4 and gap.max() < 1e-3
+        assert [c.token_ids for c in after] != [c.token_ids for c in before]  # the push changed what it samples
+    finally:
+        sampler.close()
+
+
 def test_seeded_sampling_repeats_and_seeds_differ(server, learner):
     from regroup.rollout.base import SamplingParams
     from regroup.rollout.vllm_server import VLLMServerSampler

@@ -317,3 +317,49 @@ def test_redirects_are_refused_and_the_key_never_reaches_the_new_host(tiny_model
         assert f"HTTP 302 redirect to {elsewhere.url}{path}: redirects are not followed" in line, line
         assert "\n" not in line and KEY not in line
     assert elsewhere.requests == []
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_lora_reloads_send_the_frozen_weights_once_then_only_the_merged_adapters(
+    tiny_model_dir, tmp_path, asynchronous
+):
+    """The first reload sends every weight (the server may hold another run's); later ones, the only weights a
+    LoRA update changes: each adapted layer's base + delta. Sync (`sync_weights`) and async (snapshots)."""
+    from safetensors.torch import load_file
+
+    from regroup.config.schema import LoraConfig, ModelConfig
+    from regroup.models.load import load_policy
+
+    model = load_policy(tiny_model_dir, ModelConfig(lora=LoraConfig(r=2, target_modules=["q_proj"])), lora=True)
+    every = {n for n, _ in model.base_model.model.named_parameters() if "lora_" not in n}
+    with FakeVLLM() as srv:
+        sampler = VLLMServerSampler(
+            model, Tok(), rollout_cfg(srv.url, vllm_server_sync_dir=str(tmp_path)), sync_on_start=not asynchronous
+        )
+        if asynchronous:  # the producer's first load, then a snapshot taken after an update
+            sampler.load_snapshot(sampler.snapshot_weights(model), 0)
+        q_b = next(p for n, p in model.named_parameters() if "q_proj.lora_B" in n)
+        with torch.no_grad():
+            q_b.fill_(0.1)  # an update: B != 0
+        if asynchronous:
+            sampler.load_snapshot(sampler.snapshot_weights(model), 1)
+        else:
+            sampler.sync_weights(model)
+        (_, _), (second, _) = srv.reload_saw
+        partial = load_file(str(second / "model.safetensors"))
+        sampler.close()
+    layers = len([n for n in every if n.endswith("q_proj.base_layer.weight")])
+    assert sampler.sync_tensors == [len(every), layers]  # all, then the adapted layers only
+    assert set(partial) == {f"model.layers.{i}.self_attn.q_proj.weight" for i in range(layers)}
+    layer = dict(model.named_modules())["base_model.model.model.layers.0.self_attn.q_proj"]
+    merged = layer.base_layer.weight + layer.get_delta_weight("default")
+    torch.testing.assert_close(partial["model.layers.0.self_attn.q_proj.weight"], merged.detach())
+
+
+def test_full_fine_tuning_reloads_every_weight_each_time(tiny_model, tmp_path):
+    with FakeVLLM() as srv:
+        sampler = VLLMServerSampler(tiny_model, Tok(), rollout_cfg(srv.url, vllm_server_sync_dir=str(tmp_path)))
+        sampler.sync_weights(tiny_model)
+        sampler.close()
+    n = len(list(tiny_model.named_parameters()))
+    assert sampler.sync_tensors == [n, n]  # every weight is trainable

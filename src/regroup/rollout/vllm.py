@@ -98,16 +98,21 @@ def _lora_delta(layer) -> object | None:
     return sum(deltas) if deltas else None
 
 
-def iter_push_weights(model, lora_layers: dict | None = None):
+def iter_push_weights(model, lora_layers: dict | None = None, changing_only: bool = False):
     """(vLLM name, whole tensor) for each of `model`'s weights, one at a time (no full copy). Under FSDP /
     ZeRO-3 each parameter is gathered whole first (`sharded.full_parameters`; every process pushes, so
     the gathers line up). LoRA-only tensors are skipped; a LoRA layer's base weight is sent merged
-    (base + delta, a new tensor) when `lora_layers` (from `lora_push_layers`) names it."""
+    (base + delta, a new tensor) when `lora_layers` (from `lora_push_layers`) names it. `changing_only`:
+    only the weights training can change (trainable ones, and LoRA layers' merged base weights); the
+    frozen rest is left out, for an engine that already holds it."""
     lora_layers = lora_layers or {}
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad} if changing_only else set()
     for name, tensor in full_parameters(model):
         target = vllm_param_name(name)
         if target is None:
             continue
+        if changing_only and name not in trainable and name not in lora_layers:
+            continue  # frozen: the engine's copy is already this one
         layer = lora_layers.get(name)
         if layer is not None:
             with torch.no_grad():
@@ -117,16 +122,18 @@ def iter_push_weights(model, lora_layers: dict | None = None):
         yield target, tensor
 
 
-def push_weights(model, load: Callable[[Iterable], object]) -> int:
+def push_weights(model, load: Callable[[Iterable], object], changing_only: bool = False) -> int:
     """Feed `model`'s current weights to `load(iterator of (name, tensor))` in one call, one tensor at a
     time; returns the number pushed. LoRA adapters are added to their base weights on the fly, so the
     policy is not modified: merging in place and unmerging (peft's `merge_adapter` / `unmerge_adapter`)
     leaves the frozen base weights off by rounding after each push (measured on SmolLM2, fp32), a drift
     that grows with the steps. Where that is not possible (`lora_push_layers` None) they are merged in
-    place for the push and unmerged afterwards."""
+    place for the push and unmerged afterwards. `changing_only` (see `iter_push_weights`) is ignored when
+    merging in place, since the merged base weights are frozen parameters then."""
     is_peft = hasattr(model, "peft_config") and hasattr(model, "merge_adapter")
     lora_layers = lora_push_layers(model) if is_peft else None
     merge_in_place = is_peft and lora_layers is None
+    changing_only = changing_only and not merge_in_place
     if merge_in_place:
         model.merge_adapter()
     try:
@@ -134,7 +141,7 @@ def push_weights(model, load: Callable[[Iterable], object]) -> int:
 
         def counted():
             nonlocal pushed
-            for item in iter_push_weights(model, lora_layers):
+            for item in iter_push_weights(model, lora_layers, changing_only):
                 pushed += 1
                 yield item
 

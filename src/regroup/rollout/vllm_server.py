@@ -26,7 +26,9 @@ Weight sync (`rollout.vllm_server_sync`), what vLLM 0.32 documents:
   DIR}}`, the worker's own `reload_weights` plus a fix for tied embeddings on CPU
   (`regroup.rollout.vllm_worker`, loaded with `--worker-extension-cls`), then `POST
   /reset_prefix_cache`, since cached KV was computed with the old weights. The folder must be readable
-  by the server at the same path.
+  by the server at the same path. The first reload sends every weight; later ones only those training
+  can change (LoRA: the adapted layers, merged), since vLLM's in-place reload keeps the layers a folder
+  has no weights for.
 - `nccl` (GPUs): vLLM's weight-transfer API (`/init_weight_transfer_engine`, `/start_weight_update`,
   `/update_weights`, `/finish_weight_update`) driven by vLLM's own `NCCLTrainerWeightTransferEngine`;
   needs vLLM importable in the learner's process and the server started with
@@ -74,8 +76,9 @@ def server_api_key(api_key_env: str | None) -> str | None:
     return key
 
 
-def weights_in_memory(model) -> dict:
-    """`model`'s weights as vLLM loads them (HF checkpoint names, LoRA merged), copied to CPU memory."""
+def weights_in_memory(model, changing_only: bool = False) -> dict:
+    """`model`'s weights as vLLM loads them (HF checkpoint names, LoRA merged), copied to CPU memory;
+    `changing_only`: only those training can change (`iter_push_weights`)."""
     tensors: dict = {}
 
     def collect(pairs):
@@ -83,7 +86,7 @@ def weights_in_memory(model) -> dict:
             # a copy: push_weights unmerges LoRA right after, and safetensors wants contiguous, unshared memory
             tensors[name] = tensor.detach().to("cpu", copy=True).contiguous()
 
-    push_weights(model, collect)
+    push_weights(model, collect, changing_only)
     return tensors
 
 
@@ -149,6 +152,11 @@ class VLLMServerSampler:
         self.served_version: int | None = None
         """The policy version the server holds (async rollouts); None: not loaded from a snapshot."""
         self.sync_times: list[float] = []
+        self.sync_tensors: list[int] = []
+        """Tensors sent by each weight sync: all at first, then (reload) only those training can change."""
+        self._holds_frozen = False
+        """The server holds this run's frozen weights (a full reload succeeded): later reloads send the rest only.
+        vLLM's in-place reload keeps the layers a folder has no weights for (tests/real_engine/test_server.py)."""
         self._nccl = None
         models = self._call("/v1/models", None, timeout_s=min(self.timeout_s, 30.0))
         try:
@@ -192,19 +200,26 @@ class VLLMServerSampler:
         previous = self.sync_dir / f"weights-v{self.version}"
         self.version += 1
         folder = self.sync_dir / f"weights-v{self.version}"
-        save_weights_folder(model, folder, tensors)
+        if tensors is None:
+            tensors = weights_in_memory(model, changing_only=self._holds_frozen)
+        save_weights_folder(None, folder, tensors)
         reply = self._call(
             "/collective_rpc", {"method": "regroup_reload_weights", "kwargs": {"weights_path": str(folder)}}
         )
         if not isinstance(reply, dict) or not isinstance(reply.get("results"), list):
             raise ServerError(f"vLLM server: /collective_rpc regroup_reload_weights answered {str(reply)[:200]!r}")
+        # Partial payloads are only made once this is set, so while it is unset the payload just loaded was
+        # full (a snapshot taken before the first load completed is full too, only larger): set it now.
+        self._holds_frozen = True
+        self.sync_tensors.append(len(tensors))
         shutil.rmtree(previous, ignore_errors=True)  # the server holds its copy in memory now
 
     # ------------------------------------------------------------------ async: numbered snapshots
     def snapshot_weights(self, model) -> dict:
         """Async rollouts (`rollout.versions`): the learner's weights now, copied to memory on the learner's
-        thread, for `load_snapshot` to send later while the learner trains on."""
-        return weights_in_memory(model)
+        thread, for `load_snapshot` to send later while the learner trains on (reload: once the server holds
+        the frozen weights, only those training can change)."""
+        return weights_in_memory(model, changing_only=self.sync_method == "reload" and self._holds_frozen)
 
     def load_snapshot(self, tensors: dict, version: int) -> None:
         """Make the server sample from a snapshot (reload: write it as a folder and reload from it; nccl:
