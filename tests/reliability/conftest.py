@@ -97,3 +97,14 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(nodeid)
         for line in lines:
             terminalreporter.write_line(f"    {line}")
+
+
+@pytest.fixture
+def no_compute(monkeypatch):
+    """Fail the test if a run gets as far as building its parts (data, model)."""
+    import regroup.train.build
+
+    def boom(*a, **k):
+        raise AssertionError("the run was built: the error came after compute started")
+
+    monkeypatch.setattr(regroup.train.build, "build_parts", boom)

@@ -387,3 +387,11 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
+
+
+def one_line(capsys) -> str:
+    """The one line the command wrote to stderr (progress bars of model loading aside)."""
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip() and "it/s]" not in line]
+    assert len(err) == 1, err
+    assert "Traceback" not in err[0]
+    return err[0]

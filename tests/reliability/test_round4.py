@@ -23,25 +23,6 @@ from regroup.tasks.base import Problem
 pytestmark = pytest.mark.reliability
 
 
-def one_line(capsys) -> str:
-    """The one line the command wrote to stderr (progress bars of model loading aside)."""
-    err = [line for line in capsys.readouterr().err.splitlines() if line.strip() and "it/s]" not in line]
-    assert len(err) == 1, err
-    assert "Traceback" not in err[0]
-    return err[0]
-
-
-@pytest.fixture
-def no_compute(monkeypatch):
-    """Fail the test if a run gets as far as building its parts (data, model)."""
-    import regroup.train.build
-
-    def boom(*a, **k):
-        raise AssertionError("the run was built: the error came after compute started")
-
-    monkeypatch.setattr(regroup.train.build, "build_parts", boom)
-
-
 @pytest.fixture
 def no_weights(monkeypatch):
     """Fail the test if the policy's weights load: the pre-load checks (inside build_parts) still run."""
@@ -317,7 +298,7 @@ def test_a_reward_returning_10_to_the_400_is_one_line_before_weights_load(
 ):
     args = h.train_args(tiny_model_dir, tmp_path / "run", "grpo.yaml", "rewards=[r4rewards:huge]")
     assert main(args) == 2
-    line = one_line(capsys)
+    line = h.one_line(capsys)
     assert "beyond float32" in line and "OverflowError" not in line
 
 
@@ -359,7 +340,7 @@ def test_the_pre_load_check_fails_when_every_call_times_out(reward_dir, tiny_mod
         tiny_model_dir, tmp_path / "run", "grpo.yaml", "rewards=[r4rewards:hangs]", "rewards.timeout_s=0.5"
     )
     assert main(args) == 2
-    line = one_line(capsys)
+    line = h.one_line(capsys)
     assert "timed out at rewards.timeout_s=0.5" in line
 
 
@@ -440,7 +421,7 @@ def test_resume_of_a_folder_another_user_wrote_needs_trust_config_code(reward_di
     _plant_code(run_copy, "r4marker:fn")
     monkeypatch.setattr(os, "getuid", lambda: os.stat(run_copy / "config.yaml").st_uid + 1)
     assert main(["train", "--resume", str(run_copy)]) == 2
-    line = one_line(capsys)
+    line = h.one_line(capsys)
     assert "belongs to another user" in line and "r4marker:fn" in line and "--trust-config-code" in line
     assert not marker.exists(), "the code was imported before the refusal"
     assert main(["train", "--resume", str(run_copy), "--trust-config-code"]) == 2  # trusted: imported, then the
@@ -506,7 +487,7 @@ def test_eval_of_a_checkpoint_with_a_bad_prompting_value_is_one_line(foreign_che
     data = tmp_path / "bench.jsonl"
     data.write_text(json.dumps({"question": "1+1?", "answer": "2"}) + "\n")
     assert main(["eval", "--model", str(foreign_checkpoint), "--data", str(data), "--out", str(tmp_path / "e")]) == 2
-    line = one_line(capsys)
+    line = h.one_line(capsys)
     assert "data.chat_template" in line and "antigravity" not in sys.modules
 
 
@@ -594,7 +575,7 @@ def test_resume_with_more_steps_does_not_raise_the_lr_and_says_so(run_copy, caps
 )
 def test_hostile_overrides_are_one_line(override, words, tmp_path, capsys, no_compute):
     assert main(["train", "--config", str(h.CONFIGS / "grpo.yaml"), f"run_dir={tmp_path / 'r'}", override]) == 2
-    line = one_line(capsys)
+    line = h.one_line(capsys)
     assert words in line and len(line) < 400
 
 
@@ -613,7 +594,7 @@ def test_hostile_config_files_are_one_line(text, words, tmp_path, capsys, no_com
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(text)
     assert main(["train", "--config", str(recipe), f"run_dir={tmp_path / 'r'}"]) == 2
-    line = one_line(capsys)
+    line = h.one_line(capsys)
     assert words in line and str(recipe) in line and len(line) < 400
 
 
@@ -621,7 +602,7 @@ def test_a_duplicate_key_in_a_saved_config_is_one_line(run_copy, capsys, no_comp
     saved = run_copy / "config.yaml"
     saved.write_text(saved.read_text() + "optim:\n  lr: 0.5\n")
     assert main(["train", "--resume", str(run_copy)]) == 2
-    line = one_line(capsys)
+    line = h.one_line(capsys)
     assert "key 'optim' appears twice" in line and str(saved) in line
 
 

@@ -24,25 +24,6 @@ from regroup.runtime.checkpoint import is_disk_full, list_checkpoints
 pytestmark = pytest.mark.reliability
 
 
-def one_line(capsys) -> str:
-    """The one line the command wrote to stderr (progress bars of model loading aside)."""
-    err = [line for line in capsys.readouterr().err.splitlines() if line.strip() and "it/s]" not in line]
-    assert len(err) == 1, err
-    assert "Traceback" not in err[0]
-    return err[0]
-
-
-@pytest.fixture
-def no_compute(monkeypatch):
-    """Fail the test if a run gets as far as building its parts (data, model)."""
-    import regroup.train.build
-
-    def boom(*a, **k):
-        raise AssertionError("the run was built: the error came after compute started")
-
-    monkeypatch.setattr(regroup.train.build, "build_parts", boom)
-
-
 @pytest.mark.parametrize(
     "override, key",
     [
@@ -66,7 +47,7 @@ def no_compute(monkeypatch):
 def test_bad_values_are_one_line_before_compute(tmp_path, capsys, no_compute, override, key):
     code = main(["train", "--config", str(h.CONFIGS / "grpo.yaml"), f"run_dir={tmp_path / 'run'}", override])
     assert code == 2
-    line = one_line(capsys)
+    line = h.one_line(capsys)
     assert line.startswith("config error: ") and key in line
     assert not (tmp_path / "run").exists()  # nothing written either
 
@@ -83,13 +64,13 @@ def test_debug_shows_the_traceback(tmp_path, no_compute):
 
 def test_config_with_resume_is_an_error(run_copy, capsys, no_compute):
     assert main(["train", "--resume", str(run_copy), "--config", str(h.CONFIGS / "dagrpo.yaml")]) == 2
-    assert "--config and --resume cannot be combined" in one_line(capsys)
+    assert "--config and --resume cannot be combined" in h.one_line(capsys)
 
 
 def test_resume_refuses_an_override_that_would_not_take_effect(run_copy, capsys, no_compute):
     before = (run_copy / "config.yaml").read_text()
     assert main(["train", "--resume", str(run_copy), "optim.lr=0.5"]) == 2
-    line = one_line(capsys)
+    line = h.one_line(capsys)
     assert "--resume cannot change optim.lr" in line
     assert (run_copy / "config.yaml").read_text() == before  # config.yaml never claims what the run does not do
 
@@ -110,7 +91,7 @@ def test_a_bad_data_row_is_one_line_naming_file_row_and_field(tiny_model_dir, tm
     data.write_text('{"question": "1+1?", "answer": "2"}\n{"question": "", "answer": "3"}\n')
     argv = h.train_args(tiny_model_dir, tmp_path / "run", "grpo.yaml", f"data.train_file={data}", "rewards=[math]")
     assert main(argv) == 2
-    line = one_line(capsys)
+    line = h.one_line(capsys)
     assert line.startswith("data error: ") and f"{data} row 2 field 'question'" in line
 
 
@@ -126,7 +107,7 @@ def _read_only_dir(tmp_path: Path) -> Path:
 def test_an_unwritable_run_folder_is_one_line(tiny_model_dir, tmp_path, capsys):
     run = _read_only_dir(tmp_path)
     assert main(h.train_args(tiny_model_dir, run, "grpo.yaml")) == 2
-    line = one_line(capsys)
+    line = h.one_line(capsys)
     assert f"cannot write to run folder {run}" in line
 
 
@@ -140,7 +121,7 @@ def test_a_full_disk_is_named_while_saving_a_checkpoint(tiny_model_dir, tmp_path
     monkeypatch.setattr(regroup.runtime.checkpoint.torch, "save", full)
     run = tmp_path / "run"
     assert main(h.train_args(tiny_model_dir, run, "grpo.yaml", "train.steps=1")) == 2
-    line = one_line(capsys)
+    line = h.one_line(capsys)
     assert line == f"error: no space left on device while writing {run / 'checkpoints' / 'step-000001'}"
     assert h.tmp_folders(run) == []  # the half checkpoint was removed, its space given back
 
@@ -158,7 +139,7 @@ def test_a_full_disk_while_writing_the_config_leaves_no_temporary_file(run_copy,
 
     monkeypatch.setattr(regroup.io.os, "fsync", full)
     assert main(["train", "--resume", str(run_copy), "train.steps=3"]) == 2
-    assert one_line(capsys) == f"error: no space left on device while writing {run_copy / 'config.yaml'}"
+    assert h.one_line(capsys) == f"error: no space left on device while writing {run_copy / 'config.yaml'}"
     assert [p.name for p in run_copy.iterdir() if ".tmp" in p.name] == []
 
 
@@ -214,7 +195,7 @@ def test_bad_arguments_of_every_subcommand_are_one_line(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(argv)
     assert exit_.value.code == 2
-    line = one_line(capsys)
+    line = h.one_line(capsys)
     assert message in line and line.startswith("regroup")
 
 
@@ -235,9 +216,9 @@ def test_missing_eval_files_are_one_line(tiny_model_dir, tmp_path, capsys):
         ]
     )
     assert code == 2
-    line = one_line(capsys)
+    line = h.one_line(capsys)
     assert line.startswith("config error: --data: no such file") and str(tmp_path / "none.jsonl") in line
     assert main(["eval", "--model", str(tmp_path / "nomodel"), "--data", str(tmp_path / "none.jsonl")]) == 2
-    assert "--model: no such model folder" in one_line(capsys)
+    assert "--model: no such model folder" in h.one_line(capsys)
     assert main(["eval", "--model", str(tmp_path), "--data", str(tmp_path / "none.jsonl")]) == 2
-    assert "has no config.json" in one_line(capsys)
+    assert "has no config.json" in h.one_line(capsys)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import pickle
 import signal
+import sys
 import threading
-import time
 
 import pytest
 
@@ -47,13 +47,29 @@ def test_extract_boxed(text, expected):
     assert extract_boxed(text) == expected
 
 
+def _python_lines_run(fn, *args) -> int:
+    """How many Python lines `fn(*args)` executes (the work it does, whatever the machine's speed)."""
+    count = 0
+
+    def tracer(frame, event, arg):
+        nonlocal count
+        count += event == "line"
+        return tracer
+
+    sys.settrace(tracer)
+    try:
+        fn(*args)
+    finally:
+        sys.settrace(None)
+    return count
+
+
 def test_extract_boxed_is_linear():
-    # 350k chars of unclosed boxes: linear is well under a second; a quadratic scan would take minutes.
-    # The bound is deliberately wide (a loaded CI machine), it only has to tell those two apart.
-    text = "\\boxed{" * 50_000
-    start = time.perf_counter()
-    assert extract_boxed(text) is None
-    assert time.perf_counter() - start < 30.0
+    # unclosed boxes: doubling the text doubles the work of a linear scan, and quadruples a quadratic one
+    small, large = ("\\boxed{" * n for n in (2_000, 4_000))
+    assert extract_boxed(large) is None
+    ratio = _python_lines_run(extract_boxed, large) / _python_lines_run(extract_boxed, small)
+    assert 1.8 < ratio < 2.5
 
 
 def test_extract_after_marker():

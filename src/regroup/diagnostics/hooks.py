@@ -25,7 +25,7 @@ import torch
 
 from regroup.batch import RolloutBatch
 from regroup.diagnostics.grad_conflict import gradient_conflict
-from regroup.diagnostics.signals import SignalWatch, build_embedder, group_diversity, reward_diagnostics
+from regroup.diagnostics.signals import build_embedder, group_diversity, reward_diagnostics
 from regroup.stages.base import StepBatch
 
 
@@ -55,13 +55,13 @@ def load_hook_states(hooks: list, states: dict) -> None:
             h.load_state_dict(states[h.name])
 
 
-class WatchSignals(UpdateHook):
-    """`SignalWatch` over each step's reduced metrics; its warnings go to `log` (rank 0's log, a no-op on the
-    others). Checkpointed: the streaks, so a resumed run warns when the straight one would have."""
+class WatchHook(UpdateHook):
+    """A watch (`observe(step, metrics)` -> lines, `state_dict`, `load_state_dict`) as an update hook over each
+    step's reduced metrics: its lines go to `log` (rank 0's log, a no-op on the others); a watch that stops
+    the run raises from `observe`. Checkpointed: the watch's state, so a resumed run warns (or stops) when
+    the straight one would have."""
 
-    name = "signal_watch"
-
-    def __init__(self, watch: SignalWatch, log=print):
+    def __init__(self, watch, log=print):
         self.watch, self.log = watch, log
 
     def after_step(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
@@ -74,6 +74,12 @@ class WatchSignals(UpdateHook):
 
     def load_state_dict(self, state: dict) -> None:
         self.watch.load_state_dict(state)
+
+
+class WatchSignals(WatchHook):
+    """`SignalWatch` (training signal vanishing) as an update hook."""
+
+    name = "signal_watch"
 
 
 class RewardDiagnostics(UpdateHook):

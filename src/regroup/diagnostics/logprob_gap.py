@@ -28,7 +28,7 @@ import math
 import torch
 
 from regroup.batch import RolloutBatch
-from regroup.diagnostics.hooks import UpdateHook
+from regroup.diagnostics.hooks import WatchHook
 
 KEYS = (
     "rollout/logprob_gap_mean",
@@ -151,22 +151,7 @@ class LogprobGapWatch:
         self.streak = int((state or {}).get("streak", 0))
 
 
-class WatchLogprobGap(UpdateHook):
-    """`LogprobGapWatch` as an update hook over each step's reduced metrics: its warnings go to `log` (rank 0's
-    log), its stop raises. Checkpointed: the streak, so a resumed run stops when the straight one would."""
+class WatchLogprobGap(WatchHook):
+    """`LogprobGapWatch` as an update hook: its warnings are logged, its stop raises."""
 
     name = "logprob_gap"
-
-    def __init__(self, watch: LogprobGapWatch, log=print):
-        self.watch, self.log = watch, log
-
-    def after_step(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
-        for line in self.watch.observe(step + 1, metrics):  # the 1-based step, as the logs name it
-            self.log(line)
-        return {}
-
-    def state_dict(self) -> dict:
-        return self.watch.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        self.watch.load_state_dict(state)

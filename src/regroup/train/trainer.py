@@ -300,9 +300,12 @@ class Trainer:
                         old = (
                             logps.detach() if old_logps is None else old_logps[mb]
                         )  # mu = 1, one mini-batch: ratio 1 (TRL)
-                        # [b, T] the engine's log-probs where it scored its tokens, pi_old elsewhere (None: none)
-                        behaviour = behaviour_old_logps(old, part) if bool(part.behaviour_usable.any()) else None
+                        # [b, T] the engine's log-probs where it scored its tokens, pi_old elsewhere (None: none),
+                        # for the behaviour correction and OPSM only (the only readers)
                         on_behaviour = self.producer is not None and cfg.rollout.async_correction == "behaviour"
+                        behaviour = None
+                        if (on_behaviour or spec.off_policy_mask is not None) and bool(part.behaviour_usable.any()):
+                            behaviour = behaviour_old_logps(old, part)
                         if behaviour is not None and on_behaviour:
                             old = behaviour  # pi_old = the engine's own log-probs
                         inputs = LossInputs(
