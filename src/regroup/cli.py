@@ -388,6 +388,12 @@ def cmd_study(args) -> int:
     )
 
     arms = tuple(a.strip() for a in args.arms.split(",") if a.strip()) if args.arms else None
+    if args.keep is not None:  # the records outlive the study folders (weights stay behind)
+        if not args.summarize:
+            raise ConfigError("--keep: only with --summarize DIR...")
+        from regroup.experiments.records import keep_records  # the harness, as above: this command only
+
+        keep_records([Path(d) for d in args.summarize], Path(args.keep), log=_log)
     if args.real:
         from regroup.experiments.study_real import (  # heavy, as above
             REAL_ARMS_BY_NAME,
@@ -746,6 +752,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="join these study folders (split over processes) into one table: --real prints it; the miniature "
         "study writes study.html/.md under --out",
+    )
+    p.add_argument(
+        "--keep",
+        metavar="RECORDS",
+        default=None,
+        help="with --summarize: first copy each folder's records (plans, configs, metrics, evaluations; no weights) "
+        "into RECORDS/<folder name>/, which --summarize reads as it reads the folders (regroup.experiments.records)",
     )
     p.set_defaults(fn=cmd_study)
 
