@@ -904,6 +904,14 @@ def test_real_summary_pairs_arms_over_seeds_from_split_studies(tmp_path, capsys)
     assert any(line.startswith("| drgrpo | 25.0 (collapsed) |") or "(collapsed)" in line for line in table)
     primary = next(line for line in table if "Anchors on hard queries (no_correct) beat Dr. GRPO" in line)
     assert "| primary |" in primary and "inconclusive" in primary
+    # its power at the paper's +2.9: the seed differences' sd 0.177 (above), 2 seeds, Holm's first step over
+    # DaGRPO's 2 primaries (α/2); the function itself is checked against the analytic value elsewhere
+    from regroup.report.stats import paired_t_power
+
+    power = paired_t_power(0.029, 0.25 / math.sqrt(2), 2, 0.05 / 2)
+    assert f"| +2.9 pts | {100 * power:.0f} % (sd 17.7 pts) |" in primary
+    exploratory = next(line for line in table if "Dr. GRPO beats GRPO" in line)
+    assert "| exploratory |" in exploratory and "| — | — | not run |" in exploratory
     from regroup.cli import main
 
     assert main(["study", "--real", "--summarize", str(a), str(b)]) == 0

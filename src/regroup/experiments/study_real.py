@@ -38,8 +38,10 @@ per run (one thread, load 2-5), so the design is 7-8 h of one core, more than on
 from __future__ import annotations
 
 import json
+import math
 import random
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -52,8 +54,10 @@ from regroup.experiments.study import read_counts
 from regroup.models.load import load_policy, load_tokenizer
 from regroup.models.prompting import build_prompter, encode_response
 from regroup.report.claims import (
+    ALPHA,
     ArmResult,
     Claim,
+    Verdict,
     compare_pass_at_k,
     confidence_interval,
     judge_all,
@@ -655,10 +659,12 @@ def summarize_real(study_dirs: list[Path], k: int | None = None, against: tuple[
         lines.append("| " + " | ".join(row) + " |")
     s = RealSettings(eval_samples=k)
     verdicts = judge_all(real_claims(s), {REGIME: arms})
+    primaries_per_paper = Counter(v.claim.paper for v in verdicts if v.claim.primary)
     lines += [
         "",
-        "| paper | claim | registered | Δ [95 % CI] | seeds | p | p (Holm) | verdict |",
-        "|---|---|---|---|---|---|---|---|",
+        "| paper | claim | registered | Δ [95 % CI] | seeds | p | p (Holm) | paper's effect | power at it "
+        "(these seeds' sd) | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for v in verdicts:
         c = v.comparison
@@ -672,9 +678,25 @@ def summarize_real(study_dirs: list[Path], k: int | None = None, against: tuple[
         padj = "—" if v.p_adjusted is None else f"{v.p_adjusted:.4f}"
         lines.append(
             f"| {v.claim.paper} | {v.claim.text} | {'primary' if v.claim.primary else 'exploratory'} | {delta} "
-            f"| {c.seeds if c else 0} | {p} | {padj} | {verdict_label(v)} |"
+            f"| {c.seeds if c else 0} | {p} | {padj} | "
+            + ("—" if v.claim.effect is None else f"{100 * v.claim.effect:+.1f} pts")
+            + f" | {observed_power(v, primaries_per_paper[v.claim.paper])} | {verdict_label(v)} |"
         )
     return "\n".join(lines)
+
+
+def observed_power(v: Verdict, primaries_of_its_paper: int) -> str:
+    """The power the seeds run give a primary at its paper's effect: the paired t over seeds at Holm's
+    first-step level α/m (m = its paper's primaries; a lower bound), with the sd of these seeds' differences.
+    This start had no pilot, so the plan could only give the detectable effect in sd units; this is the
+    same calculation with the spread the run measured ("—": exploratory, no effect, or under 2 seeds)."""
+    c = v.comparison
+    if not v.claim.primary or v.claim.effect is None or c is None or c.seeds < 2 or len(c.per_seed) < 2:
+        return "—"
+    mean = sum(c.per_seed) / len(c.per_seed)
+    sd = math.sqrt(sum((d - mean) ** 2 for d in c.per_seed) / (len(c.per_seed) - 1))
+    power = paired_t_power(v.claim.effect, sd, c.seeds, ALPHA / primaries_of_its_paper)
+    return f"{100 * power:.0f} % (sd {100 * sd:.1f} pts)"
 
 
 def _all_seeds(arms: dict[str, ArmResult]) -> list[int]:
