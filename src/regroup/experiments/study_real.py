@@ -30,9 +30,10 @@ Budget: the 2026-12-01 run measured a 30-step run at 40 tokens at 6-8 min with i
 core (5.7-16.4 s per step of 16 samples, by arm and load). This design at 40 tokens: 8 arms x 5 seeds = 40
 runs + 3 sweep runs + the start (<= 100 SFT steps with a validation pass each 20) ~ 43 x 7 min ~ 5 h of one
 core; `--first-seed` splits the seeds over processes (the start and the sweep are made once, by the seed-0
-process; the others wait for them) and `--summarize` joins their folders. Measured on 2026-12-02: 480-1174 s
-per run (one thread, load 2-5), so the design is 7-8 h of one core, more than one session: `--summarize ...
---keep RECORDS` keeps each finished run's records (regroup.experiments.records) so that it can span machines.
+process; the others wait for them) and `--summarize` joins their folders. Measured on 2026-12-02 and -03:
+480-1174 s per run (one thread, load 2-5; continued SFT the slowest, 885-1004 s), so the design is 7-8 h of
+one core, more than one session: `--summarize ... --keep RECORDS` keeps each finished run's records
+(regroup.experiments.records) so that it can span machines.
 """
 
 from __future__ import annotations
