@@ -31,7 +31,7 @@ core (5.7-16.4 s per step of 16 samples, by arm and load). This design at 40 tok
 runs + 3 sweep runs + the start (<= 100 SFT steps with a validation pass each 20) ~ 43 x 7 min ~ 5 h of one
 core; `--first-seed` splits the seeds over processes (the start and the sweep are made once, by the seed-0
 process; the others wait for them) and `--summarize` joins their folders. Measured on 2026-12-02 and -03:
-480-1174 s per run (one thread, load 2-5; continued SFT the slowest, 885-1004 s), so the design is 7-8 h of
+480-1174 s per run (one thread, load 2-5; continued SFT the slowest, 878-1004 s), so the design is 7-8 h of
 one core, more than one session: `--summarize ... --keep RECORDS` keeps each finished run's records
 (regroup.experiments.records) so that it can span machines.
 """
@@ -39,7 +39,6 @@ one core, more than one session: `--summarize ... --keep RECORDS` keeps each fin
 from __future__ import annotations
 
 import json
-import math
 import random
 import time
 from collections import Counter
@@ -67,7 +66,7 @@ from regroup.report.claims import (
     verdict_label,
 )
 from regroup.report.runs import read_metrics
-from regroup.report.stats import paired_t_power
+from regroup.report.stats import paired_t_power, std
 from regroup.runtime.checkpoint import list_checkpoints
 from regroup.runtime.rundir import claim_run_dir, new_run_dir
 from regroup.train.build import build_trainer
@@ -692,10 +691,10 @@ def observed_power(v: Verdict, primaries_of_its_paper: int) -> str:
     This start had no pilot, so the plan could only give the detectable effect in sd units; this is the
     same calculation with the spread the run measured ("—": exploratory, no effect, or under 2 seeds)."""
     c = v.comparison
-    if not v.claim.primary or v.claim.effect is None or c is None or c.seeds < 2 or len(c.per_seed) < 2:
+    if not v.claim.primary or v.claim.effect is None or c is None or c.seeds < 2:
         return "—"
-    mean = sum(c.per_seed) / len(c.per_seed)
-    sd = math.sqrt(sum((d - mean) ** 2 for d in c.per_seed) / (len(c.per_seed) - 1))
+    sd = std(c.per_seed)  # with 2+ seeds, per_seed holds one mean difference per seed
+    assert sd is not None
     power = paired_t_power(v.claim.effect, sd, c.seeds, ALPHA / primaries_of_its_paper)
     return f"{100 * power:.0f} % (sd {100 * sd:.1f} pts)"
 
