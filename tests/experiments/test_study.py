@@ -867,6 +867,18 @@ def test_study_dry_run_prints_the_plan_and_runs_nothing(tmp_path, capsys):
     assert cli.main(["study", "--summarize", str(tmp_path)]) == 2  # not a study folder
 
 
+def test_real_plan_states_the_designs_power_in_every_split_process():
+    """A split process's plan names its own seeds but states the power of the whole design (5 seeds at
+    Holm's first step, α/2: 2.06 sd of the per-seed differences), not of its share (2 seeds: none)."""
+    from regroup.experiments.study_real import REAL_ARMS, RealSettings, real_plan
+
+    plan = real_plan(RealSettings(first_seed=3, seeds=2), list(REAL_ARMS))
+    assert plan["seeds"] == {"registered": 5, "this_process": [3, 4]}
+    assert plan["power"]["seeds"] == 5
+    assert plan["power"]["detectable_effect_in_sd_of_seed_differences"] == 2.06
+    assert real_plan(RealSettings(seeds=5), list(REAL_ARMS))["power"] == plan["power"]
+
+
 def test_real_summary_pairs_arms_over_seeds_from_split_studies(tmp_path, capsys):
     from regroup.experiments.study_real import read_real_results, summarize_real
 

@@ -89,9 +89,13 @@ class RealSettings:
     """`regroup data prepare arithmetic_boxed --out data/arithmetic_boxed.jsonl --limit 2000`."""
     heldout_file: str = "data/heldout.jsonl"
     """`regroup data prepare arithmetic_heldout --out data/heldout.jsonl --limit 64`: the test set."""
+    registered_seeds: int = 5
+    """The design's seed count (seeds 0 .. registered_seeds - 1): the plan's power is stated for it, whichever
+    share of it a process runs."""
     seeds: int = 5
     first_seed: int = 0
-    """Seeds first_seed .. first_seed + seeds - 1 (split a study over processes; `summarize_real` joins them)."""
+    """This process runs seeds first_seed .. first_seed + seeds - 1 (split a study over processes;
+    `summarize_real` joins them)."""
     steps: int = 30
     """Optimizer steps of every RL arm and of continued SFT (and of each learning-rate sweep run)."""
     length: int = 40
@@ -472,11 +476,17 @@ def real_plan(s: RealSettings, arms: list[RealArm]) -> dict:
         },
         "primaries": [asdict(c) for c in real_claims(s) if c.primary],
         "exploratory": [asdict(c) for c in real_claims(s) if not c.primary],
+        "seeds": {
+            "registered": s.registered_seeds,
+            "this_process": list(range(s.first_seed, s.first_seed + s.seeds)),
+        },
         "test": "two-sided paired t-test over seeds (S − 1 df), sign-flip at a zero SE; Holm within each paper",
         "power": {
             "pilot": "none from this start (the 2026-12-01 run started from the instruct model, where RL could not "
             "learn): the first seeds are the pilot, and the seeds are not changed after seeing them",
-            "detectable_effect_in_sd_of_seed_differences": detectable_effect(s.seeds, 0.05 / 2),
+            # the design's seeds, not this process's share: a split process's own count says nothing of the study
+            "seeds": s.registered_seeds,
+            "detectable_effect_in_sd_of_seed_differences": detectable_effect(s.registered_seeds, 0.05 / 2),
         },
         "collapse_flag": "mean reward of the last 5 steps < half that of the first 5",
     }
