@@ -85,6 +85,16 @@ def test_compare_metric_is_a_t_test_with_seeds_minus_one_df():
     v = C.judge(replace(lower, effect=0.3), "mid", {"a": a, "b": b})
     assert v.rules_out_effect is False and "includes the paper's -0.300" in C.verdict_label(v)
     assert C.two_sided_p(0.110, 0.0455, 2.0) == pytest.approx(0.137, abs=0.002)
+    # a real gain far short of the paper's: seeds' differences +0.2, +0.2, +0.3, +0.3 give t = 8.66 with
+    # 3 df, p = 0.0032, CI [+0.158, +0.342]: supported, and the page says the CI rules out a claimed +0.5
+    up = ArmResult(mechanisms={s: {"u": 0.5 + d} for s, d in enumerate((0.2, 0.2, 0.3, 0.3))})
+    base = ArmResult(mechanisms={s: {"u": 0.5} for s in range(4)})
+    higher = replace(lower, direction=1, effect=0.5)
+    v = C.judge(higher, "mid", {"a": up, "b": base})
+    assert v.verdict == C.SUPPORTED and v.p == pytest.approx(0.0032, abs=2e-4)
+    assert C.verdict_label(v) == "supported, but smaller than the paper's +0.500 (the CI rules it out)"
+    v = C.judge(replace(higher, effect=0.3), "mid", {"a": up, "b": base})  # inside the CI: the plain verdict
+    assert v.verdict == C.SUPPORTED and C.verdict_label(v) == "supported"
 
 
 def _primary(text="a beats b", arm="a", against="b", measure="pass@1", effect=0.1, **kw):

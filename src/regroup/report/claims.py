@@ -380,12 +380,15 @@ def judge_all(
 
 def verdict_label(v: Verdict) -> str:
     """The verdict as the page states it: an inconclusive (or exploratory) verdict with a stated effect says
-    whether its CI rules out the paper's effect."""
+    whether its CI rules out the paper's effect; a supported one says whether it is smaller than the paper's
+    (a gain can be real and still far short of the claim)."""
     ruled = v.rules_out_effect
-    if v.verdict not in (INCONCLUSIVE, EXPLORATORY, TIE) or ruled is None:
+    if v.verdict not in (INCONCLUSIVE, EXPLORATORY, TIE, SUPPORTED) or ruled is None:
         return v.verdict
     effect = v.claim.effect * v.claim.direction  # type: ignore[operator]
     shown = f"{100 * effect:+.1f} pts" if v.claim.measure.startswith("pass@") else f"{effect:+.3f}"
+    if v.verdict == SUPPORTED:
+        return f"{v.verdict}, but smaller than the paper's {shown} (the CI rules it out)" if ruled else v.verdict
     return f"{v.verdict}; the CI {'rules out' if ruled else 'includes'} the paper's {shown}"
 
 
