@@ -395,6 +395,11 @@ def cmd_study(args) -> int:
 
         keep_records([Path(d) for d in args.summarize], Path(args.keep), log=_log)
     if args.real:
+        if args.resume is not None:
+            raise ConfigError(
+                "--resume: the miniature study only (continue `study --real` with --first-seed/--seeds for the "
+                "seeds it has not finished: the SFT start and the sweep are reused)"
+            )
         from regroup.experiments.study_real import (  # heavy, as above
             REAL_ARMS_BY_NAME,
             RealSettings,
@@ -433,6 +438,27 @@ def cmd_study(args) -> int:
         return 0
     if args.length is not None:
         raise ConfigError("--length: only with --real")
+    if args.resume is not None:  # a stopped miniature study, under its own plan: nothing else may change it
+        given = [
+            flag
+            for flag, value in (
+                ("--quick", args.quick),
+                ("--arms", args.arms),
+                ("--seeds", args.seeds),
+                ("--first-seed", args.first_seed),
+                ("--summarize", args.summarize),
+                ("--dry-run", args.dry_run),
+            )
+            if value not in (None, False)
+        ]
+        if given:
+            raise ConfigError(f"--resume: the study's plan.json sets what it runs; drop {', '.join(given)}")
+        from regroup.experiments.study import resumable_study  # heavy, as above
+
+        resumable_study(Path(args.resume))  # every check before any model loads
+        html = run_study(log=_log, resume=args.resume)
+        print(f"study: {html}\n       {html.with_suffix('.md')}")
+        return 0
     if args.summarize:  # join a (split) miniature study's folders into one page
         dirs = [Path(d) for d in args.summarize]
         missing = [str(d) for d in dirs if not (d / "plan.json").is_file() or not (d / "regimes.json").is_file()]
@@ -752,6 +778,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="join these study folders (split over processes) into one table: --real prints it; the miniature "
         "study writes study.html/.md under --out",
+    )
+    p.add_argument(
+        "--resume",
+        metavar="STUDY_DIR",
+        default=None,
+        help="continue a stopped miniature study in its folder, under its plan.json: finished runs are kept, a run "
+        "stopped part-way is moved to STUDY_DIR/unfinished/ and run again",
     )
     p.add_argument(
         "--keep",

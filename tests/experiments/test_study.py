@@ -12,6 +12,7 @@ from dataclasses import replace
 
 import pytest
 
+from regroup.errors import ConfigError
 from regroup.experiments.study import (
     ARMS,
     ARMS_BY_NAME,
@@ -639,6 +640,71 @@ def test_a_split_study_is_joined_by_summarize_on_a_toy_model(tiny_model_dir, tmp
     assert "| 2 (" in masks  # two seeds joined from two folders
     sparse = next(line for line in md.splitlines() if line.startswith("| TA-GRPO | Higher pass@32 than GRPO"))
     assert sparse.endswith("| not run |")
+
+
+def test_a_stopped_study_resumes_in_its_folder_keeping_finished_runs(tiny_model_dir, tmp_path, one_thread):
+    """Two arms, two seeds, two regimes; then seed 1's mid dagrpo_mask is made to look stopped part-way (its
+    evaluation and timing.json gone) and seed 1 is dropped from progress.json. The resume keeps the seven
+    finished runs untouched, moves the partial one aside (not deleted), runs it again to the same evaluation,
+    and records the resume."""
+    from regroup.experiments.study import resumable_study, summarize_study
+    from regroup.runtime.rundir import RunDirError, RunDirLock
+
+    base = _toy_settings(_warm(tiny_model_dir, tmp_path), ("grpo_drgrpo", "dagrpo_mask"))
+    html = run_study(out_root=str(tmp_path / "runs"), settings=base, log=lambda m: None)
+    study = html.parent
+    stopped = study / "mid" / "dagrpo_mask-s1"
+    before = (stopped / "eval" / "per_problem.jsonl").read_text()
+    shutil.rmtree(stopped / "eval")
+    (stopped / "timing.json").unlink()
+    (study / "progress.json").write_text(json.dumps({"complete_seeds": [0], "seconds": 100.0}))
+    finished = [p for p in study.glob("*/*-s*") if p != stopped]
+    assert len(finished) == 7  # 2 arms x 2 seeds x 2 regimes, less the stopped one
+    stamps = {p: (p / "eval" / "per_problem.jsonl").stat().st_mtime_ns for p in finished}
+
+    with RunDirLock(study):  # the process it continues is still running: refused, nothing touched
+        with pytest.raises(RunDirError, match="in use"):
+            run_study(resume=study, log=lambda m: None)
+    assert not (stopped / "eval").exists() and not (study / "unfinished").exists()
+
+    logs: list[str] = []
+    run_study(resume=study, log=logs.append)
+    assert {p: (p / "eval" / "per_problem.jsonl").stat().st_mtime_ns for p in finished} == stamps
+    assert (stopped / "eval" / "per_problem.jsonl").read_text() == before  # the same seed gives the same run
+    aside = list((study / "unfinished").glob("*/mid/dagrpo_mask-s1"))
+    assert len(aside) == 1 and (aside[0] / "metrics.jsonl").is_file() and not (aside[0] / "eval").exists()
+    progress = json.loads((study / "progress.json").read_text())
+    assert progress["complete_seeds"] == [0, 1] and progress["finished"] and progress["seconds"] > 100.0
+    assert progress["resumes"] == [
+        {"at": aside[0].parts[-3], "kept_runs": 7, "set_aside": [str(aside[0].relative_to(study))]}
+    ]
+    assert sum("stopped part-way" in m for m in logs) == 1
+    record = json.loads((study / "study.json").read_text())
+    assert record["seeds_run"]["mid"] == {"grpo_drgrpo": [0, 1], "dagrpo_mask": [0, 1]}
+    # the set-aside run is not a run of the study: the summary pairs the two seeds once each
+    summarize_study([study], tmp_path / "joined", log=lambda m: None)
+    assert json.loads((tmp_path / "joined" / "study.json").read_text())["seeds_run"] == record["seeds_run"]
+    with pytest.raises(ConfigError, match="not a started study folder"):
+        resumable_study(tmp_path)
+
+
+def test_study_resume_refuses_what_would_change_the_plan(tmp_path, monkeypatch):
+    from regroup import cli
+
+    monkeypatch.setattr("regroup.experiments.study.run_study", lambda **kw: pytest.fail("nothing may run"))
+    study = tmp_path / "study-1"
+    study.mkdir()
+    assert cli.main(["study", "--resume", str(study), "--seeds", "2"]) == 2
+    assert cli.main(["study", "--resume", str(study), "--real"]) == 2
+    assert cli.main(["study", "--resume", str(study)]) == 2  # no plan.json: not a started study
+    (study / "plan.json").write_text(json.dumps({"settings": {"warmup_dir": "gone"}}))
+    (study / "regimes.json").write_text(
+        json.dumps([{"name": "mid", "description": "", "step_mix": "1-4", "warm_dir": str(tmp_path / "gone")}])
+    )
+    with pytest.raises(ConfigError, match="warm start .*gone.* is not here"):
+        from regroup.experiments.study import resumable_study
+
+        resumable_study(study)
 
 
 @pytest.mark.slow

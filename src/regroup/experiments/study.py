@@ -49,6 +49,7 @@ from pathlib import Path
 from transformers import AutoModelForCausalLM
 
 from regroup.data.heldout import heldout_problems
+from regroup.errors import ConfigError
 from regroup.eval.benchmarks import DECODING
 from regroup.eval.runner import evaluate
 from regroup.experiments.demo import DemoSettings, evaluate_model
@@ -61,7 +62,7 @@ from regroup.report.runs import load_run, read_metrics
 from regroup.report.stats import paired_t_power, seeds_for_power
 from regroup.report.summary import last_step, wall_time_s
 from regroup.runtime.checkpoint import list_checkpoints
-from regroup.runtime.rundir import claim_run_dir, new_run_dir
+from regroup.runtime.rundir import RunDirLock, claim_run_dir, new_run_dir
 from regroup.tasks import get_task
 from regroup.tasks.arithmetic import ArithmeticConfig, ArithmeticTask, apply_transforms
 from regroup.train.build import build_trainer
@@ -984,38 +985,113 @@ def study_plan(s: StudySettings, arms: Sequence[Arm] | None = None) -> dict:
     }
 
 
-def run_study(quick: bool = False, out_root: str = "runs", log=print, settings: StudySettings | None = None) -> Path:
+def run_study(
+    quick: bool = False,
+    out_root: str = "runs",
+    log=print,
+    settings: StudySettings | None = None,
+    resume: str | Path | None = None,
+) -> Path:
     """Run every arm of each regime with this process's seeds (seed outer, so a study stopped early leaves
     complete seeds), then judge the claims over this folder and write study.html and study.md. A study split
-    over processes (`StudySettings.split`) is joined with `summarize_study`."""
-    s = settings or (QUICK if quick else StudySettings())
-    unknown = [n for n in (s.arms or ()) if n not in ARMS_BY_NAME]
-    if unknown:
-        raise ValueError(f"unknown study arm(s) {unknown}; available: {', '.join(ARMS_BY_NAME)}")
-    study_dir = new_run_dir(out_root, "study")  # exclusive: two studies started in the same second get two folders
-    # the endpoints, effects, power, margins, level and arms, written before any run: nothing is tuned after
-    write_atomic(study_dir / "plan.json", json.dumps(study_plan(s), indent=2, default=str))
+    over processes (`StudySettings.split`) is joined with `summarize_study`.
+
+    `resume=STUDY_DIR` continues a stopped study in its own folder, under its own plan.json and regimes.json
+    (the settings, seeds and regimes it registered; `quick` and `settings` must be left unset): finished runs
+    (`timing.json`, written last) are kept, and a run stopped part-way is moved to
+    STUDY_DIR/unfinished/<time>/<regime>/ and run again from its start. A study folder is locked while a
+    process runs it, so a resume cannot start beside the process it continues."""
+    if resume is not None:
+        if quick or settings is not None:
+            raise ValueError("resume: the study's own plan.json gives its settings; pass neither quick nor settings")
+        study_dir = Path(resume)
+        s, regimes = resumable_study(study_dir)
+        quick = replace(s, split=None) == replace(QUICK, split=None)
+    else:
+        s = settings or (QUICK if quick else StudySettings())
+        unknown = [n for n in (s.arms or ()) if n not in ARMS_BY_NAME]
+        if unknown:
+            raise ValueError(f"unknown study arm(s) {unknown}; available: {', '.join(ARMS_BY_NAME)}")
+        study_dir = new_run_dir(out_root, "study")  # exclusive: two studies started in the same second get two folders
+    with RunDirLock(study_dir):  # one process per study folder: a resume beside its original is refused here
+        if resume is None:
+            # the endpoints, effects, power, margins, level and arms, written before any run: nothing is tuned after
+            write_atomic(study_dir / "plan.json", json.dumps(study_plan(s), indent=2, default=str))
+        _run_seeds(study_dir, s, regimes if resume is not None else None, log)
+    return summarize_study([study_dir], study_dir, log=log, quick=quick)
+
+
+def resumable_study(study_dir: Path) -> tuple[StudySettings, list[Regime]]:
+    """A stopped study's registered settings and regimes, checked before any model loads: its plan and
+    regimes are read back, and every regime's warm start must still be there (relative paths resolve from
+    the folder the study was started in)."""
+    missing = [n for n in ("plan.json", "regimes.json") if not (study_dir / n).is_file()]
+    if missing:
+        raise ConfigError(f"--resume {study_dir}: not a started study folder (missing {', '.join(missing)})")
+    s = _settings_from_plan(json.loads((study_dir / "plan.json").read_text()))
+    regimes = [Regime(**r) for r in json.loads((study_dir / "regimes.json").read_text())]
+    gone = [r.warm_dir for r in regimes if not (Path(r.warm_dir) / "warmup_metrics.json").is_file()]
+    if gone:
+        raise ConfigError(
+            f"--resume {study_dir}: the study's warm start {', '.join(sorted(set(gone)))} is not here "
+            "(relative paths resolve from the folder the study was started in: run from there)"
+        )
+    return s, regimes
+
+
+def _run_seeds(study_dir: Path, s: StudySettings, regimes: list[Regime] | None, log) -> None:
+    """The study's runs, seed by seed, skipping those already finished (a resumed study's); progress.json
+    after each seed. `regimes`: a resumed study's (None: choose them now and write regimes.json)."""
+    resuming = regimes is not None
+    previous = json.loads((study_dir / "progress.json").read_text()) if (study_dir / "progress.json").is_file() else {}
+    earlier_seconds = float(previous.get("seconds", 0.0))
+    resumes = list(previous.get("resumes", []))
     started = time.perf_counter()
-    regimes = [choose_regime(name, s, log) for name in s.regimes]
+    if regimes is None:
+        regimes = [choose_regime(name, s, log) for name in s.regimes]
     problems = {r.name: heldout_for(r, s) for r in regimes}
     if 0 in s.run_seeds:  # the start once, not in every process of a split study
         for r in regimes:
-            evaluate_start(r, problems[r.name], s, study_dir / r.name, log)
-    write_atomic(study_dir / "regimes.json", json.dumps([asdict(r) for r in regimes], indent=2, default=str))
+            if not (study_dir / r.name / "start" / "eval" / "per_problem.jsonl").is_file():
+                evaluate_start(r, problems[r.name], s, study_dir / r.name, log)
+    if not resuming:  # a resumed study's regimes.json is its input, never rewritten
+        write_atomic(study_dir / "regimes.json", json.dumps([asdict(r) for r in regimes], indent=2, default=str))
+    stamp = time.strftime("%Y%m%d-%H%M%S")
     done: list[int] = []
+    set_aside: list[str] = []
+    kept = 0
+
+    def write_progress(finished: bool) -> None:
+        this = {"at": stamp, "kept_runs": kept, "set_aside": set_aside} if resuming else None
+        record = {
+            "complete_seeds": done,
+            "seconds": earlier_seconds + time.perf_counter() - started,
+            **({"resumes": resumes + [this]} if this else {}),
+            **({"finished": True} if finished else {}),
+        }
+        write_atomic(study_dir / "progress.json", json.dumps(record))
+
     for seed in s.run_seeds:
         for regime in regimes:
             for arm in s.regime_arms(regime.name):
+                run_dir = study_dir / regime.name / f"{arm.name}-s{seed}"
+                if (run_dir / "timing.json").is_file():  # written last by run_arm: this run is finished
+                    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # in case it stopped while removing them
+                    kept += 1
+                    continue
+                if run_dir.exists():  # stopped part-way: kept aside, never deleted, and run again from its start
+                    aside = study_dir / "unfinished" / stamp / regime.name / run_dir.name
+                    aside.parent.mkdir(parents=True, exist_ok=True)
+                    run_dir.rename(aside)
+                    set_aside.append(str(aside.relative_to(study_dir)))
+                    log(f"{regime.name} {arm.name} seed {seed}: stopped part-way before; moved to {aside}, run again")
                 run_arm(arm, regime, seed, problems[regime.name], s, study_dir / regime.name, log)
         done.append(seed)
-        progress = {"complete_seeds": done, "seconds": time.perf_counter() - started}
-        write_atomic(study_dir / "progress.json", json.dumps(progress))
+        write_progress(finished=False)
         log(f"study: seed {seed} complete ({len(done)} of {len(s.run_seeds)} in this process)")
-    write_atomic(
-        study_dir / "progress.json",
-        json.dumps({"complete_seeds": done, "seconds": time.perf_counter() - started, "finished": True}),
-    )
-    return summarize_study([study_dir], study_dir, log=log, quick=quick)
+    if kept:
+        log(f"study: {kept} runs finished before the resume were kept, {len(set_aside)} run again")
+    write_progress(finished=True)
 
 
 def _settings_from_plan(plan_json: dict) -> StudySettings:
