@@ -24,15 +24,13 @@ optimizer steps. Every arm stops at its planned step count (`train.epochs` stays
 Isolating controls: grpo_drgrpo is GRPO with DaGRPO's Dr. GRPO advantages and constant normaliser
 (every DaGRPO claim is judged against it and against plain GRPO); grpo_kl is GRPO with TA-GRPO's beta.
 
-Sizing (default settings, `estimate_seconds`: a cost model calibrated on the previous full run, not a
-measurement): 13 default arms x 5 seeds x 2 regimes, GRPO 16 steps of 8 questions x G = 8 (64 questions,
-2 epochs; 1,024 samples). Per (regime, seed) the arms plan 27 GRPO runs' worth of samples (27,648;
-dynamic sampling counted 1.5x), 276 k in all at 9.7 ms each = 45 min; 132 evaluations of 48 problems x
-(32 + 1 at T = 1 + 2 x 8 at the papers' settings) = 310 k evaluation samples at half a training sample =
-25 min; plus 3 min fixed: ~73 min, inside the 90-minute budget with ~20 % to spare. `--quick` (2 seeds,
-tiny budgets): ~4 min by the same model, whose fixed part dominates there. `study.json` records the
-measured seconds: 4,795 s (80 min) in the one run at this size (2026-12-01, beside another CPU-bound job), and
-`--quick` 3 min 35 s on an idle machine.
+Sizing (`estimate_seconds`, a cost model calibrated on the registered run of 2026-12-03; study.json records
+each run's measured seconds): 8 arm runs per seed (mid: grpo_drgrpo, dagrpo_mask; sparse: grpo,
+grpo_drgrpo, dagrpo_anchor, dagrpo, grpo_matched, ta_grpo), 14,336 training samples per seed at 18.9 ms and
+72,000 evaluation samples at 6.8 ms on one torch thread: ~13 min per seed, 25 registered seeds ~5.4 h of
+one core (measured: 318 core-minutes of arm runs, 11-17 min per seed; split it over processes). `--quick`
+(2 seeds, tiny budgets): ~3.5 min by the same model, whose fixed part dominates there; measured 3 min 35 s
+on an idle machine with an earlier, larger arm set.
 """
 
 from __future__ import annotations
@@ -638,14 +636,15 @@ def plan(arm: Arm, s: StudySettings) -> Budget:
     )
 
 
-# The cost model behind the default size (arithmetic, not a measurement; study.json records the time).
-# Calibrated on the one full run before issue 25 (README: 2,290 s for 11 arms x 3 seeds x 2 regimes on
-# this 2-core machine): 165,120 training samples and 68 evaluations of 48 x 32 = 104,448 samples, an
-# evaluation sample assumed to cost half a training sample (no backward, no reference), ~180 s of
-# start-up, probes and the sparse regime's warm-up (assumed): (2,290 - 180) / (165,120 + 104,448 / 2)
-# = 9.7 ms per training sample.
-SECONDS_PER_TRAIN_SAMPLE = (2290 - 180) / (165_120 + 104_448 / 2)
-EVAL_SAMPLE_COST = 0.5
+# The cost model behind the plan's estimate (arithmetic, not a measurement; study.json records the time).
+# Calibrated on the registered run of 2026-12-03 (docs/results/study-2026-12-03/: two processes of one torch
+# thread each on this 2-core machine): its 200 arm runs' timing.json add up to 6,770 s of training over
+# 358,400 planned training samples (18.9 ms each) and 12,306 s of evaluation over 1,800,000 evaluation
+# samples (6.8 ms each: 0.36 of a training sample). The model before it (9.7 ms per training sample, an
+# evaluation sample at half of one) was fitted on a 2-thread process and said 209 of those 318 core-minutes.
+# FIXED_SECONDS: start-up and the regime probes (assumed).
+SECONDS_PER_TRAIN_SAMPLE = 6770 / 358_400
+EVAL_SAMPLE_COST = (12_306 / 1_800_000) / SECONDS_PER_TRAIN_SAMPLE
 FIXED_SECONDS = 180.0
 DYNAMIC_EXTRA = 1.5
 """Dynamic sampling's generation relative to its plan (up to max_rounds extra rounds: an assumption)."""
