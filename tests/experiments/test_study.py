@@ -431,20 +431,15 @@ def test_the_registered_seeds_come_from_the_power_calculation_and_quick_stays_un
 def test_the_cost_model_reproduces_the_run_it_is_calibrated_on():
     """The 2026-12-03 registered run's kept records: the 200 arm runs' measured seconds against the model's
     arm-run share (the total less the fixed part and the two starts' evaluations)."""
-    from regroup.experiments.study import (
-        EVAL_SAMPLE_COST,
-        FIXED_SECONDS,
-        SECONDS_PER_TRAIN_SAMPLE,
-        estimate_seconds,
-    )
+    from regroup.experiments.study import estimate_seconds
 
     records = Path(__file__).resolve().parents[2] / "docs" / "results" / "study-2026-12-03"
     timings = [json.loads(p.read_text()) for p in records.glob("study-*/*/*-s*/timing.json")]
     assert len(timings) == 200  # 25 seeds x 8 arm runs
     measured = sum(t["train_seconds"] + t["eval_seconds"] for t in timings)
     s = StudySettings()
-    starts = len(s.regimes) * s.eval_problems * (s.eval_samples + 1) * EVAL_SAMPLE_COST * SECONDS_PER_TRAIN_SAMPLE
-    assert estimate_seconds(s) - FIXED_SECONDS - starts == pytest.approx(measured, rel=0.01)
+    fixed_and_starts = estimate_seconds(replace(s, seeds=0))  # no arm run: the fixed part and the starts
+    assert estimate_seconds(s) - fixed_and_starts == pytest.approx(measured, rel=0.01)
 
 
 def test_every_arm_builds_a_valid_config(tiny_model_dir, tmp_path):

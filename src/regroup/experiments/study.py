@@ -29,7 +29,7 @@ each run's measured seconds): 8 arm runs per seed (mid: grpo_drgrpo, dagrpo_mask
 grpo_drgrpo, dagrpo_anchor, dagrpo, grpo_matched, ta_grpo), 14,336 training samples per seed at 18.9 ms and
 72,000 evaluation samples at 6.8 ms on one torch thread: ~13 min per seed, 25 registered seeds ~5.4 h of
 one core (measured: 318 core-minutes of arm runs, 11-17 min per seed; split it over processes). `--quick`
-(2 seeds, tiny budgets): ~3.5 min by the same model, whose fixed part dominates there; measured 3 min 35 s
+(2 seeds, tiny budgets): ~3.4 min by the same model, whose fixed part dominates there; measured 3 min 35 s
 on an idle machine with an earlier, larger arm set.
 """
 
@@ -1000,6 +1000,7 @@ def run_study(
     (`timing.json`, written last) are kept, and a run stopped part-way is moved to
     STUDY_DIR/unfinished/<time>/<regime>/ and run again from its start. A study folder is locked while a
     process runs it, so a resume cannot start beside the process it continues."""
+    regimes: list[Regime] | None = None  # a resumed study's; None: chosen when the study starts
     if resume is not None:
         if quick or settings is not None:
             raise ValueError("resume: the study's own plan.json gives its settings; pass neither quick nor settings")
@@ -1016,7 +1017,7 @@ def run_study(
         if resume is None:
             # the endpoints, effects, power, margins, level and arms, written before any run: nothing is tuned after
             write_atomic(study_dir / "plan.json", json.dumps(study_plan(s), indent=2, default=str))
-        _run_seeds(study_dir, s, regimes if resume is not None else None, log)
+        _run_seeds(study_dir, s, regimes, log)
     return summarize_study([study_dir], study_dir, log=log, quick=quick)
 
 
@@ -1061,11 +1062,11 @@ def _run_seeds(study_dir: Path, s: StudySettings, regimes: list[Regime] | None, 
     kept = 0
 
     def write_progress(finished: bool) -> None:
-        this = {"at": stamp, "kept_runs": kept, "set_aside": set_aside} if resuming else None
+        this = {"at": stamp, "kept_runs": kept, "set_aside": set_aside}
         record = {
             "complete_seeds": done,
             "seconds": earlier_seconds + time.perf_counter() - started,
-            **({"resumes": resumes + [this]} if this else {}),
+            **({"resumes": resumes + [this]} if resuming else {}),
             **({"finished": True} if finished else {}),
         }
         write_atomic(study_dir / "progress.json", json.dumps(record))
