@@ -9,9 +9,10 @@ Usage:
 Behaviours: `Answer(content)`, `Slow(seconds, then)`, `Status(code, retry_after)`, `RateLimit(s)`,
 `Malformed()`, `Partial()`, `Drop()`, `Trickle(interval)` (the whole reply, headers too, one byte at a
 time), `Hang(seconds)` (read the request, send nothing), `Huge(n_bytes, announce)` (a valid reply of
-that size, with or without Content-Length); `stop_listening()` / `start_listening()` / `down_for(s)` refuse
-connections and come back on the same port. Every request is recorded in `srv.requests`; a wrong or
-missing `Authorization: Bearer <api_key>` header gets 401 and `auth_ok=False` in the record.
+that size, with or without Content-Length); `stop_listening()` / `start_listening()` / `down_for(s)` /
+`down_until(condition)` refuse connections and come back on the same port. Every request is recorded in
+`srv.requests`; a wrong or missing `Authorization: Bearer <api_key>` header gets 401 and `auth_ok=False` in
+the record.
 """
 
 from __future__ import annotations
@@ -307,6 +308,21 @@ class FakeOpenAI:
         self._timers.append(timer)
         timer.start()
 
+    def down_until(self, condition: Callable[[], bool], give_up_s: float = 60.0) -> threading.Thread:
+        """Refuse connections now and come back on the same port once `condition()` holds (or after
+        `give_up_s`): an outage bounded by counted events, such as the client's refused connections, which a
+        loaded machine cannot stretch past a client's retries the way it can a timed one. Returns the thread
+        that brings the server back."""
+        self.stop_listening()
+
+        def come_back() -> None:
+            wait_until(condition, give_up_s)
+            self.start_listening()
+
+        thread = threading.Thread(target=come_back, daemon=True)
+        thread.start()
+        return thread
+
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
@@ -350,6 +366,16 @@ class FakeOpenAI:
     def n_requests(self) -> int:
         with self._lock:
             return len(self.requests)
+
+
+def wait_until(condition: Callable[[], bool], give_up_s: float = 60.0) -> bool:
+    """Poll `condition` every 5 ms until it holds (True) or `give_up_s` pass (False)."""
+    deadline = time.monotonic() + give_up_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
 
 
 def last_user_message(body: dict[str, Any]) -> str:

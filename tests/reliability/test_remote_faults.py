@@ -11,7 +11,6 @@ import random
 import sqlite3
 import sys
 import threading
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -28,6 +27,7 @@ from fake_openai import (
     Slow,
     Status,
     last_user_message,
+    wait_until,
 )
 
 from regroup.net import ChatClient, DiskCache
@@ -58,20 +58,13 @@ class FaultyJudge:
         lambda: Drop(),
     )
 
-    def __init__(self, seed: int = 0, p_fault: float = 0.3, outage_after: int | None = None):
+    def __init__(self, seed: int = 0, p_fault: float = 0.3):
         self.rng = random.Random(seed)
         self.p_fault = p_fault
         self.lock = threading.Lock()
         self.injected: dict[str, int] = {}
-        self.n_served = 0
-        self.outage_after = outage_after
-        self.outage_due = threading.Event()  # set once `outage_after` requests have been served
 
     def __call__(self, body):
-        with self.lock:
-            self.n_served += 1
-            if self.outage_after is not None and self.n_served >= self.outage_after:
-                self.outage_due.set()
         text = last_user_message(body)
         response = text.split("<response>\n", 1)[1].split("\n</response>", 1)[0]
         if "DOOMED" in response:
@@ -108,7 +101,7 @@ def test_judge_fault_sequence_every_item_answered_or_recorded(tmp_path, monkeypa
     monkeypatch.setenv(ENV, KEY)
     n, doomed = 240, {5, 77, 150, 233}
     items = [ScoreItem("q", f"response #{i}" + (" DOOMED" if i in doomed else ""), "ref") for i in range(n)]
-    faulty = FaultyJudge(seed=1, outage_after=60)
+    faulty = FaultyJudge(seed=1)
     cache_path = tmp_path / "judge.sqlite"
     with FakeOpenAI(api_key=KEY, responder=faulty) as srv:
         client = make_client(srv)
@@ -121,16 +114,15 @@ def test_judge_fault_sequence_every_item_answered_or_recorded(tmp_path, monkeypa
         # nearly all its attempts draw one of the seeded faults (p = 0.3 each).
         refused: list[int] = []
 
+        def connection_errors() -> int:
+            return client.stats["errors"].get("connection", 0)
+
         def outage() -> None:
-            if not faulty.outage_due.wait(60):
+            if not wait_until(lambda: srv.n_requests >= 60):
                 return
-            srv.stop_listening()
-            before = client.stats["errors"].get("connection", 0)
-            give_up = time.monotonic() + 60
-            while client.stats["errors"].get("connection", 0) < before + 8 and time.monotonic() < give_up:
-                time.sleep(0.005)
-            srv.start_listening()
-            refused.append(client.stats["errors"].get("connection", 0) - before)
+            before = connection_errors()
+            srv.down_until(lambda: connection_errors() >= before + 8).join()
+            refused.append(connection_errors() - before)
 
         outage_thread = threading.Thread(target=outage, daemon=True)
         outage_thread.start()
