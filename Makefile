@@ -58,11 +58,12 @@ demo: $(STAMP)
 demo-quick: $(STAMP)
 	$(BIN)/regroup demo --quick
 
+# The studies live beside the package (studies/README.md); `make study ARGS="--dry-run"` passes options on.
 study: $(STAMP)
-	$(BIN)/regroup study
+	$(BIN)/python -m studies $(ARGS)
 
 study-quick: $(STAMP)
-	$(BIN)/regroup study --quick
+	$(BIN)/python -m studies --quick $(ARGS)
 
 warmup: $(STAMP)
 	$(BIN)/regroup warmup --out runs/warmup

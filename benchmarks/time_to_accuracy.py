@@ -8,7 +8,7 @@ from which GRPO learns):
 - TRL 1.16's GRPOTrainer, synchronous with its own HF generation (TRL's async trainer and its server
   weight sync need CUDA), `--trl-threads` threads, in a child process.
 
-The work is the real-model study's GRPO arm (`study_real.real_arm_config`, examples/smollm2_grpo.yaml):
+The work is the real-model study's GRPO arm (`studies.real.real_arm_config`, examples/smollm2_grpo.yaml):
 LoRA r 16 / alpha 32 on q, k, v, o; 4 questions x 4 samples per step; <= 40 new tokens at T = 1; lr
 `--lr` with 3 warm-up steps and a cosine decay to 0.1 lr; beta 0; token-mean loss; clip 0.2; grad norm 1.
 TRL gets the same settings through GRPOConfig (loss_type "dapo" = one token mean over the batch) and the
@@ -45,6 +45,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # studies/ sits beside the package, at the repository root
 EXAMPLE = ROOT / "examples" / "smollm2_grpo.yaml"
 
 
@@ -56,7 +57,7 @@ def evaluate(model_dir: str, args, out_dir: Path, config: Path = EXAMPLE) -> dic
     """pass@1 / pass@n on the held-out file, prompted as the example (the same for every side): the real-model
     study's evaluation. `config` gives the prompt and, for a LoRA checkpoint, its base (`model.path`): a
     regroup run's own config.yaml, whose base is the start."""
-    from regroup.experiments.study_real import RealSettings, evaluate_real
+    from studies.real import RealSettings, evaluate_real
 
     settings = RealSettings(length=args.tokens, eval_problems=args.eval_problems)
     row = evaluate_real(model_dir, settings, args.heldout, out_dir, str(config), args.eval_n)
@@ -78,10 +79,10 @@ def evaluate_saves(record: dict, args, save) -> None:
 
 # ------------------------------------------------------------------------------------------- regroup
 def regroup_run(args, lag: int, seed: int, url: str, out: Path) -> dict:
-    from regroup.experiments.study_real import REAL_ARMS_BY_NAME, RealSettings, real_arm_config
     from regroup.runtime.checkpoint import list_checkpoints
     from regroup.runtime.rundir import claim_run_dir
     from regroup.train.build import build_trainer
+    from studies.real import REAL_ARMS_BY_NAME, RealSettings, real_arm_config
 
     run_dir = out / f"regroup-k{lag}-s{seed}"
     settings = RealSettings(

@@ -144,14 +144,43 @@ def test_the_import_graph_sees_imports_inside_functions(tmp_path):
     assert cycles(import_graph(pkg)) == [{"regroup.a", "regroup.b"}]
 
 
-def test_the_library_core_never_imports_the_experiment_harness():
-    """regroup.experiments (demo, study, study page) uses the library; of the core, only the CLI's `demo` and
-    `study` commands reach it (lazily), so `src/regroup` reads, and imports, without it."""
-    graph = import_graph()
-    assert any(m.startswith("regroup.experiments.") for m in graph), "the harness moved: update this test"
-    core = {m: deps for m, deps in graph.items() if not m.startswith("regroup.experiments") and m != "regroup.cli"}
-    reaching = sorted(m for m, deps in core.items() if any(d.startswith("regroup.experiments") for d in deps))
+def _imports(path):
+    """(module, imported name or None) of every import statement in a file, function-level ones included."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, None) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found += [(node.module, alias.name) for alias in node.names]
+    return found
+
+
+def test_the_library_never_imports_the_studies():
+    """The study harness lives beside the package (studies/, like verl's recipe/): src/regroup reads, installs
+    and imports without it, and its demo is the only experiment left inside."""
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[1] / "src" / "regroup"
+    reaching = sorted(
+        str(f.relative_to(src)) for f in src.rglob("*.py") if any(m.split(".")[0] == "studies" for m, _ in _imports(f))
+    )
     assert reaching == [], reaching
+    assert sorted(p.name for p in (src / "experiments").glob("*.py")) == ["__init__.py", "demo.py"]
+
+
+def test_the_studies_use_regroups_public_names_only():
+    from pathlib import Path
+
+    studies = Path(__file__).resolve().parents[1] / "studies"
+    private = sorted(
+        f"{f.name}: {module}.{name}"
+        for f in studies.glob("*.py")
+        for module, name in _imports(f)
+        if module.startswith("regroup") and (name or "").startswith("_") or "._" in module
+    )
+    assert private == [], private
 
 
 def test_no_new_import_cycle_counting_function_level_imports():

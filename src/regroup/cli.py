@@ -12,7 +12,6 @@ import os
 import sys
 import tempfile
 import warnings
-from dataclasses import replace
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -376,118 +375,6 @@ def cmd_demo(args) -> int:
     return 0
 
 
-def cmd_study(args) -> int:
-    from regroup.experiments.study import (  # heavy (transformers, matplotlib): the harness, this command only
-        ARMS_BY_NAME,
-        QUICK,
-        StudySettings,
-        estimate_seconds,
-        run_study,
-        study_plan,
-        summarize_study,
-    )
-
-    arms = tuple(a.strip() for a in args.arms.split(",") if a.strip()) if args.arms else None
-    if args.keep is not None:  # the records outlive the study folders (weights stay behind)
-        if not args.summarize:
-            raise ConfigError("--keep: only with --summarize DIR...")
-        from regroup.experiments.records import keep_records  # the harness, as above: this command only
-
-        keep_records([Path(d) for d in args.summarize], Path(args.keep), log=_log)
-    if args.real:
-        if args.resume is not None:
-            raise ConfigError(
-                "--resume: the miniature study only (continue `study --real` with --first-seed/--seeds for the "
-                "seeds it has not finished: the SFT start and the sweep are reused)"
-            )
-        from regroup.experiments.study_real import (  # heavy, as above
-            REAL_ARMS_BY_NAME,
-            RealSettings,
-            real_arm_config,
-            real_plan,
-            run_real_study,
-        )
-
-        unknown = [a for a in arms or () if a not in REAL_ARMS_BY_NAME]
-        if unknown:
-            raise ConfigError(f"--arms: unknown real-model arm(s) {unknown}; available: {', '.join(REAL_ARMS_BY_NAME)}")
-        if args.summarize:  # join (split) real-model studies into one table per length
-            from regroup.experiments.study_real import summarize_real  # heavy, as above
-
-            dirs = [Path(d) for d in args.summarize]
-            missing = [str(d) for d in dirs if not d.is_dir()]
-            if missing:
-                raise ConfigError(f"--summarize: no such study folder {missing}")
-            print(summarize_real(dirs))
-            return 0
-        s = RealSettings(
-            arms=arms,
-            **{
-                k: v
-                for k, v in (("seeds", args.seeds), ("first_seed", args.first_seed), ("length", args.length))
-                if v is not None
-            },
-        )
-        if args.dry_run:  # every arm's config validates, before any model loads
-            for name in arms or REAL_ARMS_BY_NAME:
-                real_arm_config(REAL_ARMS_BY_NAME[name], s, 0, Path(args.out) / "dry-run")
-            chosen = [REAL_ARMS_BY_NAME[n] for n in arms or REAL_ARMS_BY_NAME]
-            print(json.dumps(real_plan(s, chosen), indent=2, default=str))
-            return 0
-        print(f"real-model study: {run_real_study(s, out_root=args.out, log=_log)}")
-        return 0
-    if args.length is not None:
-        raise ConfigError("--length: only with --real")
-    if args.resume is not None:  # a stopped miniature study, under its own plan: nothing else may change it
-        given = [
-            flag
-            for flag, value in (
-                ("--quick", args.quick),
-                ("--arms", args.arms),
-                ("--seeds", args.seeds),
-                ("--first-seed", args.first_seed),
-                ("--summarize", args.summarize),
-                ("--dry-run", args.dry_run),
-            )
-            if value not in (None, False)
-        ]
-        if given:
-            raise ConfigError(f"--resume: the study's plan.json sets what it runs; drop {', '.join(given)}")
-        from regroup.experiments.study import resumable_study  # heavy, as above
-
-        resumable_study(Path(args.resume))  # every check before any model loads
-        html = run_study(log=_log, resume=args.resume)
-        print(f"study: {html}\n       {html.with_suffix('.md')}")
-        return 0
-    if args.summarize:  # join a (split) miniature study's folders into one page
-        dirs = [Path(d) for d in args.summarize]
-        missing = [str(d) for d in dirs if not (d / "plan.json").is_file() or not (d / "regimes.json").is_file()]
-        if missing:
-            raise ConfigError(f"--summarize: not a started study folder (plan.json, regimes.json): {missing}")
-        html = summarize_study(dirs, Path(args.out), log=_log)
-        print(f"study: {html}\n       {html.with_suffix('.md')}")
-        return 0
-    unknown = [a for a in arms or () if a not in ARMS_BY_NAME]
-    if unknown:
-        raise ConfigError(f"--arms: unknown study arm(s) {unknown}; available: {', '.join(ARMS_BY_NAME)}")
-    s = replace(QUICK if args.quick else StudySettings(), arms=arms)
-    if args.seeds is not None or args.first_seed is not None:  # this process's share of the registered seeds
-        first = args.first_seed or 0
-        count = args.seeds if args.seeds is not None else s.seeds - first
-        if first + count > s.seeds:
-            raise ConfigError(f"--first-seed {first} --seeds {count}: past the {s.seeds} registered seeds")
-        s = replace(s, split=(first, count))
-    if args.dry_run:
-        chosen = [ARMS_BY_NAME[n] for n in arms] if arms else None
-        print(json.dumps(study_plan(s, chosen), indent=2, default=str))
-        mine = estimate_seconds(replace(s, seeds=len(s.run_seeds), split=None), chosen)
-        _log(f"estimated wall time of this process on one core: {mine / 60:.0f} min (a cost model, not a measurement)")
-        return 0
-    html = run_study(quick=args.quick, out_root=args.out, log=_log, settings=s)
-    print(f"study: {html}\n       {html.with_suffix('.md')}")
-    return 0
-
-
 def cmd_report(args) -> int:
     from regroup.report import build_report  # heavy (matplotlib): only this command draws
 
@@ -741,59 +628,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="runs")
     p.add_argument("--recipes", default=None, type=_recipe_list, help="comma-separated subset of recipes")
     p.set_defaults(fn=cmd_demo)
-
-    p = sub.add_parser(
-        "study", parents=[common], help="the papers' claims in miniature: every arm, two regimes, 5 seeds, verdicts"
-    )
-    p.add_argument("--quick", action="store_true", help="a few-minute plumbing version (not evidence)")
-    p.add_argument("--out", default="runs")
-    p.add_argument("--arms", default=None, help="comma-separated subset of the arms (default: the default arms)")
-    p.add_argument(
-        "--real",
-        action="store_true",
-        help="the real-model study (SmolLM2-135M, LoRA): hours; see regroup.experiments.study_real",
-    )
-    p.add_argument(
-        "--dry-run", action="store_true", help="print the plan (arms, claims, estimate) and validate; run nothing"
-    )
-    p.add_argument(
-        "--seeds",
-        type=_number(int, "count"),
-        default=None,
-        help="seeds this process runs (--real: seeds per arm; the miniature study: its share of the registered seeds)",
-    )
-    p.add_argument(
-        "--first-seed",
-        type=_number(int, "zero_or_more"),
-        default=None,
-        help="the first seed (split one study over processes; join them with --summarize)",
-    )
-    p.add_argument(
-        "--length", type=_number(int, "count"), default=None, help="--real: rollout.max_new_tokens (default 40)"
-    )
-    p.add_argument(
-        "--summarize",
-        nargs="+",
-        metavar="DIR",
-        default=None,
-        help="join these study folders (split over processes) into one table: --real prints it; the miniature "
-        "study writes study.html/.md under --out",
-    )
-    p.add_argument(
-        "--resume",
-        metavar="STUDY_DIR",
-        default=None,
-        help="continue a stopped miniature study in its folder, under its plan.json: finished runs are kept, a run "
-        "stopped part-way is moved to STUDY_DIR/unfinished/ and run again",
-    )
-    p.add_argument(
-        "--keep",
-        metavar="RECORDS",
-        default=None,
-        help="with --summarize: first copy each folder's records (plans, configs, metrics, evaluations; no weights) "
-        "into RECORDS/<folder name>/, which --summarize reads as it reads the folders (regroup.experiments.records)",
-    )
-    p.set_defaults(fn=cmd_study)
 
     p = sub.add_parser("report", parents=[common], help="build report.html / report.md from finished runs")
     p.add_argument("runs", nargs="+")

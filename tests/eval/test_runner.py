@@ -203,7 +203,7 @@ def test_run_eval_cli_writes_files_and_average_row(saved_model, problems, tmp_pa
 
 
 def test_run_eval_cli_always_correct_grader(saved_model, problems, tmp_path, monkeypatch):
-    monkeypatch.setattr(runner, "_make_grader", lambda *args: lambda text, p: 1.0)
+    monkeypatch.setattr(runner, "make_grader", lambda *args: lambda text, p: 1.0)
     rows = run_eval_cli(
         saved_model,
         _write_files(tmp_path, problems),

@@ -194,7 +194,7 @@ DECODING: dict[str, Decoding] = {
     "dagrpo": Decoding(0.6, 1.0, "DaGRPO / LUFFY: T = 0.6 (LUFFY's val_temperature), top-p 1.0"),
     "ta_grpo": Decoding(0.6, 0.95, "TA-GRPO authors' test.py: T = 0.6, top-p 0.95, n = 128, 3072 tokens"),
 }
-"""`regroup eval --protocol NAME` and `regroup study`'s extra evaluations."""
+"""`regroup eval --protocol NAME` and the studies' extra evaluations."""
 
 # DaGRPO: T = 0.6, top-p 1.0, avg@32 on AIME24/25 and AMC, pass@1 elsewhere. TA-GRPO (the authors'
 # test.py): T = 0.6, top-p 0.95, n = 128, pass@k for k = 1, 2, 4, ..., 128, up to 3072 new tokens.

@@ -294,7 +294,7 @@ def _bench_name(path: str, taken: set[str]) -> str:
     return name
 
 
-def _make_grader(checker: str, task: str, answer_marker: str | None = None) -> Grader:
+def make_grader(checker: str, task: str, answer_marker: str | None = None) -> Grader:
     """The grading function for `checker`: the named task's grader, or the math-verify checker (the
     last `\\boxed{}`, or the text after `answer_marker` when given; SPEC §5)."""
     if checker == "task":
@@ -472,7 +472,7 @@ def run_eval_cli(
     ks = _check_ks(ks)
     if not os.path.isdir(model_path):
         raise FileNotFoundError(f"model directory not found: {model_path}")
-    grader = _make_grader(checker, task, answer_marker)
+    grader = make_grader(checker, task, answer_marker)
     try:
         sets, taken = [], set()
         for path in data_files:

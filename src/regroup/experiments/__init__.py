@@ -1,2 +1,2 @@
-"""The experiment harness: `regroup demo`, `regroup study` (and `--real`) and the study page. It uses the
-library; the library never imports it (tests/test_structure.py checks), so `src/regroup`'s core reads without it."""
+"""The built-in end-to-end run: `regroup demo` (warm up the tiny model, train every recipe, evaluate, report).
+It uses the library; the library never imports it. The studies live beside the package, in studies/."""

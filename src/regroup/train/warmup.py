@@ -75,7 +75,7 @@ class WarmupConfig:
     """Shape of the tiny model."""
 
 
-def _batches(examples: list[tuple[list[int], list[int]]], batch_size: int, pad_id: int, rng: random.Random):
+def sft_batches(examples: list[tuple[list[int], list[int]]], batch_size: int, pad_id: int, rng: random.Random):
     """Endless shuffled batches of (input_ids, labels, attention) with the loss on response tokens only."""
     while True:
         order = list(range(len(examples)))
@@ -169,7 +169,7 @@ def warmup(out_dir: str | Path, cfg: WarmupConfig | None = None, *, task=None, l
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     model.train()
-    batches = _batches(examples, cfg.batch_size, tokenizer.pad_token_id, rng)
+    batches = sft_batches(examples, cfg.batch_size, tokenizer.pad_token_id, rng)
     loss_value = math.nan
     for step in range(cfg.steps):
         ids, labels, attention = next(batches)

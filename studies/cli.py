@@ -1,0 +1,207 @@
+"""`python -m studies` (or `make study`): run, resume or summarize a study.
+
+    python -m studies --dry-run                      # the registered plan and the cost estimate; runs nothing
+    python -m studies --first-seed 0 --seeds 13      # this process's share of the registered seeds
+    python -m studies --resume runs/study-...        # continue a stopped miniature study in its folder
+    python -m studies --summarize runs/study-A runs/study-B --out DIR [--keep docs/results/NAME]
+    python -m studies --real ...                     # the real-model study (SmolLM2-135M, LoRA): hours
+
+User errors end in one line and exit 2 (`--debug`: the traceback), as in `regroup`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from regroup.cli import user_error
+from regroup.errors import ConfigError
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _count(low: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {text!r}")
+        return value
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m studies",
+        description="The papers' claims under registered plans: the miniature study (the built-in task, two "
+        "regimes, 25 seeds) or the real-model study (--real). See studies/README.md.",
+    )
+    p.add_argument("--debug", action="store_true", help="show the full traceback of an error")
+    p.add_argument("--quick", action="store_true", help="a few-minute plumbing version (not evidence)")
+    p.add_argument("--out", default="runs", help="the folder the study folder is made in (default: runs)")
+    p.add_argument("--arms", default=None, help="comma-separated subset of the arms (default: the registered arms)")
+    p.add_argument("--real", action="store_true", help="the real-model study (SmolLM2-135M, LoRA): hours")
+    p.add_argument("--dry-run", action="store_true", help="print the plan (arms, claims, estimate); run nothing")
+    p.add_argument(
+        "--seeds",
+        type=_count(1),
+        default=None,
+        help="seeds this process runs (--real: seeds per arm; the miniature study: its share of the registered seeds)",
+    )
+    p.add_argument(
+        "--first-seed",
+        type=_count(0),
+        default=None,
+        help="the first seed (split one study over processes; join them with --summarize)",
+    )
+    p.add_argument("--length", type=_count(1), default=None, help="--real: rollout.max_new_tokens (default 40)")
+    p.add_argument(
+        "--summarize",
+        nargs="+",
+        metavar="DIR",
+        default=None,
+        help="join these study folders (split over processes), or a kept record folder, into one page: --real "
+        "prints its tables; the miniature study writes study.html/.md and runs.jsonl under --out",
+    )
+    p.add_argument(
+        "--resume",
+        metavar="STUDY_DIR",
+        default=None,
+        help="continue a stopped miniature study in its folder, under its plan.json: finished runs are kept, a run "
+        "stopped part-way is moved to STUDY_DIR/unfinished/ and run again",
+    )
+    p.add_argument(
+        "--keep",
+        metavar="RECORDS",
+        default=None,
+        help="with --summarize: write the plan and the kept table (runs.jsonl, one row per regime, arm and seed) "
+        "into RECORDS, which --summarize reads as it reads the folders (studies.records)",
+    )
+    return p
+
+
+def run(args) -> int:
+    arms = tuple(a.strip() for a in args.arms.split(",") if a.strip()) if args.arms else None
+    if args.keep is not None and not args.summarize:
+        raise ConfigError("--keep: only with --summarize DIR...")
+    if args.summarize:
+        missing = [d for d in args.summarize if not Path(d).is_dir()]
+        if missing:
+            raise ConfigError(f"--summarize: no such study folder {missing}")
+    if args.real:
+        return _real(args, arms)
+    if args.length is not None:
+        raise ConfigError("--length: only with --real")
+    from studies.miniature import (  # heavy (transformers, matplotlib): after every argument is checked
+        ARMS_BY_NAME,
+        QUICK,
+        StudySettings,
+        estimate_seconds,
+        resumable_study,
+        run_study,
+        study_plan,
+        summarize_study,
+    )
+
+    if args.resume is not None:  # a stopped miniature study, under its own plan: nothing else may change it
+        flags = (("--quick", args.quick), ("--arms", args.arms), ("--seeds", args.seeds))
+        flags += (("--first-seed", args.first_seed), ("--summarize", args.summarize), ("--dry-run", args.dry_run))
+        given = [flag for flag, value in flags if value not in (None, False)]
+        if given:
+            raise ConfigError(f"--resume: the study's plan.json sets what it runs; drop {', '.join(given)}")
+        resumable_study(Path(args.resume))  # every check before any model loads
+        html = run_study(log=_log, resume=args.resume)
+        print(f"study: {html}\n       {html.with_suffix('.md')}")
+        return 0
+    if args.summarize:  # join a (split) miniature study's folders, or its kept records, into one page
+        dirs = [Path(d) for d in args.summarize]
+        missing = [str(d) for d in dirs if not (d / "plan.json").is_file() or not (d / "regimes.json").is_file()]
+        if missing:
+            raise ConfigError(f"--summarize: not a started study folder (plan.json, regimes.json): {missing}")
+        out = Path(args.out)
+        html = summarize_study(dirs, out, log=_log)
+        if args.keep is not None:
+            from studies.records import keep_records
+            from studies.table import TABLE, read_table
+
+            keep_records(dirs, Path(args.keep), read_table(out / TABLE), log=_log)
+        print(f"study: {html}\n       {html.with_suffix('.md')}")
+        return 0
+    unknown = [a for a in arms or () if a not in ARMS_BY_NAME]
+    if unknown:
+        raise ConfigError(f"--arms: unknown study arm(s) {unknown}; available: {', '.join(ARMS_BY_NAME)}")
+    s = replace(QUICK if args.quick else StudySettings(), arms=arms)
+    if args.seeds is not None or args.first_seed is not None:  # this process's share of the registered seeds
+        first = args.first_seed or 0
+        count = args.seeds if args.seeds is not None else s.seeds - first
+        if first + count > s.seeds:
+            raise ConfigError(f"--first-seed {first} --seeds {count}: past the {s.seeds} registered seeds")
+        s = replace(s, split=(first, count))
+    if args.dry_run:
+        chosen = [ARMS_BY_NAME[n] for n in arms] if arms else None
+        print(json.dumps(study_plan(s, chosen), indent=2, default=str))
+        mine = estimate_seconds(replace(s, seeds=len(s.run_seeds), split=None), chosen)
+        _log(f"estimated wall time of this process on one core: {mine / 60:.0f} min (a cost model, not a measurement)")
+        return 0
+    html = run_study(quick=args.quick, out_root=args.out, log=_log, settings=s)
+    print(f"study: {html}\n       {html.with_suffix('.md')}")
+    return 0
+
+
+def _real(args, arms) -> int:
+    if args.resume is not None:
+        raise ConfigError(
+            "--resume: the miniature study only (continue `--real` with --first-seed/--seeds for the seeds it has "
+            "not finished: the SFT start and the sweep are reused)"
+        )
+    from studies.real import (  # heavy, as above
+        REAL_ARMS_BY_NAME,
+        RealSettings,
+        real_arm_config,
+        real_plan,
+        run_real_study,
+        study_table,
+        summarize_real,
+    )
+
+    unknown = [a for a in arms or () if a not in REAL_ARMS_BY_NAME]
+    if unknown:
+        raise ConfigError(f"--arms: unknown real-model arm(s) {unknown}; available: {', '.join(REAL_ARMS_BY_NAME)}")
+    if args.summarize:  # join (split) real-model studies, or their kept records, into one table
+        dirs = [Path(d) for d in args.summarize]
+        if args.keep is not None:
+            from studies.records import keep_records
+
+            keep_records(dirs, Path(args.keep), study_table(dirs), log=_log)
+        print(summarize_real(dirs))
+        return 0
+    settings = {k: v for k, v in (("seeds", args.seeds), ("first_seed", args.first_seed), ("length", args.length))}
+    s = RealSettings(arms=arms, **{k: v for k, v in settings.items() if v is not None})
+    if args.dry_run:  # every arm's config validates, before any model loads
+        for name in arms or REAL_ARMS_BY_NAME:
+            real_arm_config(REAL_ARMS_BY_NAME[name], s, 0, Path(args.out) / "dry-run")
+        chosen = [REAL_ARMS_BY_NAME[n] for n in arms or REAL_ARMS_BY_NAME]
+        print(json.dumps(real_plan(s, chosen), indent=2, default=str))
+        return 0
+    print(f"real-model study: {run_real_study(s, out_root=args.out, log=_log)}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return run(args)
+    except Exception as exc:
+        line = user_error(exc)
+        if line is None or args.debug:
+            raise
+        _log(line)
+        return 2

@@ -1,0 +1,39 @@
+"""Every table and verdict on the results pages is recomputed from the kept records (docs/results/NAME/:
+plan.json, regimes.json, runs.jsonl) alone: the summarize step's output stands in the page, line for line."""
+
+from pathlib import Path
+
+import pytest
+
+RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
+
+
+def _block_in_page(generated: str, page: str) -> None:
+    """The generated lines stand in the page in the same order, contiguously (blank lines aside)."""
+    want = [line for line in generated.splitlines() if line.strip()]
+    have = [line for line in page.splitlines() if line.strip()]
+    start = next((i for i, line in enumerate(have) if line == want[0]), None)
+    assert start is not None, f"the page lacks the summary's first line: {want[0][:120]}"
+    mismatch = [(w, h) for w, h in zip(want, have[start : start + len(want)]) if w != h]
+    assert not mismatch and len(have) - start >= len(want), mismatch[:3]
+
+
+def test_the_miniature_study_page_is_its_kept_table_summarized(tmp_path):
+    from studies.miniature import summarize_study
+
+    summarize_study([RESULTS / "study-2026-12-03"], tmp_path, log=lambda _: None)
+    generated = (tmp_path / "study.md").read_text().split("\n", 1)[1]  # the page has its own title
+    _block_in_page(generated, (RESULTS / "study-2026-12-03.md").read_text())
+
+
+def test_the_real_model_study_page_is_its_kept_table_summarized():
+    from studies.real import summarize_real
+
+    generated = summarize_real([RESULTS / "real-study-2026-12-02"])
+    _block_in_page(generated, (RESULTS / "real-study-2026-12-02.md").read_text())
+
+
+@pytest.mark.parametrize("name", ["study-2026-12-03", "real-study-2026-12-02"])
+def test_a_results_folder_keeps_its_plan_and_one_table_only(name):
+    kept = sorted(p.name for p in (RESULTS / name).iterdir())
+    assert kept in (["plan.json", "regimes.json", "runs.jsonl"], ["plan.json", "runs.jsonl"]), kept
