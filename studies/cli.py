@@ -49,6 +49,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="runs", help="the folder the study folder is made in (default: runs)")
     p.add_argument("--arms", default=None, help="comma-separated subset of the arms (default: the registered arms)")
     p.add_argument("--real", action="store_true", help="the real-model study (SmolLM2-135M, LoRA): hours")
+    p.add_argument(
+        "--gate",
+        action="store_true",
+        help="the registered pilot before any real-model comparison: does Dr. GRPO gain >= 3 points of validation "
+        "pass@1 in 150 steps (studies/gate.py)",
+    )
+    p.add_argument(
+        "--rates",
+        default=None,
+        help="--gate: the learning rates this process runs, comma-separated (default: all; one process per rate)",
+    )
     p.add_argument("--dry-run", action="store_true", help="print the plan (arms, claims, estimate); run nothing")
     p.add_argument(
         "--seeds",
@@ -96,6 +107,8 @@ def run(args) -> int:
         missing = [d for d in args.summarize if not Path(d).is_dir()]
         if missing:
             raise ConfigError(f"--summarize: no such study folder {missing}")
+    if args.gate:
+        return _gate(args)
     if args.real:
         return _real(args, arms)
     if args.length is not None:
@@ -192,6 +205,33 @@ def _real(args, arms) -> int:
         print(json.dumps(real_plan(s, chosen), indent=2, default=str))
         return 0
     print(f"real-model study: {run_real_study(s, out_root=args.out, log=_log)}")
+    return 0
+
+
+def _gate(args) -> int:
+    from studies.gate import GateSettings, gate_plan, gate_real_settings, keep_gate, run_gate, summarize_gate
+
+    g = GateSettings()
+    if args.summarize:
+        dirs = [Path(d) for d in args.summarize]
+        if args.keep is not None:
+            keep_gate(dirs, Path(args.keep))
+        print(summarize_gate(dirs, g))
+        return 0
+    rates = g.rates
+    if args.rates:
+        try:
+            rates = tuple(float(r) for r in args.rates.split(","))
+        except ValueError:
+            raise ConfigError(f"--rates: expected comma-separated numbers, got {args.rates!r}") from None
+        unknown = [r for r in rates if r not in g.rates]
+        if unknown:
+            raise ConfigError(f"--rates: {unknown} are not registered rates ({', '.join(f'{r:g}' for r in g.rates)})")
+    real = gate_real_settings(g)
+    if args.dry_run:
+        print(json.dumps(gate_plan(g, real), indent=2, default=str))
+        return 0
+    print(f"gate: {run_gate(g, real, rates, args.out, log=_log)}")
     return 0
 
 
