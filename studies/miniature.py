@@ -40,10 +40,12 @@ import math
 import random
 import shutil
 import time
+import typing
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from pydantic import TypeAdapter, ValidationError
 from transformers import AutoModelForCausalLM
 
 import regroup
@@ -1040,8 +1042,8 @@ def resumable_study(study_dir: Path) -> tuple[StudySettings, list[Regime]]:
     missing = [n for n in ("plan.json", "regimes.json") if not (study_dir / n).is_file()]
     if missing:
         raise ConfigError(f"--resume {study_dir}: not a started study folder (missing {', '.join(missing)})")
-    s = _settings_from_plan(json.loads((study_dir / "plan.json").read_text()))
-    regimes = [Regime(**r) for r in json.loads((study_dir / "regimes.json").read_text())]
+    s = _settings_from_plan(_read_json(study_dir / "plan.json"))
+    regimes = read_regimes(study_dir, s)
     gone = [r.warm_dir for r in regimes if not (Path(r.warm_dir) / "warmup_metrics.json").is_file()]
     if gone:
         raise ConfigError(
@@ -1107,12 +1109,58 @@ def _run_seeds(study_dir: Path, s: StudySettings, regimes: list[Regime] | None, 
 
 
 def _settings_from_plan(plan_json: dict) -> StudySettings:
-    names = {f.name for f in fields(StudySettings)}
-    raw = {k: v for k, v in plan_json["settings"].items() if k in names}
-    for key in ("paper_protocols", "regimes", "arms", "split"):
-        if isinstance(raw.get(key), list):
-            raw[key] = tuple(raw[key])
-    return StudySettings(**raw)
+    """The StudySettings a plan.json registered, every value checked: a hand-edited plan ends in one line
+    (ConfigError), never in a traceback or a run outside the study folder."""
+    if not isinstance(plan_json, dict) or not isinstance(plan_json.get("settings"), dict):
+        raise ConfigError("plan.json: no settings object")
+    raw = dict(plan_json["settings"])
+    hints = typing.get_type_hints(StudySettings)
+    unknown = sorted(set(raw) - set(hints) - {"steps", "ks"})  # steps and ks: derived, written for the reader
+    if unknown:
+        raise ConfigError(f"plan.json: unknown settings {unknown}")
+    values = {}
+    for name in (n for n in raw if n in hints):
+        try:
+            value = TypeAdapter(hints[name]).validate_python(raw[name])
+        except ValidationError as e:
+            raise ConfigError(f"plan.json: settings.{name}: {e.errors()[0]['msg']} (got {raw[name]!r})") from None
+        numbers = value if isinstance(value, tuple) else (value,)
+        if any(isinstance(v, (int, float)) and not 0 <= v <= 1e9 for v in numbers):  # nan and 10**401 fail too
+            raise ConfigError(f"plan.json: settings.{name} must be finite and in [0, 1e9], got {raw[name]!r}")
+        values[name] = value
+    s = StudySettings(**values)
+    for name, chosen, known in (
+        ("regimes", s.regimes, REGIME_ARMS),
+        ("arms", s.arms or (), ARMS_BY_NAME),
+        ("paper_protocols", s.paper_protocols, DECODING),
+    ):
+        if any(v not in known for v in chosen):
+            raise ConfigError(f"plan.json: settings.{name} {list(chosen)}: each must be one of {sorted(known)}")
+    return s
+
+
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{path}: not readable JSON ({e})") from None
+
+
+def read_regimes(study_dir: Path, s: StudySettings) -> list[Regime]:
+    """regimes.json, checked against the plan: each registered regime once, by name (a name is a folder of the
+    study: never a path), with a known step mix."""
+    raw = _read_json(study_dir / "regimes.json")
+    try:
+        regimes = TypeAdapter(list[Regime]).validate_python(raw)
+    except ValidationError as e:
+        raise ConfigError(f"{study_dir / 'regimes.json'}: {e.errors()[0]['msg']} at {e.errors()[0]['loc']}") from None
+    names = [r.name for r in regimes]
+    if sorted(names) != sorted(s.regimes):
+        raise ConfigError(f"{study_dir / 'regimes.json'}: regimes {names}, but the plan registered {list(s.regimes)}")
+    mixes = [r.step_mix for r in regimes if r.step_mix not in ("1-4", "3-4", "4")]
+    if mixes:
+        raise ConfigError(f"{study_dir / 'regimes.json'}: unknown step mix {mixes} (1-4, 3-4 or 4)")
+    return regimes
 
 
 def _registered(plan_json: dict, s: StudySettings) -> dict[str, list[str]]:
@@ -1127,12 +1175,12 @@ def summarize_study(study_dirs: Sequence[Path], out_dir: Path, log=print, quick:
     both arms finished. The folders must share one plan (settings and arms). A folder that holds a kept table
     (plan.json, regimes.json, runs.jsonl: a results page's records) is summarized from that table alone."""
     study_dirs = [Path(d) for d in study_dirs]
-    plans = [json.loads((d / "plan.json").read_text()) for d in study_dirs]
+    plans = [_read_json(d / "plan.json") for d in study_dirs]
     s = _settings_from_plan(plans[0])
     for d, other in zip(study_dirs[1:], plans[1:]):
         if replace(_settings_from_plan(other), split=None) != replace(s, split=None):
             raise ValueError(f"{d}: a different study's plan (settings differ from {study_dirs[0]})")
-    regimes = [Regime(**r) for r in json.loads((study_dirs[0] / "regimes.json").read_text())]
+    regimes = read_regimes(study_dirs[0], s)
     kept = [d for d in study_dirs if (d / TABLE).is_file()]
     if kept:
         rows = [r for d in kept for r in read_table(d / TABLE)]

@@ -690,7 +690,7 @@ def test_study_resume_refuses_what_would_change_the_plan(tmp_path, monkeypatch):
     assert study_main(["--resume", str(study), "--seeds", "2"]) == 2
     assert study_main(["--resume", str(study), "--real"]) == 2
     assert study_main(["--resume", str(study)]) == 2  # no plan.json: not a started study
-    (study / "plan.json").write_text(json.dumps({"settings": {"warmup_dir": "gone"}}))
+    (study / "plan.json").write_text(json.dumps({"settings": {"warmup_dir": "gone", "regimes": ["mid"]}}))
     (study / "regimes.json").write_text(
         json.dumps([{"name": "mid", "description": "", "step_mix": "1-4", "warm_dir": str(tmp_path / "gone")}])
     )
@@ -1011,3 +1011,43 @@ def test_the_per_seed_row_of_a_one_seed_endpoint_shows_that_seeds_mean():
     two = C.Comparison(0.02, 0.01, seeds=2, problems=4, df=1.0, per_seed=(0.01, 0.03))
     rows = per_seed_rows([C.Verdict(claim, "sparse", one, "inconclusive"), C.Verdict(claim, "mid", two, "x")])
     assert [r[3] for r in rows] == ["+2.5", "+1.0, +3.0"]
+
+
+@pytest.mark.parametrize(
+    "plan, regimes, says",
+    [
+        ("{", None, "not readable JSON"),
+        ({"settings": {"seeds": "many"}}, None, "settings.seeds"),
+        ({"settings": {"seeds": 10**401}}, None, "settings.seeds"),
+        ({"settings": {"seeds": -3}}, None, "settings.seeds"),
+        ({"settings": {"sneaky": 1}}, None, "unknown settings"),
+        ({"settings": {"regimes": ["../../outside"]}}, None, "settings.regimes"),
+        ({"settings": {"regimes": ["mid"]}}, "[1, 2]", "regimes.json"),
+        ({"settings": {"regimes": ["mid"]}}, [{"name": "/tmp/abs", "description": "", "step_mix": "1-4"}], "regimes"),
+        (
+            {"settings": {"regimes": ["mid"]}},
+            [{"name": "mid", "description": "", "step_mix": "9", "warm_dir": "w"}],
+            "step mix",
+        ),
+    ],
+)
+def test_a_tampered_plan_or_regimes_file_ends_in_one_line_and_writes_nothing(
+    tmp_path, monkeypatch, capsys, plan, regimes, says
+):
+    from studies.cli import main as study_main
+
+    monkeypatch.setattr("studies.miniature.run_study", lambda **kw: pytest.fail("nothing may run"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "warm").mkdir()
+    (tmp_path / "warm" / "warmup_metrics.json").write_text("{}")
+    study = tmp_path / "runs" / "study-1"
+    study.mkdir(parents=True)
+    (study / "plan.json").write_text(plan if isinstance(plan, str) else json.dumps(plan))
+    good = [{"name": "mid", "description": "", "step_mix": "1-4", "warm_dir": "warm"}]
+    (study / "regimes.json").write_text(regimes if isinstance(regimes, str) else json.dumps(regimes or good))
+    before = sorted(p for p in tmp_path.rglob("*"))
+    assert study_main(["--resume", str(study)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("config error:") and says in err[0], err
+    assert sorted(p for p in tmp_path.rglob("*")) == before
+    assert not Path("/tmp/abs").exists()
