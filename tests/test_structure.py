@@ -170,6 +170,24 @@ def test_the_library_never_imports_the_studies():
     assert sorted(p.name for p in (src / "experiments").glob("*.py")) == ["__init__.py", "demo.py"]
 
 
+def test_no_module_imports_another_packages_private_name():
+    """A leading underscore means "this package's own": another package goes through a public name."""
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[1] / "src" / "regroup"
+    found = []
+    for f in src.rglob("*.py"):
+        parts = f.relative_to(src).parts
+        own = parts[0] if len(parts) > 1 else None  # a top-level module is its own package
+        for module, name in _imports(f):
+            path = module.split(".") + ([name] if name else [])
+            if path[0] != "regroup" or len(path) < 2 or path[1] == own:
+                continue
+            if any(p.startswith("_") and not p.startswith("__") for p in path[1:]):
+                found.append(f"{'/'.join(parts)}: {'.'.join(path)}")
+    assert sorted(found) == [], found
+
+
 def test_the_studies_use_regroups_public_names_only():
     from pathlib import Path
 
