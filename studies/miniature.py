@@ -1,4 +1,4 @@
-"""`regroup study`: the two papers' claims tested in miniature, under their own protocols.
+"""`python -m studies` (`make study`): the two papers' claims tested in miniature, under their own protocols.
 
 On the built-in task and the warmed-up tiny model, in two regimes:
 
@@ -255,7 +255,7 @@ class Arm:
     rename_only: bool = False
     description: str = ""
     default: bool = True
-    """Run by `regroup study` without --arms (False: defined, its claims listed, run only when named)."""
+    """Run by `python -m studies` without --arms (False: defined, its claims listed, run only when named)."""
 
 
 PROTOCOLS = {  # protocol -> (held equal to GRPO, what differs)
@@ -383,7 +383,7 @@ MATCH_MARGIN = 0.02
 
 # The registered primary endpoints, fixed in code before the run and written into plan.json with their power:
 # 3 per paper, each in one regime, two-sided paired t-tests over seeds, Holm within each paper's 3. The
-# effects are the papers' (SPEC §6; issue 29 for the +6.86 against matched sampling), as differences in
+# effects are the papers' (SPEC §6; the +6.86 against matched sampling is AIME24 pass@32), as differences in
 # the measure's units. The mid regime's pass@32 is at its ceiling (97.9 % for every 16-step arm in the
 # 2026-12-01 run), so no pass@32 endpoint is registered there.
 PRIMARIES = [
@@ -429,7 +429,7 @@ PRIMARIES = [
         primary=True,
         regime="sparse",
         effect=0.0686,
-        effect_source="TA-GRPO vs matched sampling, pass@32 on AIME24: +6.86 (the paper, as issue 29 quotes it)",
+        effect_source="TA-GRPO vs matched sampling, pass@32 on AIME24: +6.86 (the paper's AIME24 table)",
     ),
     Claim(
         "TA-GRPO",
@@ -655,7 +655,7 @@ DYNAMIC_EXTRA = 1.5
 
 
 def estimate_seconds(s: StudySettings, arms: Sequence[Arm] | None = None) -> float:
-    """Planned wall time (one core) of `regroup study` with `s` under the cost model above: `arms` in every
+    """Planned wall time (one core) of `python -m studies` with `s` under the cost model above: `arms` in every
     regime, or (None) each regime's `s.regime_arms`. Training samples count 1, evaluation samples
     EVAL_SAMPLE_COST (each evaluation: the problems × (its samples + 1 greedy), + the paper protocols)."""
     total = 0.0

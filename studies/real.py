@@ -1,9 +1,7 @@
-"""`regroup study --real`: the papers' mechanisms on a real model (SmolLM2-135M-Instruct, LoRA), from a
-start where RL can learn.
-
-Issue 29: the first real-model study (2026-12-01, docs/results/real-study-2026-12-01.md) started from the
-instruct model, which cuts 76 % of its responses at 40 tokens and whose GRPO groups were 96-99 % uniform:
-it tested format learning, not the papers' claims. This study:
+"""`python -m studies --real`: the papers' mechanisms on a real model (SmolLM2-135M-Instruct, LoRA), from an
+SFT start (the instruct model itself cuts 76 % of its responses at 40 tokens and its GRPO groups were 96-99 %
+uniform: from there a study tests format learning, not the papers' claims). Before any comparison, the gate
+of `studies.gate` must show that RL moves the model at the budget. This study:
 
 1. **Start**: LoRA SFT of SmolLM2 on the training references (`sft_start`), in rounds of
    `sft_round_steps`, until the truncated share of its responses on the validation split at the study's
@@ -32,7 +30,7 @@ runs + 3 sweep runs + the start (<= 100 SFT steps with a validation pass each 20
 core; `--first-seed` splits the seeds over processes (the start and the sweep are made once, by the seed-0
 process; the others wait for them) and `--summarize` joins their folders. Measured on 2026-12-02 and -03:
 480-1174 s per run (one thread, load 2-5; continued SFT the slowest, 878-1004 s), so the design is 7-8 h of
-one core, more than one session: `--summarize ... --keep RECORDS` keeps each finished run's records
+one core, more than one session: `--summarize ... --keep RECORDS` keeps the plan and the per-run table
 (studies.records) so that it can span machines.
 """
 
@@ -212,7 +210,7 @@ REAL_PRIMARIES = [
         primary=True,
         regime=REGIME,
         effect=0.0686,
-        effect_source="TA-GRPO vs matched sampling, pass@32 on AIME24 (+6.86, issue 29), read at pass@8 here",
+        effect_source="TA-GRPO vs matched sampling, pass@32 on AIME24 (+6.86), read at pass@8 here",
     ),
 ]
 REAL_EXPLORATORY = [
@@ -512,7 +510,7 @@ def run_real_study(s: RealSettings, out_root: str = "runs", log=print) -> Path:
         (s.heldout_file, "regroup data prepare arithmetic_heldout --out " + s.heldout_file),
     ):
         if not Path(path).exists():
-            raise ConfigError(f"regroup study --real needs {path}: {how}")
+            raise ConfigError(f"the real-model study needs {path}: {how}")
     arms = [REAL_ARMS_BY_NAME[n] for n in (s.arms or [a.name for a in REAL_ARMS])]
     study_dir = new_run_dir(out_root, "real-study")
     (study_dir / "plan.json").write_text(json.dumps(real_plan(s, arms), indent=2, default=str))

@@ -1,4 +1,4 @@
-"""`regroup study`: budgets per protocol, the study's tasks, regime choice, verdicts from hand-made results,
+"""studies.miniature: budgets per protocol, the study's tasks, regime choice, verdicts from hand-made results,
 and the whole pipeline at a toy size on a random tiny model (plumbing, not evidence)."""
 
 from __future__ import annotations
