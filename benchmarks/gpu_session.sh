@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# One lent GPU session's checks (issue 15), as a single command that ends inside its time limit:
+# One lent GPU session's checks, as a single command that ends inside its time limit:
 #   1. the shared-prefix equality test (tests/models/test_logprobs.py) on CUDA, fp32, where SDPA runs other kernels;
 #   2. benchmarks/gpu_throughput.py on the Qwen3-0.6B shape, bf16, GRPO and TA-GRPO, shared prefix on and off;
 #   3. the colocated vLLM backend's CUDA-only checks (tests/real_engine/test_cuda.py: bf16 push read back,
 #      sleep mode, tokens/s) -- only where vLLM is already installed: the lent machine cannot install it;
-#   4. asynchronous rollouts (issue 30) against a vLLM server on the same GPU with the NCCL weight sync:
+#   4. asynchronous rollouts against a vLLM server on the same GPU with the NCCL weight sync:
 #      benchmarks/async_throughput.py, sync against rollout.async_steps=1 -- also only where vLLM is installed.
 #
 #   OUT=runs/bench/gpu bash benchmarks/gpu_session.sh

@@ -1,4 +1,4 @@
-"""Time to a fixed held-out pass@1 on SmolLM2-135M-Instruct, and learning sync against async (issue 30, item 8).
+"""Time to a fixed held-out pass@1 on SmolLM2-135M-Instruct, and learning sync against async.
 
 Three sides train GRPO from the same start (`--start`: an HF folder, e.g. the real-model study's SFT start,
 from which GRPO learns):

@@ -1,4 +1,4 @@
-"""The warm-up's seconds per step, quiet and beside busy processes, per thread setting (issue 24, item 7).
+"""The warm-up's seconds per step, quiet and beside busy processes, per thread setting.
 
 Each setting runs the warm-up's own training step (regroup.train.warmup: the tiny model, batch 32) in a fresh
 process, so the OpenMP settings apply from import: `default` (no OMP_* variables, torch's default

@@ -47,7 +47,7 @@ def test_every_module_imports_alone():
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[1] / "src" / "regroup"
 
-KNOWN_CYCLES: list[set[str]] = []  # none left (issue 23 item 4): every cycle, counting function-level imports, fails
+KNOWN_CYCLES: list[set[str]] = []  # none left: every cycle, counting function-level imports, fails
 UNTANGLED = [
     "regroup.config.schema",
     "regroup.errors",

@@ -532,7 +532,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--question-field", default="question")
     p.add_argument("--answer-field", default="answer")
     p.add_argument("--checker", choices=["task", "math"], default="math")
-    # named benchmarks, devices and prompting (issue 11)
+    # named benchmarks, devices and prompting
     p.add_argument(
         "--bench", help="comma-separated: math500,aime24,aime25,amc23,minerva,olympiadbench,gpqa_diamond,arc_c,mmlu_pro"
     )

@@ -290,7 +290,7 @@ def test_resume_overrides_are_limited_to_keys_that_take_effect():
         check_resume_overrides(["rewards=[math]"])
 
 
-# -- round 4 (issue 31): the YAML reader's limits ------------------------------------------------------
+# -- the YAML reader's limits: depth, size, duplicate keys ----------------------------------------------
 
 
 def test_yaml_keys_appear_once_but_merges_may_override():

@@ -1,4 +1,4 @@
-"""The sampler-vs-learner log-prob gap (issue 31 finding 12, issue 30): hand-computed metrics, the watch's
+"""The sampler-vs-learner log-prob gap (sync and async, every backend): hand-computed metrics, the watch's
 warning and stop, and real runs where the engine's log-probs are stale (a server that says it reloaded but
 kept its old weights: -0.01 against the learner's -4.6), NaN or missing. The stand-ins only change what
 the real HF sampler returns."""

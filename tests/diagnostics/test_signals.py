@@ -1,5 +1,5 @@
 """Signal loss is announced while it happens (SignalWatch), the metrics behind it count what they name,
-and a reward or scorer that returns the wrong kind of value is refused with one line (issue 24, item 4)."""
+and a reward or scorer that returns the wrong kind of value is refused with one line."""
 
 from __future__ import annotations
 

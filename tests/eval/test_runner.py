@@ -289,7 +289,7 @@ def test_run_eval_cli_math_checker(saved_model, problems, tmp_path):
     assert top["settings"]["checker"] == "math" and top["checker_stats"]["checked"] == 3 * (2 + 1)
 
 
-# ------------------------------------------------------------- a regroup checkpoint's own prompting (issue 11)
+# ---------------------------------------------------------------------- a regroup checkpoint's own prompting
 
 
 def _fake_run(tmp_path, tiny_model_dir, **data):

@@ -382,8 +382,8 @@ def _uniform_run(model_dir, tmp_path, caplog) -> tuple[RegroupGRPOTrainer, list[
 
 
 def test_uniform_groups_warn_at_step_3(tiny_model_dir, tmp_path, caplog):
-    """The TRL adapter runs the native trainer's SignalWatch (issue 31, item 17): 5 of 5 uniform steps warn
-    once, at step 3; before, 0 warnings."""
+    """The TRL adapter runs the native trainer's SignalWatch: 5 of 5 uniform steps warn once, at step 3
+    (without the watch, a TRL run whose every group is uniform says nothing)."""
     trainer, warned = _uniform_run(tiny_model_dir, tmp_path, caplog)
     uniform = [line for line in warned if "uniform rewards" in line]
     assert uniform == [

@@ -1,5 +1,5 @@
 """A judge cache on a full disk says "no space left on device" naming the file, not sqlite's
-"cannot rollback - no transaction is active" (issue 24, item 5)."""
+"cannot rollback - no transaction is active", which hides the cause."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """A judge that answers 302 fails that call with a message naming the new address (no AttributeError
-traceback), and a client with api_key_env None or "" sends no Authorization header (issue 24, item 5)."""
+traceback), and a client with api_key_env None or "" sends no Authorization header."""
 
 from __future__ import annotations
 

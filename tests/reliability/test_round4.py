@@ -1,6 +1,6 @@
-"""Hardening round 4 (issue 31): each finding's reproduction, run against the real pieces (real worker
-processes, real YAML files, the real CLI on the tiny model). Every test here failed on the code the round
-started from and passes after its fix. The server's findings are in test_round4_server.py."""
+"""Code, deadlines and config under hostile use, each case a reproduction run against the real pieces (real
+worker processes, real YAML files, the real CLI on the tiny model); each failed before its fix. A misbehaving
+vLLM server is in test_round4_server.py."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def no_weights(monkeypatch):
 
 
 # =====================================================================================================
-# Code, deadlines, config (helper harda): findings 1-7, 13-15, 19 and "also seen"
+# Code, deadlines, config: what a run imports, reward workers, resume, hostile YAML
 # =====================================================================================================
 
 REWARDS_MODULE = '''
@@ -149,7 +149,7 @@ def problem(**meta) -> Problem:
     return Problem(id="q", question="?", answer="1", meta=meta)
 
 
-# -- finding 1: workers never import from the current folder ------------------------------------------
+# -- workers never import from the current folder -----------------------------------------------------
 
 
 def test_a_json_py_in_the_current_folder_never_runs_in_a_user_reward_worker(reward_dir, hostile_cwd, tmp_path):
@@ -192,7 +192,7 @@ def test_a_reward_module_in_the_current_folder_still_loads_from_its_file(tmp_pat
     assert not hostile_cwd.exists()
 
 
-# -- finding 4: one deadline for every callable --------------------------------------------------------
+# -- one deadline for every callable -------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("name", ["r4rewards:slow_partial", "r4rewards:slow_cached", "r4rewards:slow_object"])
@@ -208,7 +208,7 @@ def test_every_kind_of_callable_gets_the_deadline(reward_dir, name):
         fn.close()
 
 
-# -- finding 5: a timeout kills the reward's own processes ---------------------------------------------
+# -- a timeout kills the reward's own processes --------------------------------------------------------
 
 
 def _alive(pid: int) -> bool:
@@ -262,7 +262,7 @@ def test_the_memory_limit_is_a_config_key_with_a_default():
         load_config("grpo", ["rewards.worker_memory_mb=-1"])
 
 
-# -- finding 7: calls run concurrently, up to rewards.workers ------------------------------------------
+# -- calls run concurrently, up to rewards.workers -----------------------------------------------------
 
 
 def test_reward_calls_run_concurrently_up_to_the_configured_width(reward_dir, tmp_path):
@@ -278,7 +278,7 @@ def test_reward_calls_run_concurrently_up_to_the_configured_width(reward_dir, tm
     assert len({name.name.split("-")[0] for name in tmp_path.iterdir()}) == 4  # four worker processes
 
 
-# -- finding 6: 10**400 is one line --------------------------------------------------------------------
+# -- 10**400 is one line -------------------------------------------------------------------------------
 
 
 def test_a_reward_returning_10_to_the_400_is_counted_out_of_range_not_an_overflow(reward_dir):
@@ -302,7 +302,7 @@ def test_a_reward_returning_10_to_the_400_is_one_line_before_weights_load(
     assert "beyond float32" in line and "OverflowError" not in line
 
 
-# -- finding 7: timeouts are announced -----------------------------------------------------------------
+# -- timeouts are announced ----------------------------------------------------------------------------
 
 
 def test_sustained_timeouts_are_a_metric_and_one_warning_naming_the_deadline(reward_dir, caplog):
@@ -344,7 +344,7 @@ def test_the_pre_load_check_fails_when_every_call_times_out(reward_dir, tiny_mod
     assert "timed out at rewards.timeout_s=0.5" in line
 
 
-# -- finding 3: what a saved config sends where, and what code it imports ------------------------------
+# -- what a saved config sends where, and what code it imports -----------------------------------------
 
 
 def test_a_key_sent_to_a_host_is_named_before_the_weights_load(tiny_model_dir, tmp_path, monkeypatch, no_weights):
@@ -446,7 +446,7 @@ def test_transformers_loads_with_trust_remote_code_false(tiny_model_dir, monkeyp
     assert seen and all(value is False for value in seen), seen
 
 
-# -- finding 2: eval reads only what it needs of a run's config ----------------------------------------
+# -- eval reads only what it needs of a run's config ---------------------------------------------------
 
 
 @pytest.fixture
@@ -491,7 +491,7 @@ def test_eval_of_a_checkpoint_with_a_bad_prompting_value_is_one_line(foreign_che
     assert "data.chat_template" in line and "antigravity" not in sys.modules
 
 
-# -- finding 13: a longer resume keeps the lr's course -------------------------------------------------
+# -- a longer resume keeps the lr's course -------------------------------------------------------------
 
 
 def _lr_after_resume(total_before: int, total_after: int, resume_at: int, warmup: int = 1) -> list[float]:
@@ -560,7 +560,7 @@ def test_resume_with_more_steps_does_not_raise_the_lr_and_says_so(run_copy, caps
     figures(f"lr by step, 2-step run resumed to 4: {[f'{x:.2e}' for x in lrs]}")
 
 
-# -- findings 14, 15: nesting, huge numbers, duplicate keys ----------------------------------------------
+# -- nesting, huge numbers, duplicate keys ---------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -614,7 +614,7 @@ def test_a_deep_run_config_json_is_a_checkpoint_error(tmp_path):
         load_run_config(tmp_path)
 
 
-# -- finding 19: resume messages ------------------------------------------------------------------------
+# -- resume messages -----------------------------------------------------------------------------------
 
 
 def test_the_judge_url_and_key_variable_may_change_on_resume():

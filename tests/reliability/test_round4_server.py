@@ -1,11 +1,11 @@
-"""Round 4 (issue 31, items 8-12): a vLLM server that feeds garbage, through `regroup train
+"""A vLLM server that feeds garbage, through `regroup train
 rollout.backend=vllm_server` (the CLI in this process, the scripted server of tests/fake_vllm.py on loopback).
 
-Each fault the red-team pass scripted, replayed: before, a traceback (`IndexError`, `OverflowError`,
+Each fault is scripted and replayed. Unchecked, each gave a traceback (`IndexError`, `OverflowError`,
 `AttributeError`) or a run that trained on it silently (4,000 tokens for max_new_tokens=8, NaN or missing
-log-probs); now exit 2 and one `error: vLLM server: ...` line at the first rollout, before any step is
-logged or saved. The same server answering well trains (the control). RELIABILITY.md, "Round 4: server
-replies, front-ends, ranks", quotes these runs.
+log-probs); checked, exit 2 and one `error: vLLM server: ...` line at the first rollout, before any step is
+logged or saved. The same server answering well trains (the control). RELIABILITY.md, "A vLLM server
+that answers wrongly", cites these tests.
 """
 
 from __future__ import annotations

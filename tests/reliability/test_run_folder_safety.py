@@ -1,5 +1,5 @@
-"""Issue 24, items 1-3: nothing executed from a run folder, nothing lost, the config a run uses is the config
-it shows. Each test plants one reproduction of the issue and checks the behaviour that replaced it."""
+"""Nothing executed from a run folder, nothing lost, the config a run uses is the config it shows. Each
+test plants one hostile or broken file and checks what regroup does with it."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def fail_if_model_loads(monkeypatch):
 
 
 class Planted:
-    """Unpickling this creates `marker` (what `os.system` did in the issue's reproduction)."""
+    """Unpickling this creates `marker` (where an attacker's pickle would call `os.system`)."""
 
     def __init__(self, marker: str):
         self.marker = marker

@@ -1,4 +1,4 @@
-"""Nothing lost to the run folder itself (issue 14, "Data lost"): a fresh run is refused over an old one
+"""Nothing lost to the run folder itself: a fresh run is refused over an old one
 unless --resume or --overwrite; one writer at a time (a lock naming its holder); checkpoint retention by
 step number that never deletes the newest valid checkpoint nor the one just written, also after every
 checkpoint was corrupt; demo run names that cannot collide; a metrics.jsonl deleted or replaced mid-run

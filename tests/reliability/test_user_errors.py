@@ -1,5 +1,5 @@
-"""User errors end in one clear line and a non-zero exit, before any compute (issue 14, "Silent wrong
-training" and "Late tracebacks"): out-of-range values, unknown pieces, --config with --resume, resume
+"""User errors end in one clear line and a non-zero exit, before any compute (no silent wrong training, no
+late tracebacks): out-of-range values, unknown pieces, --config with --resume, resume
 overrides that would not take effect, data errors, an unwritable run folder, a full disk, and bad
 arguments of the subcommands. A traceback appears only with --debug."""
 

@@ -1,5 +1,5 @@
-"""`regroup rephrase` refuses, in one line and before rewriting anything, what used to end in a traceback
-(issue 24, item 5): the rules rewriter on data that is not the built-in task, and openai without --base-url."""
+"""`regroup rephrase` refuses, in one line and before rewriting anything, what would otherwise end in a
+traceback: the rules rewriter on data that is not the built-in task, and openai without --base-url."""
 
 from __future__ import annotations
 

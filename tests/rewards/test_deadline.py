@@ -1,5 +1,5 @@
 """A user reward runs under a deadline in a worker process: a hanging call scores None (unscored) and is
-counted, and training goes on (issue 24, item 6). Counts events, never times them."""
+counted, and training goes on. Counts events, never times them."""
 
 from __future__ import annotations
 

@@ -192,7 +192,7 @@ def test_several_learner_processes_are_refused(tiny_model, monkeypatch):
         VLLMServerSampler(tiny_model, Tok(), rollout_cfg("http://127.0.0.1:9"))
 
 
-# ---- a misbehaving server: every reply is checked before the learner sees it (issue 31, items 8-12) ----
+# ---- a misbehaving server: every reply is checked before the learner sees it ---------------------------
 
 
 def _first_choice_with(**changes):

@@ -169,7 +169,7 @@ def test_pair_unit_masker_rewrites_advantages_term_by_term_and_keeps_weights():
     batch.advantages = torch.tensor([0.5, 0.5, -0.5, -0.5])
     masker = DistinctivenessMasker(FixedScorer([9.0, 5.0, 4.0, 1.0]), delta=3.0, unit="pair")
     metrics = masker(batch, None)
-    assert batch.advantages.tolist() == pytest.approx([0.5, 0.25, -0.25, -0.5])  # issue 25's case
+    assert batch.advantages.tolist() == pytest.approx([0.5, 0.25, -0.25, -0.5])  # sum over pairs >= delta apart, / G
     assert batch.weights is None and metrics["mask/pair_frac"] == 0.25 and metrics["mask/adv_removed"] == 0.25
     with pytest.raises(ValueError, match="unit"):
         DistinctivenessMasker(FixedScorer([]), delta=3.0, unit="pairs")

@@ -390,8 +390,8 @@ def test_user_term_in_the_config_is_checked_and_shown(user_module, capsys):
     ],
 )
 def test_a_broken_plugin_piece_is_one_line_before_any_model_loads(user_module, override, match):
-    """Each kind of plug-in piece is called once on a dummy batch when the config is checked (issue 31
-    finding 16: before, a wrong signature or shape surfaced as a traceback after the first rollout)."""
+    """Each kind of plug-in piece is called once on a dummy batch when the config is checked (otherwise a
+    wrong signature or shape would surface as a traceback after the first rollout)."""
     extra = ["grpo.beta=0.1"] if "kl_estimator" in override else []
     with pytest.raises(ConfigError, match=match) as err:
         load_config(CONFIGS / "grpo.yaml", [override, *extra])

@@ -1,5 +1,5 @@
 """Checks before the weights load (regroup.train.preflight): each late failure becomes one ConfigError line
-before compute (issue 24, item 5)."""
+before compute."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The typed config against the registries: piece names come from the registries, user stages load by
 dotted path (checked before any model loads, inserted where asked, run in a real training step), every
-Literal field works from YAML and the command line, and the small parse-time checks of issue 24."""
+Literal field works from YAML and the command line, and the small parse-time checks."""
 
 from __future__ import annotations
 
@@ -292,7 +292,7 @@ def test_chat_template_on_off_survive_a_save(tmp_path):
     assert load_config(CONFIGS / "grpo.yaml", ["train.progress=off", "model.lora.enabled=yes"]).train.progress is False
 
 
-# -- issue 24: parse-time checks ----------------------------------------------------------------------------
+# -- parse-time checks ---------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("key", ["ta.api_key_env", "mask.scorer.api_key_env"])

@@ -136,7 +136,7 @@ def test_every_recipe_runs(tiny_model_dir, tmp_path, recipe):
         assert metrics["anchor/count"] == 2.0  # one reference anchor per question, always
 
 
-# ---- training semantics the papers use, and the stages the issues added -----------------------------------
+# ---- training semantics the papers use, and the stages added beside them ----------------------------------
 
 
 def test_mini_batches_make_k_optimizer_steps_with_pi_old_from_before_the_first(tiny_model_dir, tmp_path, monkeypatch):

@@ -5,7 +5,7 @@ negative one by a margin δ, and a negative one only if every positive one beats
 that are not clearly better / worse than the other side are the ones whose gradients conflict.
 
 `pair_masked_advantages` is the second, per-pair reading of "masks sample pairs with low
-distinctiveness" (issue 25). With the group-mean baseline the advantage splits exactly into pairwise
+distinctiveness" (the wording allows it). With the group-mean baseline the advantage splits exactly into pairwise
 terms: A_i = c (R_i − mean R) = (1/G) Σ_j c (R_i − R_j) = (1/G) Σ_j (A_i − A_j), c = 1 under Dr. GRPO
 (advantage_estimator=dr_grpo) and c = 1 / (std + ε) of the full group under std scaling (a group constant, so the
 split is exact there too). The pair reading drops only the terms of pairs whose scores do not stand
