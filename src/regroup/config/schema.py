@@ -1,8 +1,9 @@
 """The sections of a run config: settings with their type, default, help and bounds, and the cross-field rules.
 
 A setting is `name: type = F(default, "help", ge=/gt=/le=/lt=)` in a `Section` (`regroup.config.fields`, the one
-mechanism the pieces' knobs use too): `regroup config` lists the help, every int / float setting has bounds (a test
-checks it), and choices are its `Literal` type. This module is a leaf: it imports only `config.fields` and
+mechanism the pieces' knobs use too), its help in `F` when it fits on the line, else as the docstring under it:
+`regroup config` lists the help, every int / float setting has bounds (a test checks it), and choices are its
+`Literal` type. This module is a leaf: it imports only `config.fields` and
 `regroup.errors` (tests/test_structure.py), so any module may read a config. Whether the named pieces exist, and
 whether the files a run reads are there, is checked a floor up, by `regroup.train.run_config`.
 "SPEC §N" in this package means section N of docs/spec.md.
@@ -34,16 +35,11 @@ MAX_GROUP = 1024  # samples per question; beyond it one step's batch no longer f
 class LoraConfig(Section):
     """LoRA adapters through peft (real models)."""
 
-    enabled: bool = F(False)
-    """Train LoRA adapters instead of all weights."""
-    r: int = F(16, **COUNT)
-    """Adapter rank."""
-    alpha: int = F(32, **COUNT)
-    """Adapter scaling numerator (scale = alpha / r)."""
-    dropout: float = F(0.0, ge=0.0, lt=1.0)
-    """Dropout on the adapter input."""
-    target_modules: list[str] = F(["q_proj", "k_proj", "v_proj", "o_proj"])
-    """Module names that get adapters."""
+    enabled: bool = F(False, "Train LoRA adapters instead of all weights.")
+    r: int = F(16, "Adapter rank.", **COUNT)
+    alpha: int = F(32, "Adapter scaling numerator (scale = alpha / r).", **COUNT)
+    dropout: float = F(0.0, "Dropout on the adapter input.", ge=0.0, lt=1.0)
+    target_modules: list[str] = F(["q_proj", "k_proj", "v_proj", "o_proj"], "Module names that get adapters.")
 
 
 class ModelConfig(Section):
@@ -57,8 +53,7 @@ class ModelConfig(Section):
     """A GGUF file name inside `path`: loaded dequantized to `dtype`; checkpoints are saved as HF safetensors."""
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = F("float32")
     """Parameter dtype. bfloat16 on GPUs for real models; float32 for the tiny model on CPU."""
-    gradient_checkpointing: bool = F(False)
-    """Recompute activations in the backward pass to save memory."""
+    gradient_checkpointing: bool = F(False, "Recompute activations in the backward pass to save memory.")
     lora: LoraConfig = F(LoraConfig)
 
 
@@ -70,24 +65,16 @@ class DataConfig(Section):
     train_file: Optional[str] = F(None, path=True)
     """JSONL / JSON / Parquet / CSV file, HF dataset folder, or hf:NAME[:CONFIG][@SPLIT]. None: generate from the
     task."""
-    num_train: int = F(20000, ge=1, le=10**8)
-    """Questions to generate when `train_file` is None."""
-    question_field: str = F("question")
-    """Column holding the question."""
-    answer_field: str = F("answer")
-    """Column holding the final answer."""
-    solution_field: str = F("solution")
-    """Column holding the reference solution (DaGRPO anchors, judge reference)."""
-    skip_bad_rows: bool = F(False)
-    """Skip and count malformed rows instead of failing on the first one."""
-    seed: int = F(1234, **SEED)
-    """Seed of the generated training set."""
-    eval_seed: int = F(999, **SEED)
-    """Seed of the generated held-out set."""
+    num_train: int = F(20000, "Questions to generate when `train_file` is None.", ge=1, le=10**8)
+    question_field: str = F("question", "Column holding the question.")
+    answer_field: str = F("answer", "Column holding the final answer.")
+    solution_field: str = F("solution", "Column holding the reference solution (DaGRPO anchors, judge reference).")
+    skip_bad_rows: bool = F(False, "Skip and count malformed rows instead of failing on the first one.")
+    seed: int = F(1234, "Seed of the generated training set.", **SEED)
+    eval_seed: int = F(999, "Seed of the generated held-out set.", **SEED)
     eval_file: Optional[str] = F(None, path=True)
     """Held-out questions for `train.eval_every` (same formats and field mapping as `train_file`)."""
-    system_prompt: Optional[str] = F(None)
-    """System message put before every question (chat-template models)."""
+    system_prompt: Optional[str] = F(None, "System message put before every question (chat-template models).")
     prompt_template: Optional[str] = F(None)
     """Template with `{question}` applied to q0 and every rephrasing alike, e.g. "{question}\\nPut the final answer in
     \\boxed{}."."""
@@ -106,12 +93,9 @@ class RolloutConfig(Section):
     vllm_server: a vLLM OpenAI server started separately (`regroup vllm-serve`), over HTTP."""
     temperature: float = F(1.0, gt=0.0, le=100.0)  # 0 would divide the logits by zero
     """Sampling temperature (log-probs for the loss use the same temperature, as TRL does)."""
-    top_p: float = F(1.0, gt=0.0, le=1.0)
-    """Nucleus sampling threshold."""
-    max_new_tokens: int = F(48, ge=1, le=MAX_TOKENS)
-    """Longest response; longer ones are truncated (and counted)."""
-    batch_size: int = F(256, ge=1, le=65536)
-    """Sequences decoded together."""
+    top_p: float = F(1.0, "Nucleus sampling threshold.", gt=0.0, le=1.0)
+    max_new_tokens: int = F(48, "Longest response; longer ones are truncated (and counted).", ge=1, le=MAX_TOKENS)
+    batch_size: int = F(256, "Sequences decoded together.", ge=1, le=65536)
     tis_cap: float = F(0.0, ge=0.0)
     """Importance-sampling cap for sampler/learner mismatch (vLLM): the upper bound of `is_mode`'s weight (truncated) or
     of the ratios kept (masked); 0 disables the correction."""
@@ -122,12 +106,9 @@ class RolloutConfig(Section):
     """Lower bound of the IS correction (TRL's vllm_importance_sampling_clip_min); 0: none."""
     vllm_gpu_memory_utilization: float = F(0.3, gt=0.0, le=1.0)
     """Fraction of GPU memory the colocated vLLM engine may take."""
-    vllm_max_model_len: int = F(0, **EVERY)
-    """vLLM engine max model length (0: prompt limit + max_new_tokens)."""
-    vllm_enable_sleep_mode: bool = F(False)
-    """Let the colocated vLLM engine release GPU memory between rollouts."""
-    vllm_tensor_parallel_size: int = F(1, ge=1, le=1024)
-    """vLLM tensor-parallel size."""
+    vllm_max_model_len: int = F(0, "vLLM engine max model length (0: prompt limit + max_new_tokens).", **EVERY)
+    vllm_enable_sleep_mode: bool = F(False, "Let the colocated vLLM engine release GPU memory between rollouts.")
+    vllm_tensor_parallel_size: int = F(1, "vLLM tensor-parallel size.", ge=1, le=1024)
     vllm_server_url: str = F("http://127.0.0.1:8000", resume=True)
     """Root URL of the vLLM server (backend=vllm_server), without /v1."""
     vllm_server_api_key_env: Optional[str] = F(None, resume=True)
@@ -161,20 +142,15 @@ class RolloutConfig(Section):
 class GRPOConfig(Section):
     """The GRPO core (SPEC §1)."""
 
-    num_generations: int = F(8, ge=1, le=MAX_GROUP)
-    """G: on-policy samples per question (per variant, for TA-GRPO)."""
-    prompts_per_step: int = F(16, ge=1, le=65536)
-    """Questions per optimizer step."""
+    num_generations: int = F(8, "G: on-policy samples per question (per variant, for TA-GRPO).", ge=1, le=MAX_GROUP)
+    prompts_per_step: int = F(16, "Questions per optimizer step.", ge=1, le=65536)
     num_iterations: int = F(1, ge=1, le=1000)
     """mu: updates per rollout batch; pi_old log-probs are computed once before the first."""
     micro_batch_size: int = F(64, ge=1, le=65536)
     """Sequences per forward/backward; gradients are accumulated over the step's batch."""
-    eps_low: float = F(0.2, ge=0.0, lt=1.0)  # the floor must stay > 0
-    """Lower clip range: ratio >= 1 - eps_low."""
-    eps_high: float = F(0.2, ge=0.0)
-    """Upper clip range: ratio <= 1 + eps_high (DAPO clip-higher when > eps_low)."""
-    beta: float = F(0.0, ge=0.0)
-    """k3 KL coefficient against a frozen reference; the reference is loaded only when > 0."""
+    eps_low: float = F(0.2, "Lower clip range: ratio >= 1 - eps_low.", ge=0.0, lt=1.0)  # the floor must stay > 0
+    eps_high: float = F(0.2, "Upper clip range: ratio <= 1 + eps_high (DAPO clip-higher when > eps_low).", ge=0.0)
+    beta: float = F(0.0, "k3 KL coefficient against a frozen reference; the reference is loaded only when > 0.", ge=0.0)
     kl_ratio_correction: bool = F(False)
     """Multiply the k3 term by pi_theta/pi_old (TRL's use_bias_correction_kl, its default); SPEC §1 is plain k3."""
     loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_sum_constant"] = F("token_mean")
@@ -197,8 +173,7 @@ class GRPOConfig(Section):
     kl_estimator: str = F("k3")
     """The KL(pi_theta || pi_ref) estimator beta multiplies: k1, k2, k3 or low_var_kl (verl's clamped k3), or a
     'package.module:function'."""
-    kl_estimator_args: dict[str, Any] = F(dict)
-    """Knobs of grpo.kl_estimator (the built-ins have none)."""
+    kl_estimator_args: dict[str, Any] = F(dict, "Knobs of grpo.kl_estimator (the built-ins have none).")
     entropy_coef: float = F(0.0, ge=0.0)
     """Entropy bonus: minus this times the mean per-token entropy (TRL's entropy_coef); 0: off."""
     loss_terms: list[str] = F([])
@@ -223,20 +198,14 @@ class GRPOConfig(Section):
 class OptimConfig(Section):
     """AdamW with warm-up and cosine decay."""
 
-    lr: float = F(1e-4, gt=0.0, le=1.0)
-    """Peak learning rate."""
-    weight_decay: float = F(0.0, ge=0.0, le=1.0)
-    """AdamW weight decay."""
-    beta1: float = F(0.9, ge=0.0, lt=1.0)
-    """Adam beta1."""
-    beta2: float = F(0.99, ge=0.0, lt=1.0)
-    """Adam beta2."""
+    lr: float = F(1e-4, "Peak learning rate.", gt=0.0, le=1.0)
+    weight_decay: float = F(0.0, "AdamW weight decay.", ge=0.0, le=1.0)
+    beta1: float = F(0.9, "Adam beta1.", ge=0.0, lt=1.0)
+    beta2: float = F(0.99, "Adam beta2.", ge=0.0, lt=1.0)
     warmup_steps: int = F(10, **EVERY)
     """Linear warm-up steps (the first full-lr Adam step is what damages a small model)."""
-    schedule: Literal["cosine", "constant"] = F("cosine")
-    """Decay after warm-up."""
-    min_lr_ratio: float = F(0.1, ge=0.0, le=1.0)
-    """Cosine floor as a fraction of lr."""
+    schedule: Literal["cosine", "constant"] = F("cosine", "Decay after warm-up.")
+    min_lr_ratio: float = F(0.1, "Cosine floor as a fraction of lr.", ge=0.0, le=1.0)
     max_grad_norm: float = F(1.0, gt=0.0)
     """Gradient clipping threshold (the norm before clipping is logged); <= 0 would freeze or reverse the update."""
 
@@ -244,10 +213,8 @@ class OptimConfig(Section):
 class TAConfig(Section):
     """TA-GRPO: rephrasings pooled into one group (SPEC §3)."""
 
-    enabled: bool = F(False)
-    """Expand each question into N+1 variants whose responses share one group."""
-    n_variants: int = F(3, ge=1, le=1000)
-    """N: rephrasings per question."""
+    enabled: bool = F(False, "Expand each question into N+1 variants whose responses share one group.")
+    n_variants: int = F(3, "N: rephrasings per question.", ge=1, le=1000)
     rephraser: str = F("rules")
     """Where variants come from: rules (the task's), dataset (the data's variants), openai (an LLM rewriter), or
     "pkg.mod:obj"."""
@@ -255,8 +222,7 @@ class TAConfig(Section):
     """original: every ratio on (q0, o) as the paper; own: each response on its own prompt."""
     base_url: str = F("http://127.0.0.1:8000/v1", resume=True)
     """OpenAI-compatible endpoint of the LLM rewriter (rephraser=openai)."""
-    model: str = F("gpt-4-turbo")
-    """Rewriter model name."""
+    model: str = F("gpt-4-turbo", "Rewriter model name.")
     api_key_env: Optional[str] = F("OPENAI_API_KEY", resume=True)
     """Name of the environment variable holding the rewriter's API key; null or "" for a server without
     authentication."""
@@ -265,23 +231,17 @@ class TAConfig(Section):
 class ScorerConfig(Section):
     """Fine-grained scorer for DaGRPO masks."""
 
-    name: str = F("step")
-    """step | judge | similarity (the registered scorers) | a dotted path pkg.mod:obj."""
-    base_url: str = F("http://127.0.0.1:8000/v1", resume=True)
-    """OpenAI-compatible endpoint (judge)."""
-    model: str = F("gpt-4o")
-    """Judge model name."""
+    name: str = F("step", "step | judge | similarity (the registered scorers) | a dotted path pkg.mod:obj.")
+    base_url: str = F("http://127.0.0.1:8000/v1", "OpenAI-compatible endpoint (judge).", resume=True)
+    model: str = F("gpt-4o", "Judge model name.")
     api_key_env: Optional[str] = F("OPENAI_API_KEY", resume=True)
     """Name of the environment variable holding the API key (the key itself never goes in a config); null or "" for a
     server without authentication."""
-    concurrency: int = F(32, ge=1, le=4096)
-    """Concurrent judge requests."""
+    concurrency: int = F(32, "Concurrent judge requests.", ge=1, le=4096)
     timeout_s: float = F(60.0, gt=0.0)
     """Seconds per judge request in all: every attempt, backoff and Retry-After wait included."""
-    max_retries: int = F(4, ge=0, le=100)
-    """Retries per request before it is recorded as failed."""
-    cache_dir: Optional[str] = F(None, path=True)
-    """Disk cache of scores. None: RUN_DIR/cache."""
+    max_retries: int = F(4, "Retries per request before it is recorded as failed.", ge=0, le=100)
+    cache_dir: Optional[str] = F(None, "Disk cache of scores. None: RUN_DIR/cache.", path=True)
     question: Literal["own", "original"] = F("own")
     """Question shown to the judge for a rephrased response: the one it answered (own) or q0 (original)."""
     structured: Literal["json_schema", "choice", "none"] = F("json_schema")
@@ -294,10 +254,8 @@ class ScorerConfig(Section):
 class MaskConfig(Section):
     """DaGRPO sequence-level gradient rectification (SPEC §2a)."""
 
-    enabled: bool = F(False)
-    """Mask samples whose score does not stand apart from the other side of the group."""
-    delta: float = F(3.0, ge=0.0)
-    """Margin on the 1-10 score scale."""
+    enabled: bool = F(False, "Mask samples whose score does not stand apart from the other side of the group.")
+    delta: float = F(3.0, "Margin on the 1-10 score scale.", ge=0.0)
     unit: Literal["sample", "pair"] = F("sample")
     """sample: drop a whole sample not delta clear of the other side; pair: drop only the pairwise advantage terms (A_i
     - A_j)/G of pairs not delta apart (algo.distinctiveness.pair_masked_advantages)."""
@@ -307,22 +265,18 @@ class MaskConfig(Section):
 class AnchorConfig(Section):
     """DaGRPO off-policy anchors (SPEC §2b)."""
 
-    enabled: bool = F(False)
-    """Inject verified-correct off-policy solutions into groups."""
-    count: int = F(1, **COUNT)
-    """Anchors per question."""
+    enabled: bool = F(False, "Inject verified-correct off-policy solutions into groups.")
+    count: int = F(1, "Anchors per question.", **COUNT)
     mode: Literal["replace", "add"] = F("replace")
     """replace one on-policy sample per anchor (7+1 for G=8), or add to the group."""
     when: Literal["always", "no_correct"] = F("always")
     """Inject always, or only when no on-policy sample of the question is correct."""
     ratio: Literal["shaped", "plain"] = F("shaped")
     """shaped: A * p/(p+gamma), no clipping (LUFFY); plain: pi_old := stop_grad(pi_theta)."""
-    gamma: float = F(0.1, gt=0.0)
-    """Policy-shaping gamma."""
+    gamma: float = F(0.1, "Policy-shaping gamma.", gt=0.0)
     source: Literal["reference", "self", "both"] = F("reference")
     """reference: the data's solution; self: the policy's own earlier verified responses; both."""
-    buffer_size: int = F(4, **COUNT)
-    """Self-bootstrapped anchors kept per question."""
+    buffer_size: int = F(4, "Self-bootstrapped anchors kept per question.", **COUNT)
     max_tokens: int = F(0, ge=0, le=MAX_TOKENS)
     """Longest anchor in tokens; a longer reference is not injected and is counted (0: rollout.max_new_tokens)."""
 
@@ -330,23 +284,17 @@ class AnchorConfig(Section):
 class DynamicSamplingConfig(Section):
     """DAPO dynamic sampling: drop uniform-reward groups and sample more questions until the batch is full."""
 
-    enabled: bool = F(False)
-    """Drop groups whose rewards are all equal and refill the batch with new questions."""
-    max_rounds: int = F(3, ge=0, le=1000)
-    """Extra sampling rounds per step before training on a batch that is not full."""
+    enabled: bool = F(False, "Drop groups whose rewards are all equal and refill the batch with new questions.")
+    max_rounds: int = F(3, "Extra sampling rounds per step before training on a batch that is not full.", ge=0, le=1000)
 
 
 class OverlongConfig(Section):
     """DAPO overlong handling of responses cut at rollout.max_new_tokens."""
 
-    filter: bool = F(False)
-    """Drop truncated responses from the loss (their advantages still count in their group)."""
-    soft_punish: bool = F(False)
-    """Subtract a linear length penalty in the last `buffer` tokens before max_new_tokens."""
-    buffer: int = F(16, **COUNT)
-    """Length of the soft-punishment zone in tokens."""
-    penalty: float = F(1.0, ge=0.0)
-    """Penalty at max_new_tokens (linear from 0 at max_new_tokens - buffer)."""
+    filter: bool = F(False, "Drop truncated responses from the loss (their advantages still count in their group).")
+    soft_punish: bool = F(False, "Subtract a linear length penalty in the last `buffer` tokens before max_new_tokens.")
+    buffer: int = F(16, "Length of the soft-punishment zone in tokens.", **COUNT)
+    penalty: float = F(1.0, "Penalty at max_new_tokens (linear from 0 at max_new_tokens - buffer).", ge=0.0)
 
 
 class RewardsConfig(Section):
@@ -373,14 +321,12 @@ class DiagnosticsConfig(Section):
 
     diversity_every: int = F(10, **EVERY)
     """Mean pairwise cosine distance of response embeddings within a group, every K steps (0: off)."""
-    embedder: str = F("auto")
-    """auto | minilm | char-ngram | a local sentence-transformers path."""
+    embedder: str = F("auto", "auto | minilm | char-ngram | a local sentence-transformers path.")
     grad_conflict_every: Optional[int] = F(None, **EVERY)
     """Cosine between positive and negative samples' gradients, every K steps (0: off; None: every 10 steps when the
     measured parameters hold <= 5M elements, as on the built-in tiny model, else off: the diagnostic copies their
     gradients, gigabytes for a 7B model's lm_head)."""
-    grad_conflict_samples: int = F(32, ge=2, le=INT32)
-    """Sub-batch size for the gradient-conflict measure."""
+    grad_conflict_samples: int = F(32, "Sub-batch size for the gradient-conflict measure.", ge=2, le=INT32)
     grad_conflict_params: str = F("lm_head|embed_tokens|lora_B")
     """Regex of parameter names the gradient conflict is measured on."""
 
@@ -397,16 +343,11 @@ class StagesConfig(Section):
 class TrainConfig(Section):
     """The loop."""
 
-    steps: int = F(100, **COUNT, resume=True)
-    """Optimizer steps."""
-    checkpoint_every: int = F(25, **EVERY, resume=True)
-    """Save a checkpoint every K steps (and at the end)."""
-    keep_checkpoints: int = F(2, **COUNT, resume=True)
-    """Checkpoints kept on disk (older ones are deleted)."""
-    progress: bool = F(True, resume=True)
-    """Show a progress bar."""
-    threads: int = F(0, ge=0, le=4096, resume=True)
-    """torch CPU threads (0: leave torch's default)."""
+    steps: int = F(100, "Optimizer steps.", **COUNT, resume=True)
+    checkpoint_every: int = F(25, "Save a checkpoint every K steps (and at the end).", **EVERY, resume=True)
+    keep_checkpoints: int = F(2, "Checkpoints kept on disk (older ones are deleted).", **COUNT, resume=True)
+    progress: bool = F(True, "Show a progress bar.", resume=True)
+    threads: int = F(0, "torch CPU threads (0: leave torch's default).", ge=0, le=4096, resume=True)
     collective_timeout_s: float = F(600.0, gt=0.0, le=7 * 86400.0, resume=True)
     """Seconds a process waits in a collective (all-reduce, gather, barrier) for the others before it stops with an
     error naming a frozen or dead process (torch's default: 1800). Raise it when one process legitimately works alone
@@ -418,8 +359,7 @@ class TrainConfig(Section):
     """Evaluate on held-out questions (data.eval_file, else the task's held-out set) every K steps (0: off)."""
     eval_n: int = F(4, **COUNT)
     """Samples per held-out question when evaluating during training (pass@1 and pass@eval_n are logged)."""
-    eval_limit: int = F(64, **COUNT)
-    """Held-out questions evaluated during training."""
+    eval_limit: int = F(64, "Held-out questions evaluated during training.", **COUNT)
     epochs: int = F(0, ge=0, le=INT32)
     """Stop after this many passes over the training questions, walked in order per epoch (0: use `steps`)."""
     sample_every: int = F(10, **EVERY, resume=True)
@@ -435,10 +375,8 @@ class RunConfig(Section):
     recipe: str = F("grpo")
     """Name of the recipe (for reports; letters, digits and _ . + - = @); the pieces used are decided by the sections
     below."""
-    seed: int = F(0, **SEED)
-    """Seed of sampling, shuffling and initialisation."""
-    run_dir: Optional[str] = F(None, path=True)
-    """Where the run writes. None: runs/<recipe>-<time>."""
+    seed: int = F(0, "Seed of sampling, shuffling and initialisation.", **SEED)
+    run_dir: Optional[str] = F(None, "Where the run writes. None: runs/<recipe>-<time>.", path=True)
     rewards: RewardsConfig = F(RewardsConfig)
     model: ModelConfig = F(ModelConfig)
     data: DataConfig = F(DataConfig)
