@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from regroup.config.fields import NumericRule, above, at_least, read_yaml
+from regroup.config.fields import check_value, read_yaml
 from regroup.config.registry import STAGES, did_you_mean
 from regroup.config.schema import (
     apply_overrides,
@@ -422,13 +422,13 @@ def _positive_ints(text: str) -> list[int]:
 
 
 def _number(kind, rule_text: str):
-    """An argparse type: an int or float within a config NumericRule ("count", "every", "fraction", ...)."""
-    rule = {
-        "count": at_least(1),
-        "zero_or_more": at_least(0),
-        "positive": above(0.0),
-        "zero_or_positive": at_least(0.0),
-        "fraction": NumericRule(0.0, 1.0, low_open=True),
+    """An argparse type: an int or float within bounds, checked as a config setting's ("count", "fraction", ...)."""
+    limits = {
+        "count": dict(ge=1),
+        "zero_or_more": dict(ge=0),
+        "positive": dict(gt=0.0),
+        "zero_or_positive": dict(ge=0.0),
+        "fraction": dict(gt=0.0, le=1.0),
     }[rule_text]
 
     def parse(text: str):
@@ -438,9 +438,10 @@ def _number(kind, rule_text: str):
             raise argparse.ArgumentTypeError(
                 f"expected {'an integer' if kind is int else 'a number'}, got {text!r}"
             ) from None
-        if not rule.ok(value):
-            raise argparse.ArgumentTypeError(f"must be {rule.describe()}, got {text!r}")
-        return value
+        try:
+            return check_value(value, kind, **limits)
+        except ConfigError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
 
     return parse
 

@@ -118,25 +118,28 @@ def test_every_numeric_field_has_bounds():
 
 def test_the_bounds_check_catches_a_field_without_bounds():
     """The check above can fail: a section with an unbounded int field is reported by numeric_rules/keys."""
-    import dataclasses
-
     from regroup.config import fields
 
-    @dataclasses.dataclass
-    class Extra:
+    class Extra(fields.Section):
         bounded: int = fields.F(1, "has bounds", ge=0)
         unbounded: int = fields.F(1, "has none")
 
     assert fields.numeric_keys(Extra) == ["bounded", "unbounded"]
-    rules = fields.numeric_rules(Extra)
-    assert list(rules) == ["bounded"] and rules["bounded"].ok(0) and not rules["bounded"].ok(-1)
+    assert fields.numeric_rules(Extra) == {"bounded": {"ge": 0}}
 
 
-def test_numeric_rule_bounds_by_hand():
-    from regroup.config.fields import NumericRule, above, at_least
+def test_bounds_by_hand():
+    """One value against a setting's type and bounds (what the command line's numeric options use too)."""
+    from regroup.config.fields import check_value
 
-    lr = above(0.0, 1.0)
-    assert [lr.ok(v) for v in (0.0, 1e-9, 1.0, 1.0001, float("nan"), float("inf"))] == [
+    def ok(value, **limits) -> bool:
+        try:
+            check_value(value, float, **limits)
+        except ConfigError:
+            return False
+        return True
+
+    assert [ok(v, gt=0.0, le=1.0) for v in (0.0, 1e-9, 1.0, 1.0001, float("nan"), float("inf"))] == [
         False,
         True,
         True,
@@ -144,10 +147,12 @@ def test_numeric_rule_bounds_by_hand():
         False,
         False,
     ]
-    ratio = NumericRule(0.0, 1.0)
-    assert [ratio.ok(v) for v in (-1e-12, 0.0, 1.0, 1.5)] == [False, True, True, False]
-    assert at_least(0).describe() == "a finite number >= 0" and lr.describe() == "a finite number > 0 and <= 1"
-    assert NumericRule(0.0, 1.0, high_open=True).ok(1.0) is False
+    assert [ok(v, ge=0.0, le=1.0) for v in (-1e-12, 0.0, 1.0, 1.5)] == [False, True, True, False]
+    assert ok(1.0, ge=0.0, lt=1.0) is False
+    with pytest.raises(ConfigError, match=r"^must be a finite number >= 0, got -1$"):
+        check_value(-1, int, ge=0)
+    with pytest.raises(ConfigError, match=r"^must be a finite number > 0 and <= 1, got 2.0$"):
+        check_value(2.0, float, gt=0.0, le=1.0)
 
 
 @pytest.mark.parametrize(
@@ -309,3 +314,65 @@ def test_yaml_nesting_and_size_limits_are_one_line():
         load_yaml("a: " + "[" * MAX_DEPTH + "]" * MAX_DEPTH, "f")
     with pytest.raises(ConfigError, match="more than a config may have"):
         load_yaml("a: " + "x" * MAX_TEXT, "f")
+
+
+# -- one mechanism: a piece's knobs and a config section take the same values the same way --------------------
+
+
+def test_knobs_and_sections_are_checked_alike():
+    """The same declarations as a piece's `Knobs` and as a run-config `Section` accept and refuse the same values
+    with the same words (before, a knob refused `on` for a bool, had no lists and no cap on integer digits)."""
+    from regroup.config.fields import F, Knobs, Section, check
+    from regroup.config.registry import parse_args
+
+    class PieceKnobs(Knobs):
+        flag: bool = F(False, "A switch.")
+        count: int = F(1, "A count.", ge=1, le=10)
+        names: list[str] = F([], "Names.")
+        rate: float = F(0.5, "A rate.", gt=0.0, le=1.0)
+
+    class Settings(Section):
+        flag: bool = F(False, "A switch.")
+        count: int = F(1, "A count.", ge=1, le=10)
+        names: list[str] = F([], "Names.")
+        rate: float = F(0.5, "A rate.", gt=0.0, le=1.0)
+
+    given = {"flag": "on", "count": 2.0, "names": "a, b", "rate": "3e-4"}
+    knobs, section = parse_args(PieceKnobs, given, "k", "piece"), check(Settings, given, "k.")
+    assert knobs.model_dump() == section.model_dump() == {"flag": True, "count": 2, "names": ["a", "b"], "rate": 3e-4}
+    for bad, words in (
+        ({"flag": 1}, "k.flag: expected true/false, got 1"),
+        ({"count": 10**19}, "k.count: a 20-digit integer is out of range"),
+        ({"count": 11}, "k.count must be a finite number >= 1 and <= 10, got 11"),
+        ({"rate": 10**400}, "k.rate: a 401-digit number is out of range"),
+        ({"rate": 1e-320}, "k.rate: 1e-320 is 0 in float32"),
+        ({"names": [1]}, "k.names[0]: expected a string, got 1"),
+    ):
+        for build in (lambda b: parse_args(PieceKnobs, b, "k", "piece"), lambda b: check(Settings, b, "k.")):
+            with pytest.raises(ConfigError) as err:
+                build(bad)
+            assert str(err.value).startswith(words), err.value
+    with pytest.raises(ConfigError, match=r"^k: unknown knob 'flg' of piece \(did you mean 'flag'\?\)"):
+        parse_args(PieceKnobs, {"flg": True}, "k", "piece")
+    with pytest.raises(ConfigError, match=r"^unknown config key k.flg \(did you mean 'flag'\?\)"):
+        check(Settings, {"flg": True}, "k.")
+
+
+def test_a_dataclass_of_knobs_the_older_form_is_checked_the_same_way():
+    """A user's `Args` written as a frozen dataclass of `knob(...)` fields keeps its defaults when built directly,
+    and is checked by the same mechanism when parsed."""
+    import dataclasses
+
+    from regroup.config.registry import knob, parse_args
+
+    @dataclasses.dataclass(frozen=True)
+    class OldArgs:
+        cap: float = knob(2.0, "The cap.", gt=0.0, le=100.0)
+        on: bool = knob(False, "A switch.")
+
+    assert OldArgs() == OldArgs(2.0, False)
+    assert parse_args(OldArgs, {"cap": 3, "on": "yes"}, "k", "p") == OldArgs(3.0, True)
+    with pytest.raises(ConfigError, match=r"^k.cap must be a finite number > 0 and <= 100, got 0.0$"):
+        parse_args(OldArgs, {"cap": 0}, "k", "p")
+    with pytest.raises(ConfigError, match=r"^k: unknown knob 'cup' of p \(did you mean 'cap'\?\)"):
+        parse_args(OldArgs, {"cup": 1.0}, "k", "p")

@@ -8,6 +8,7 @@ import json
 import math
 import os
 import tempfile
+import typing
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -199,17 +200,27 @@ def _numeric_cases():
     cases = []
     for key in numeric_keys():
         rule = numeric_rules()[key]
+        low, high = rule.get("gt", rule.get("ge")), rule.get("lt", rule.get("le"))
         bad = [".nan", ".inf", "-.inf"]
-        if rule.low is not None:
-            bad.append(text(rule.low) if rule.low_open else text(rule.low - 1))
+        if low is not None:
+            bad.append(text(low) if "gt" in rule else text(low - 1))
             bad.append("-1e30")
-        if rule.high is not None:
-            bad.append(text(rule.high) if rule.high_open else text(rule.high + 1))
-            bad.append("1e30" if rule.high < 1e30 else "1e300")
+        if high is not None:
+            bad.append(text(high) if "lt" in rule else text(high + 1))
+            bad.append("1e30" if high < 1e30 else "1e300")
+        if key in FLOAT_KEYS:
+            bad.append("1.0e-320")  # passes `> 0` and `>= 0`, and is 0 in float32
         cases += [(key, value) for value in dict.fromkeys(bad)]
     return cases
 
 
+def _float_keys() -> set[str]:
+    from regroup.config.schema import leaves
+
+    return {key for key, _, hint in leaves() if hint is float or float in typing.get_args(hint)}
+
+
+FLOAT_KEYS = _float_keys()
 NUMERIC_CASES = _numeric_cases()
 
 
@@ -239,10 +250,82 @@ def test_every_numeric_field_accepts_its_bounds():
     cross_field = {"grpo.num_generations": 1, "anchors.count": 2**31 - 1}  # a group of one; count < G
     checked = 0
     for key, rule in numeric_rules().items():
-        for bound, is_open in ((rule.low, rule.low_open), (rule.high, rule.high_open)):
-            if bound is None or is_open or cross_field.get(key) == bound:
+        for op, bound in rule.items():
+            if op in ("gt", "lt") or cross_field.get(key) == bound:
                 continue
             value = int(bound) if float(bound).is_integer() and abs(bound) < 2**53 else bound
             load_config(None, [f"{key}={value}"])
             checked += 1
     assert checked > 40
+
+
+# -- every float knob of every built-in piece: the values that passed its bounds and broke the loss ---------------
+
+
+def _knob_cases():
+    """(overrides selecting the piece, dotted knob key) for every float knob of every built-in loss piece and
+    advantage estimator (the run config's float keys are NUMERIC_CASES above)."""
+    import regroup.algo  # noqa: F401  (registers the built-in pieces)
+    from regroup.config.fields import leaves
+    from regroup.config.registry import ADV_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES, args_class, knob_model
+
+    cases = []
+    for registry, key in ((POLICY_LOSSES, "grpo.policy_loss"), (KL_ESTIMATORS, "grpo.kl_estimator")):
+        for name in registry.names():
+            args = args_class(registry.get(name))
+            for knob, _, hint in leaves(knob_model(args)) if args else ():
+                if hint is float or float in typing.get_args(hint):
+                    cases.append(([f"{key}={name}"], f"{key}_args.{knob}"))
+    for name in ADV_ESTIMATORS.names():
+        args = args_class(ADV_ESTIMATORS.get(name))
+        for knob, _, hint in leaves(knob_model(args)) if args else ():
+            if hint is float or float in typing.get_args(hint):
+                cases.append(([f"grpo.advantage_estimator={name}"], f"grpo.advantage_estimator_args.{knob}"))
+    return cases
+
+
+KNOB_CASES = [
+    (select, key, value)
+    for select, key in _knob_cases()
+    for value in ("9" * 401, "1.0e-320", "-1.0e-320", ".nan", "1.0e+300")
+]
+
+
+def test_the_knob_fuzz_covers_every_float_knob():
+    keys = {key for _, key, _ in KNOB_CASES}
+    assert {
+        "grpo.policy_loss_args.delta",
+        "grpo.policy_loss_args.temperature_pos",
+        "grpo.advantage_estimator_args.eps",
+    } <= keys
+    assert len(keys) >= 10
+
+
+@pytest.mark.parametrize("select, key, value", KNOB_CASES, ids=[f"{k}={v[:12]}" for _, k, v in KNOB_CASES])
+def test_every_float_knob_refuses_values_it_cannot_use_in_one_line(select, key, value):
+    """A 401-digit integer was an OverflowError traceback; 1e-320 passed `> 0` (sapo's temperatures, grpo's eps)
+    and is 0 in float32, where the loss uses it: every update NaN and skipped, exit 0."""
+    from regroup.errors import ConfigError
+    from regroup.train.run_config import load_config
+
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [*select, f"{key}={value}"])
+    assert str(err.value).startswith(key) and "\n" not in str(err.value), err.value
+
+
+@pytest.mark.parametrize(
+    "overrides, words",
+    [
+        (["grpo.policy_loss=sapo", "grpo.policy_loss_args.temperature_pos=1.0e-320"], "temperature_pos must be"),
+        (["grpo.policy_loss=sapo", "grpo.policy_loss_args.temperature_neg=1.0e-37"], "temperature_neg must be"),
+        (["grpo.advantage_estimator_args.eps=1.0e-320"], "eps: 1e-320 is 0 in float32"),
+        (["grpo.policy_loss_args.delta=" + "9" * 401], "delta: a 401-digit number is out of range"),
+    ],
+)
+def test_an_unusable_knob_is_exit_2_before_any_model(overrides, words, tmp_path, capsys, no_compute):
+    import reliability_helpers as h
+
+    from regroup.cli import main
+
+    assert main(["train", "--config", "grpo", f"run_dir={tmp_path / 'r'}", *overrides]) == 2
+    assert words in h.one_line(capsys)

@@ -5,7 +5,6 @@ entropy bonus, the IS modes) and tests/equality/test_verl.py (GMPO, the KL estim
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import textwrap
 import typing
@@ -16,6 +15,7 @@ from helpers import CONFIGS, small_config, weights
 from loss_call import call_policy_loss
 
 from regroup.algo.losses import LossInputs, LossSpec, LossTotals, policy_loss, rows_with_gradient
+from regroup.config.fields import Knobs, bounds, field_docs, leaves
 from regroup.config.registry import (
     ADV_ESTIMATORS,
     KL_ESTIMATORS,
@@ -23,7 +23,6 @@ from regroup.config.registry import (
     POLICY_LOSSES,
     args_class,
     call_piece,
-    knob_rows,
     parse_args,
 )
 from regroup.errors import ConfigError
@@ -48,7 +47,7 @@ def test_registries_name_the_built_ins():
 
 
 def test_every_built_in_knob_is_typed_bounded_and_documented():
-    """Each built-in piece's Args: a frozen dataclass, every knob with a help line, every number bounded on
+    """Each built-in piece's Args: a frozen `Knobs` model, every knob with a help line, every number bounded on
     both sides (the project's rule for config fields), and its defaults parse back to themselves."""
     seen = 0
     for registry in (POLICY_LOSSES, KL_ESTIMATORS, LOSS_TERMS, ADV_ESTIMATORS):
@@ -56,17 +55,14 @@ def test_every_built_in_knob_is_typed_bounded_and_documented():
             cls = args_class(registry.get(name))
             if cls is None:
                 continue
-            assert cls.__dataclass_params__.frozen, name
-            hints = typing.get_type_hints(cls)
-            for f in dataclasses.fields(cls):
+            assert issubclass(cls, Knobs) and cls.model_config.get("frozen"), name
+            for key, f, hint in leaves(cls):
                 seen += 1
-                assert f.metadata.get("help"), (name, f.name)
-                types = {hints[f.name]} | set(typing.get_args(hints[f.name]))
-                if types & {int, float}:
-                    low = f.metadata.get("ge") is not None or f.metadata.get("gt") is not None
-                    high = f.metadata.get("le") is not None or f.metadata.get("lt") is not None
-                    assert low and high, f"{name}.{f.name} is a number without both bounds"
-            defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+                assert f.description, (name, key)
+                if {hint, *typing.get_args(hint)} & {int, float}:
+                    limits = bounds(f)
+                    assert limits.keys() & {"ge", "gt"} and limits.keys() & {"le", "lt"}, f"{name}.{key} unbounded"
+            defaults = {key: f.default for key, f, _ in leaves(cls)}
             assert parse_args(cls, defaults, "k", name) == cls()
     assert seen >= 10
 
@@ -77,7 +73,7 @@ def test_docs_losses_has_a_row_for_every_built_in_and_names_its_knobs():
         for name in registry.names():
             assert f"`{name}`" in text or f" {name} " in text, name
             cls = args_class(registry.get(name))
-            for knob_name, *_ in knob_rows(cls) if cls is not None else ():
+            for knob_name, *_ in field_docs(cls) if cls is not None else ():
                 assert f"`{knob_name}`" in text, (name, knob_name)
 
 

@@ -4,7 +4,6 @@ Literal field works from YAML and the command line, and the small parse-time che
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sys
@@ -122,9 +121,9 @@ def test_config_reads_piece_names_from_the_registries(monkeypatch):
 def test_reward_specs_with_spaces_parse_or_fail_in_one_line():
     cfg = load_config(CONFIGS / "grpo.yaml", ["rewards=task *0.5"])
     assert cfg.rewards.functions == ["task *0.5"]
-    from regroup.config.schema import parse_reward_spec
+    from regroup.config.schema import parse_weighted
 
-    assert parse_reward_spec("task *0.5") == ("task", 0.5) and parse_reward_spec(" math * 2 ") == ("math", 2.0)
+    assert parse_weighted("task *0.5") == ("task", 0.5) and parse_weighted(" math * 2 ") == ("math", 2.0)
     for bad, message in (("ta sk*0.5", "is not 'name' or 'name\\*weight'"), ("task*", "not a number")):
         with pytest.raises(ConfigError, match=message) as err:
             load_config(CONFIGS / "grpo.yaml", [f"rewards={bad}"])
@@ -369,7 +368,4 @@ def test_an_old_saved_config_is_refused_in_one_line_not_migrated():
     saved["train"] |= {"tensorboard": True}
     with pytest.raises(ConfigError, match=r"^unknown config key train.tensorboard"):
         config_from_dict(saved)
-    assert not any(
-        f.name in ("tensorboard", "wandb")
-        for f in dataclasses.fields(load_config(CONFIGS / "grpo.yaml").train.__class__)
-    )
+    assert not {"tensorboard", "wandb"} & set(type(load_config(CONFIGS / "grpo.yaml").train).model_fields)

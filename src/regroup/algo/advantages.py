@@ -12,7 +12,6 @@ Two advantage estimators are registered on `ADV_ESTIMATORS` (`grpo.advantage_est
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -25,7 +24,8 @@ from regroup.algo.stats import (
     segment_count,
     segment_sum,
 )
-from regroup.config.registry import ADV_ESTIMATORS, knob
+from regroup.config.fields import F, Knobs
+from regroup.config.registry import ADV_ESTIMATORS
 
 SCALES = ("group", "batch", "none")
 
@@ -96,14 +96,13 @@ def group_advantages(
     return torch.where(live, centred / (std + eps), torch.zeros_like(r0))
 
 
-@dataclass(frozen=True)
-class GRPOAdvantageArgs:
+class GRPOAdvantageArgs(Knobs):
     """`grpo.advantage_estimator_args` of `advantage_estimator: grpo`."""
 
-    scale: Literal["group", "batch"] = knob(
+    scale: Literal["group", "batch"] = F(
         "group", "Divide by the std of the sample's group, or by one std over the batch (TRL scale_rewards=batch)."
     )
-    eps: float = knob(1e-4, "Added to the std before dividing (a uniform group has std 0).", gt=0.0, le=1.0)
+    eps: float = F(1e-4, "Added to the std before dividing (a uniform group has std 0).", gt=0.0, le=1.0)
 
 
 @ADV_ESTIMATORS.register("grpo", args=GRPOAdvantageArgs)

@@ -13,20 +13,18 @@ the caller's (TRL's cispo normalises like dapo: `grpo.loss_agg=token_mean`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor
 
 from regroup.algo.ratios import importance_ratio, per_token_advantages
-from regroup.config.registry import POLICY_LOSSES, knob
+from regroup.config.fields import F, Knobs
+from regroup.config.registry import POLICY_LOSSES
 
 
-@dataclass(frozen=True)
-class CISPOArgs:
+class CISPOArgs(Knobs):
     """`grpo.policy_loss_args` of `policy_loss: cispo`."""
 
-    clip_max: float = knob(
+    clip_max: float = F(
         5.0,
         "The cap ε_max on the detached importance weight (TRL's epsilon_high for cispo; ScaleRL: 5).",
         gt=0.0,

@@ -17,21 +17,19 @@ Which prompt the log-probs are conditioned on is the caller's choice, so TA-GRPO
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor
 
 from regroup.algo.ratios import per_token_advantages
-from regroup.config.registry import POLICY_LOSSES, knob
+from regroup.config.fields import F, Knobs
+from regroup.config.registry import POLICY_LOSSES
 
 
-@dataclass(frozen=True)
-class GMPOArgs:
+class GMPOArgs(Knobs):
     """`grpo.policy_loss_args` of `policy_loss: gmpo` (verl's clip_ratio_low / clip_ratio_high)."""
 
-    clip_low: float = knob(0.4, "A token's log ratio is clipped at -clip_low (paper: 0.4).", ge=0.0, le=20.0)
-    clip_high: float = knob(0.4, "A token's log ratio is clipped at +clip_high (paper: 0.4).", ge=0.0, le=20.0)
+    clip_low: float = F(0.4, "A token's log ratio is clipped at -clip_low (paper: 0.4).", ge=0.0, le=20.0)
+    clip_high: float = F(0.4, "A token's log ratio is clipped at +clip_high (paper: 0.4).", ge=0.0, le=20.0)
 
 
 def gmpo_loss(

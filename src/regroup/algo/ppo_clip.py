@@ -12,21 +12,20 @@ ratio cannot produce an unbounded update; TRL recommends δ > 1 + ε_high. This 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
 from torch import Tensor
 
 from regroup.algo.ratios import clip_ratio, importance_ratio, per_token_advantages
-from regroup.config.registry import POLICY_LOSSES, knob
+from regroup.config.fields import F, Knobs
+from regroup.config.registry import POLICY_LOSSES
 
 
-@dataclass(frozen=True)
-class ClipArgs:
+class ClipArgs(Knobs):
     """The knobs of the clipped losses (ppo_clip, gspo, luspo): `grpo.policy_loss_args`."""
 
-    delta: Optional[float] = knob(
+    delta: Optional[float] = F(
         None,
         "Two-sided clip (INTELLECT-2; TRL's delta): the unclipped ratio is capped at delta; null: off. "
         "TRL recommends delta > 1 + eps_high.",

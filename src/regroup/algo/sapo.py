@@ -13,21 +13,21 @@ gradient. This is TRL 1.16's `loss_type="sapo"` (`GRPOTrainer._compute_loss`, `s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor
 
 from regroup.algo.ratios import importance_ratio, per_token_advantages
-from regroup.config.registry import POLICY_LOSSES, knob
+from regroup.config.fields import F, Knobs
+from regroup.config.registry import POLICY_LOSSES
 
 
-@dataclass(frozen=True)
-class SAPOArgs:
+class SAPOArgs(Knobs):
     """`grpo.policy_loss_args` of `policy_loss: sapo` (TRL's `sapo_temperature_pos` / `_neg`)."""
 
-    temperature_pos: float = knob(1.0, "τ_pos: the gate's temperature where A > 0 (TRL's default).", gt=0.0, le=1e3)
-    temperature_neg: float = knob(1.05, "τ_neg: the gate's temperature where A <= 0 (TRL's default).", gt=0.0, le=1e3)
+    # >= 1e-6: the gate's scale 4/τ times a batch of tokens must stay far inside float32, where the loss is summed
+    # (τ = 1e-37 passes > 0 and overflows it: every update NaN, and skipped)
+    temperature_pos: float = F(1.0, "τ_pos: the gate's temperature where A > 0 (TRL's default).", ge=1e-6, le=1e3)
+    temperature_neg: float = F(1.05, "τ_neg: the gate's temperature where A <= 0 (TRL's default).", ge=1e-6, le=1e3)
 
 
 def sapo_loss(

@@ -18,27 +18,26 @@ TRL normalises vespo like dapo (`grpo.loss_agg=token_mean`).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from regroup.algo.ratios import per_token_advantages
-from regroup.config.registry import POLICY_LOSSES, knob
+from regroup.config.fields import F, Knobs
+from regroup.config.registry import POLICY_LOSSES
 
 LOG_RATIO_CLAMP = 20.0  # TRL: clamp(log_ratio_per_token, -20, 20)
 LOG_W_MIN = math.log(1e-8)  # TRL: log w >= log(1e-8)
 LAMBDA_MIN = 1e-4  # TRL: lambda_seq.clamp(min=1e-4)
 
 
-@dataclass(frozen=True)
-class VESPOArgs:
+class VESPOArgs(Knobs):
     """`grpo.policy_loss_args` of `policy_loss: vespo` (TRL's `vespo_k_pos` ... `vespo_lambda_neg`)."""
 
-    k_pos: float = knob(2.0, "k where A >= 0: the power that down-weights responses with w < 1.", ge=0.0, le=100.0)
-    lambda_pos: float = knob(3.0, "λ where A >= 0: the decay that down-weights responses with w > 1.", ge=0.0, le=100.0)
-    k_neg: float = knob(3.0, "k where A < 0.", ge=0.0, le=100.0)
-    lambda_neg: float = knob(2.0, "λ where A < 0.", ge=0.0, le=100.0)
+    k_pos: float = F(2.0, "k where A >= 0: the power that down-weights responses with w < 1.", ge=0.0, le=100.0)
+    lambda_pos: float = F(3.0, "λ where A >= 0: the decay that down-weights responses with w > 1.", ge=0.0, le=100.0)
+    k_neg: float = F(3.0, "k where A < 0.", ge=0.0, le=100.0)
+    lambda_neg: float = F(2.0, "λ where A < 0.", ge=0.0, le=100.0)
 
 
 @torch.no_grad()

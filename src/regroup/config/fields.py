@@ -1,103 +1,261 @@
-"""Typed dataclass fields that carry their own help and bounds, built from YAML and dotted overrides.
+"""One way to declare and check a setting, for run-config sections and piece knobs alike.
 
-`F(default, "help", ge=/gt=/le=/lt=)` declares a field (`regroup.config.schema` declares every config field with it);
-`build(cls, mapping)` makes the dataclass from a mapping, checking each value against its type: `Literal`
-choices (1 is not True), int / float / bool / str, `Optional`, lists (a comma string becomes a list) and
-nested sections; bounds are checked by the caller (`NumericRule.check`), after the cross-section defaults
-are in. Every error is a one-line ConfigError naming the dotted key. Knows nothing of regroup's sections.
+A setting is a field of a pydantic model: `Section` for a run-config section, `Knobs` for a piece's knobs (frozen),
+declared `name: type = F(default, "help", ge=/gt=/le=/lt=)`. pydantic checks each value against its type and bounds
+(strict, `extra="forbid"`, no NaN or inf) after `lenient` has admitted the spellings a YAML user writes: YAML 1.1's
+"3e-4" for a number, on / off / yes / no for a bool, "a,b" for a list, 2.0 for an integer. A float setting must be
+0 or a normal float32, the dtype the loss computes in. `check(cls, mapping, prefix)` builds a model and words
+pydantic's first error as one `ConfigError` line naming the dotted key; `field_docs` renders the help with the
+bounds for both. Nothing is read from the environment (pydantic, not pydantic-settings).
+
+Also here, hand-written because no YAML library has them: the YAML reader (YAML 1.2 booleans, each key once, size
+and depth limits), `extends:`, dotted `key=value` overrides.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
+import difflib
+import functools
 import os
 import re
 import types
 import typing
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, create_model, field_validator
+from pydantic_core import PydanticCustomError
 
-from regroup.config.registry import did_you_mean
 from regroup.errors import ConfigError
 
-
-@dataclass(frozen=True)
-class NumericRule:
-    """A finite number in [low, high] (an end is open when `*_open`); None means unbounded on that side."""
-
-    low: float | None = None
-    high: float | None = None
-    low_open: bool = False
-    high_open: bool = False
-
-    def describe(self) -> str:
-        text = lambda x: (
-            str(int(x)) if float(x).is_integer() and abs(x) < 2**53 else f"{x:g}"
-        )  # a one-line key function (E731 is off project-wide)
-        parts = [f"{'>' if self.low_open else '>='} {text(self.low)}"] if self.low is not None else []
-        parts += [f"{'<' if self.high_open else '<='} {text(self.high)}"] if self.high is not None else []
-        return "a finite number " + " and ".join(parts) if parts else "a finite number"
-
-    def ok(self, value: float) -> bool:
-        if isinstance(value, float) and not math.isfinite(value):
-            return False
-        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
-            return False
-        return not (self.high is not None and (value >= self.high if self.high_open else value > self.high))
-
-    def check(self, key: str, value) -> None:
-        if value is not None and not self.ok(value):
-            raise ConfigError(f"{key} must be {self.describe()}, got {value!r}")
-
-
-def at_least(low: float, high: float | None = None) -> NumericRule:
-    return NumericRule(low=low, high=high)
-
-
-def above(low: float, high: float | None = None) -> NumericRule:
-    return NumericRule(low=low, high=high, low_open=True)
-
-
-def F(default: Any, help: str, *, ge=None, gt=None, le=None, lt=None, finite: bool = False, path: bool = False):
-    """A config field: its default (a section class or a list is copied per instance), its help line, and
-    for a number its bounds: ge / gt (>= / >), le / lt (<= / <), or `finite=True` for any finite number.
-    `path=True`: a leading `~` is expanded on load."""
-    rule = None
-    if finite or any(b is not None for b in (ge, gt, le, lt)):
-        rule = NumericRule(gt if gt is not None else ge, lt if lt is not None else le, gt is not None, lt is not None)
-    meta = {"help": help, "rule": rule, "path": path}
-    if isinstance(default, type) or isinstance(default, list):
-        return field(default_factory=default if isinstance(default, type) else lambda: list(default), metadata=meta)
-    return field(default=default, metadata=meta)
-
-
-def leaves(cls, prefix: str = ""):
-    """(dotted key, dataclasses.Field, type hint) of every leaf field of the dataclass `cls`, depth first."""
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        if dataclasses.is_dataclass(hints[f.name]):
-            yield from leaves(hints[f.name], prefix + f.name + ".")
-        else:
-            yield prefix + f.name, f, hints[f.name]
-
-
-def scalar_types(hint) -> list:
-    """The types a hint allows besides None (`Optional[int]` -> [int])."""
-    if get_origin(hint) in (typing.Union, types.UnionType):
-        return [a for a in get_args(hint) if a is not type(None)]
-    return [hint]
-
-
+MAX_DEPTH = 32
+"""Nesting a config may have (sections, lists): a real one has 4 levels; 30,000 `[` is an attack, not a recipe."""
+MAX_TEXT = 1 << 20
+"""Characters a config file or one override may have."""
+MAX_INT_DIGITS = 18
+"""Digits an integer value may have: every int setting is bounded far below 10**18."""
+FLOAT32_TINY, FLOAT32_MAX = 2.0**-126, float.fromhex("0x1.fffffep+127")
+"""The smallest normal and the largest float32: a float setting outside them (and not 0) is 0, subnormal or inf
+where the loss uses it (1e-320 passes `gt=0` and is 0 in float32)."""
 YAML_BOOLS = {"true": True, "false": False, "yes": True, "no": False, "on": True, "off": False}
+BOUNDS = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
+
+
+def did_you_mean(name: Any, known) -> str:
+    """` (did you mean 'x'?)` for the closest of `known`, or ""."""
+    close = difflib.get_close_matches(str(name), [str(k) for k in known], n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def F(default: Any, help=None, *, ge=None, gt=None, le=None, lt=None, finite=False, path=False, resume=False) -> Any:
+    """A setting: its default (a section class, a list or a dict is made afresh per instance), its help (here, or
+    the docstring under the field) and, for a number, its bounds: ge / gt (>= / >), le / lt (<= / <), or
+    `finite=True` for any finite number. `path=True`: a leading `~` is expanded. `resume=True`: a `--resume` may
+    change it (`schema.RESUME_OVERRIDABLE`)."""
+    extra: Any = {name: True for name, on in (("finite", finite), ("path", path), ("resume", resume)) if on}
+    if isinstance(default, type) or isinstance(default, (list, dict)):
+        made = default if isinstance(default, type) else functools.partial(type(default), default)
+        return Field(default_factory=made, description=help, ge=ge, gt=gt, le=le, lt=lt, json_schema_extra=extra)
+    return Field(default, description=help, ge=ge, gt=gt, le=le, lt=lt, json_schema_extra=extra)
+
+
+def _kinds(hint: Any) -> set:
+    """The types a hint admits: Optional and Union members, a Literal's values' types, list / dict for list[...]."""
+    if get_origin(hint) in (typing.Union, types.UnionType):
+        return set().union(*(_kinds(a) for a in get_args(hint)))
+    if get_origin(hint) is Literal:
+        return {type(a) for a in get_args(hint)}
+    return {get_origin(hint) or hint}
+
+
+def lenient(value: Any, hint: Any) -> Any:
+    """`value` as pydantic's strict mode should see it: the spellings a YAML user writes admitted, and an integer
+    too long for any setting refused before it is converted (10**400 overflows a float)."""
+    kinds = _kinds(hint)
+    if isinstance(value, str):
+        if bool in kinds and value.lower() in YAML_BOOLS:
+            value = YAML_BOOLS[value.lower()]
+        elif list in kinds:
+            return [v.strip() for v in value.split(",") if v.strip()]
+        elif float in kinds:
+            try:
+                return float(value)
+            except ValueError:
+                return value
+    if get_origin(hint) is Literal and not any(value == c and type(value) is type(c) for c in get_args(hint)):
+        raise PydanticCustomError("literal_error", "")  # pydantic takes 1 for True
+    if isinstance(value, int) and not isinstance(value, bool) and kinds & {int, float}:
+        what = "number" if float in kinds else "integer"
+        if abs(value) >= (10**308 if float in kinds else 10**MAX_INT_DIGITS):
+            raise PydanticCustomError("too_long", f"a {{n}}-digit {what} is out of range", {"n": len(str(abs(value)))})
+        return float(value) if float in kinds else value
+    if isinstance(value, float) and int in kinds and float not in kinds and value.is_integer():
+        return int(value)
+    return value
+
+
+class Section(BaseModel):
+    """A group of settings, checked by pydantic when built (`check`); unknown keys are refused."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, use_attribute_docstrings=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _lenient(cls, value: Any, info: ValidationInfo) -> Any:
+        return lenient(value, cls.model_fields[str(info.field_name)].annotation)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _usable(cls, value: Any, info: ValidationInfo) -> Any:
+        if isinstance(value, float) and value != 0 and not FLOAT32_TINY <= abs(value) <= FLOAT32_MAX:
+            size = "0" if abs(value) < 2.0**-150 else "subnormal" if abs(value) < FLOAT32_TINY else "inf"
+            raise PydanticCustomError(
+                "float32",
+                "{value} is {size} in float32, the dtype of the tensors it meets; a float setting must be 0 or "
+                "1.2e-38 to 3.4e+38 in size",
+                {"value": repr(value), "size": size},
+            )
+        extra = cls.model_fields[str(info.field_name)].json_schema_extra
+        if isinstance(extra, dict) and extra.get("path") and isinstance(value, str):
+            return os.path.expanduser(value)  # `run_dir=~/x` means the home folder, not ./~
+        return value
+
+
+class Knobs(Section):
+    """A piece's knobs (`Args`): settings like a section's, frozen once built."""
+
+    model_config = ConfigDict(frozen=True)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:60] + f"... ({len(text)} characters)"
+
+
+def _number(x: float) -> str:
+    return str(x) if isinstance(x, int) else f"{x:g}"
+
+
+def bounds(field: Any) -> dict[str, float]:
+    """{"ge" / "gt" / "le" / "lt": value} of a setting's bounds."""
+    found = {op: getattr(m, op) for m in field.metadata for op in BOUNDS if getattr(m, op, None) is not None}
+    return {op: found[op] for op in BOUNDS if op in found}
+
+
+def describe(field: Any) -> str:
+    """ "a finite number > 0 and <= 1" for a bounded setting (or one declared `finite`), else ""."""
+    parts = [f"{BOUNDS[op]} {_number(x)}" for op, x in bounds(field).items()]
+    extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+    return " ".join(["a finite number", " and ".join(parts)]).strip() if parts or extra.get("finite") else ""
+
+
+def _choices(hint: Any) -> list:
+    """The values a Literal setting (or a union with a Literal) may take; [] for any other."""
+    if get_origin(hint) in (typing.Union, types.UnionType):
+        return [c for a in get_args(hint) for c in _choices(a)]
+    return list(get_args(hint)) if get_origin(hint) is Literal else []
+
+
+def _is_section(hint: Any) -> bool:
+    return isinstance(hint, type) and issubclass(hint, BaseModel)
+
+
+def explain(error: Any, cls: Any, prefix: str = "", owner: str = "") -> str:
+    """One line for pydantic's `error` in a `cls` built under the dotted `prefix`; `owner`: the piece whose knobs
+    `cls` holds (its unknown keys are "unknown knob ... of owner")."""
+    node, key, field = cls, prefix.rstrip("."), None  # node: the model (or type) at the loc so far
+    for part in error["loc"]:
+        if isinstance(part, int):
+            key += f"[{part}]"
+        elif _is_section(node) and part in node.model_fields:
+            field, key = node.model_fields[part], f"{key}.{part}" if key else part
+            node = field.annotation
+        elif error["type"] == "extra_forbidden" and _is_section(node):
+            known = list(node.model_fields)
+            if owner:
+                return f"{key}: unknown knob {part!r} of {owner}{did_you_mean(part, known)} (known: {', '.join(known)})"
+            where = f"{key}." if key else ""
+            return (
+                f"unknown config key {where}{part}{did_you_mean(part, known)} (known under {where or 'top level'}: "
+                f"{', '.join(sorted(known))})"
+            )
+        else:
+            break
+    kind, value = error["type"], error.get("input")
+    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal", "finite_number") and field:
+        return f"{key} must be {describe(field)}, got {_short(value)}"
+    choices = _choices(field.annotation) if field else []
+    if choices and kind not in ("too_long", "float32"):
+        hint = did_you_mean(value, [str(c) for c in choices]) if isinstance(value, str) else ""
+        return f"{key}: must be one of {', '.join(map(repr, choices))}; got {_short(value)}{hint}"
+    expected = {"int": "an integer", "float": "a number", "bool": "true/false", "string": "a string"}
+    expected |= {"list": "a list", "dict": "a mapping", "model": "a section (mapping)"}
+    if value is None and kind.split("_")[0] in expected:
+        return f"{key}: must not be null"
+    if kind.split("_")[0] in expected:
+        return f"{key}: expected {expected[kind.split('_')[0]]}, got {_short(value)}"
+    reason = error.get("ctx", {}).get("error", error["msg"])  # a validator's own ValueError, or ours
+    return f"{key}: {reason}" if key else str(reason)
+
+
+def check(cls: Any, data: Any, prefix: str = "", owner: str = "") -> Any:
+    """`cls` built from the mapping `data` (its dotted keys under `prefix`); ConfigError: one line, the first error."""
+    try:
+        return cls.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(explain(exc.errors()[0], cls, prefix, owner)) from None
+
+
+@functools.cache
+def _one(hint: Any, limits: tuple) -> type[BaseModel]:
+    return create_model("Value", __base__=Section, value=(hint, F(None, "", **dict(limits))))
+
+
+def check_value(value: Any, hint: Any, **limits: float) -> Any:
+    """One value against a type and bounds, as a setting's (a command-line option's); ConfigError "must be ..."."""
+    try:
+        return check(_one(hint, tuple(limits.items())), {"value": value}).value
+    except ConfigError as exc:
+        raise ConfigError(str(exc).removeprefix("value").lstrip(": ")) from None
+
+
+def leaves(cls: Any, prefix: str = ""):
+    """(dotted key, FieldInfo, type hint) of every leaf setting of the model `cls`, depth first."""
+    for name, field in cls.model_fields.items():
+        if _is_section(field.annotation):
+            yield from leaves(field.annotation, prefix + name + ".")
+        else:
+            yield prefix + name, field, field.annotation
+
+
+def numeric_keys(cls: type[BaseModel]) -> list[str]:
+    """Dotted keys of every int / float (optional or not) leaf setting of `cls`."""
+    return [key for key, _, hint in leaves(cls) if _kinds(hint) & {int, float}]
+
+
+def numeric_rules(cls: type[BaseModel]) -> dict[str, dict[str, float]]:
+    """The bounds of every leaf setting of `cls` that declares some (or `finite`), by dotted key."""
+    return {key: bounds(f) for key, f, _ in leaves(cls) if describe(f)}
+
+
+def field_docs(cls: type[BaseModel], prefix: str = "") -> list[tuple[str, str, str]]:
+    """(dotted key, default, help with the bounds appended) of every leaf setting of `cls`: `regroup config`'s
+    listing, and a piece's knobs in the docs."""
+    rows = []
+    for key, f, _ in leaves(cls, prefix):
+        rule = describe(f)
+        text = " ".join((f.description or "").split()) + (rule and f" [{rule}]")
+        rows.append((key, repr(f.get_default(call_default_factory=True)), text))
+    return rows
+
+
+# ---- YAML: the files, the overrides ------------------------------------------------------------------------------
 
 
 class YamlLoader(yaml.SafeLoader):
     """yaml.SafeLoader with YAML 1.2's booleans (true / false only): YAML 1.1 also reads on / off / yes / no
-    as booleans, which made `data.chat_template=on` arrive as True. A bool field still takes those words."""
+    as booleans, which made `data.chat_template=on` arrive as True. A bool setting still takes those words."""
 
 
 YamlLoader.yaml_implicit_resolvers = {
@@ -107,13 +265,6 @@ YamlLoader.yaml_implicit_resolvers = {
 YamlLoader.add_implicit_resolver(
     "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
 )
-
-MAX_DEPTH = 32
-"""Nesting a config may have (sections, lists): a real one has 4 levels; 30,000 `[` is an attack, not a recipe."""
-MAX_TEXT = 1 << 20
-"""Characters a config file or one override may have."""
-MAX_INT_DIGITS = 18
-"""Digits an integer value may have: every int field is bounded far below 10**18."""
 
 
 class DuplicateKeyError(yaml.constructor.ConstructorError):
@@ -178,82 +329,6 @@ def load_yaml(text: str, source: str) -> Any:
     return data
 
 
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:60] + f"... ({len(text)} characters)"
-
-
-def check_value(value: Any, hint: Any, key: str) -> Any:
-    """Check (and minimally coerce) one value against a type hint; raise ConfigError naming `key`."""
-    if dataclasses.is_dataclass(hint):
-        if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a section (mapping), got {type(value).__name__}")
-        return build(hint, value, key + ".")
-    if get_origin(hint) in (typing.Union, types.UnionType):
-        if value is None:
-            return None
-        hint = scalar_types(hint)[0]
-    elif value is None:
-        raise ConfigError(f"{key}: must not be null")
-    if get_origin(hint) is Literal:
-        choices = get_args(hint)
-        if not any(value == c and type(value) is type(c) for c in choices):  # 1 is not True
-            hint_text = did_you_mean(value, [str(c) for c in choices]) if isinstance(value, str) else ""
-            raise ConfigError(f"{key}: must be one of {', '.join(map(repr, choices))}; got {value!r}{hint_text}")
-        return value
-    if get_origin(hint) is list:
-        if isinstance(value, str):
-            value = [v.strip() for v in value.split(",") if v.strip()]
-        if not isinstance(value, list):
-            raise ConfigError(f"{key}: expected a list, got {type(value).__name__}")
-        return [check_value(v, get_args(hint)[0], f"{key}[{i}]") for i, v in enumerate(value)]
-    if hint is bool:
-        if isinstance(value, str) and value.lower() in YAML_BOOLS:
-            return YAML_BOOLS[value.lower()]
-        if not isinstance(value, bool):
-            raise ConfigError(f"{key}: expected true/false, got {value!r}")
-    elif hint is int:
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{key}: expected an integer, got {_short(value)}")
-        if abs(value) >= 10**MAX_INT_DIGITS:
-            raise ConfigError(f"{key}: a {len(str(abs(value)))}-digit integer is out of range")
-    elif hint is float:
-        if isinstance(value, str):  # YAML 1.1 reads "3e-4" as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{key}: expected a number, got {_short(value)}")
-        try:
-            return float(value)
-        except OverflowError:  # an integer beyond float range (10**400)
-            raise ConfigError(f"{key}: a {len(str(abs(value)))}-digit number is out of range") from None
-    elif hint is str and not isinstance(value, str):
-        raise ConfigError(f"{key}: expected a string, got {value!r}")
-    return value
-
-
-def build(cls, data: dict, prefix: str = ""):
-    """An instance of the dataclass `cls` from a mapping, every value checked against its field's type (nested
-    sections recursively)."""
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    for name in data:
-        if name not in fields:
-            raise ConfigError(
-                f"unknown config key {prefix}{name}{did_you_mean(name, fields)} (known under "
-                f"{prefix or 'top level'}: {', '.join(sorted(fields))})"
-            )
-    kwargs = {name: check_value(value, hints[name], prefix + name) for name, value in data.items()}
-    for name, value in kwargs.items():
-        if fields[name].metadata.get("path") and isinstance(value, str) and value.startswith("~"):
-            kwargs[name] = os.path.expanduser(value)  # `run_dir=~/x` means the home folder, not ./~
-    return cls(**kwargs)
-
-
 def merge(base: dict, over: dict) -> dict:
     out = dict(base)
     for k, v in over.items():
@@ -262,6 +337,7 @@ def merge(base: dict, over: dict) -> dict:
 
 
 def read_yaml(path: Path, seen: tuple = ()) -> dict:
+    """A config file as a mapping, its `extends:` parent (a path relative to it) merged under it."""
     if path in seen:
         raise ConfigError(f"{path}: 'extends' loop")
     try:
@@ -290,33 +366,13 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return key.strip().split("."), value
 
 
-def numeric_keys(cls) -> list[str]:
-    """Dotted keys of every int / float (optional or not) leaf field of `cls`."""
-    return [key for key, _, hint in leaves(cls) if any(t in (int, float) for t in scalar_types(hint))]
-
-
-def numeric_rules(cls) -> dict[str, NumericRule]:
-    """The bounds of every leaf field of `cls` that has them, by dotted key."""
-    return {key: f.metadata["rule"] for key, f, _ in leaves(cls) if f.metadata.get("rule") is not None}
-
-
-def field_docs(cls) -> list[tuple[str, str, str]]:
-    """(dotted key, default, help with the bounds appended) for every leaf field of `cls`."""
-    rows = []
-    for key, f, _ in leaves(cls):
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        rule = f.metadata.get("rule")
-        rows.append((key, repr(default), f.metadata.get("help", "") + (f" [{rule.describe()}]" if rule else "")))
-    return rows
-
-
 def apply_overrides(data: dict, overrides, shorthands: dict[str, str] | None = None) -> dict:
     """Set each `dotted.key=value` in the nested mapping `data` (in place; also returned). `shorthands`: a
     key whose list value (or comma string) belongs to a sub-key, e.g. {"rewards": "rewards.functions"}."""
     for text in overrides:
         keys, value = parse_override(text)
         if isinstance(value, (list, str)) and ".".join(keys) in (shorthands or {}):
-            keys = shorthands[".".join(keys)].split(".")  # `rewards=[math]` keeps the section's other keys
+            keys = (shorthands or {})[".".join(keys)].split(".")  # `rewards=[math]` keeps the section's other keys
         node = data
         for k in keys[:-1]:
             node = node.setdefault(k, {})

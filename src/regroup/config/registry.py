@@ -7,29 +7,33 @@ no registration: its name is the dotted path `"package.module:object"`, which `R
 registries below are the single source of piece names: config validation, `regroup config --stages` and
 the docs read them.
 
-A piece with knobs declares them as a small frozen dataclass whose fields are `knob(default, "help",
-ge=/gt=/le=/lt=)` and attaches it as the piece's `Args` attribute (`register(..., args=)` or `@takes(Args)`,
-which a user's piece uses too). `parse_args(Args, mapping, key)` builds it from the user's mapping (e.g.
-`grpo.policy_loss_args`): an unknown knob, a wrong type or a value out of bounds is one ValueError naming
-the key. The piece is then called with the built dataclass as its `args=` keyword.
+A piece with knobs declares them as a `Knobs` model whose fields are `F(default, "help", ge=/gt=/le=/lt=)`, the
+run config's own kind of setting (`regroup.config.fields`), and attaches it as the piece's `Args` attribute
+(`register(..., args=)` or `@takes(Args)`, which a user's piece uses too; a frozen dataclass of `knob` fields, the
+older form, is checked the same way). `parse_args(Args, mapping, key)` builds it from the user's mapping (e.g.
+`grpo.policy_loss_args`): an unknown knob, a wrong type or a value out of bounds is one ConfigError naming the
+key. The piece is then called with the built knobs as its `args=` keyword.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
+import functools
 import importlib
-import math
-import types
 import typing
 from collections.abc import Callable, Mapping
-from typing import Any, Literal, get_args, get_origin
+from typing import Any
+
+from pydantic import BaseModel, Field, create_model
+
+from regroup.config.fields import F, Knobs, check, did_you_mean
+from regroup.errors import ConfigError
 
 
-def did_you_mean(name: str, known) -> str:
-    """` (did you mean 'x'?)` for the closest of `known`, or ""."""
-    close = difflib.get_close_matches(str(name), [str(k) for k in known], n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+def knob(default: Any, help: str, **bounds: Any) -> Any:
+    """A knob of the older form of `Args`, a frozen dataclass: its default, and the setting `F(default, help,
+    **bounds)` that checks it (`knob_model`)."""
+    return dataclasses.field(default=default, metadata={"setting": F(default, help, **bounds)})
 
 
 class Registry:
@@ -42,7 +46,7 @@ class Registry:
 
     def register(self, name: str, obj: Any = None, *, args: type | None = None):
         """Register `obj` as `name` (or use as `@registry.register(name)`); a name is registered once.
-        `args`: the piece's knobs (a dataclass of `knob` fields), attached as its `Args` attribute."""
+        `args`: the piece's knobs (a `Knobs` model), attached as its `Args` attribute."""
         if ":" in name:
             raise ValueError(f"{self.kind} name {name!r} must not contain ':' (that marks a dotted path)")
         if args is not None:
@@ -81,6 +85,20 @@ class Registry:
             f"unknown {self.kind} {name!r}; known: {', '.join(self._items)} or "
             f"'package.module:object'{did_you_mean(name, self._items)}"
         )
+
+    def resolve(self, key: str, name: str, must_call: bool = True) -> Any:
+        """`get(name)` for the setting `key`: a ConfigError naming it when the name is unknown, its module fails to
+        import, it is not callable (`must_call`), or its `Args` is malformed."""
+        try:
+            obj = self.get(name)
+            args_class(obj)
+        except ValueError as e:
+            raise ConfigError(f"{key}: {e}") from None
+        except Exception as e:  # the user's module failed while importing
+            raise ConfigError(f"{key}: importing {name!r} failed: {type(e).__name__}: {e}") from None
+        if must_call and not callable(obj):
+            raise ConfigError(f"{key}: {name!r} is a {type(obj).__name__}, not callable")
+        return obj
 
 
 STAGES = Registry("stage")
@@ -149,18 +167,9 @@ def build_named(
 
 # ---- a piece's knobs -------------------------------------------------------------------------------------------
 
-_BOUNDS = ("ge", "gt", "le", "lt")
-_SYMBOLS = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
-
-
-def knob(default: Any, help: str, *, ge=None, gt=None, le=None, lt=None):
-    """A field of a piece's `Args` dataclass: its default, its help line and, for a number, its bounds
-    (ge / gt: >= / >, le / lt: <= / <). Every numeric knob of a built-in has bounds (a test checks it)."""
-    return dataclasses.field(default=default, metadata={"help": help, "ge": ge, "gt": gt, "le": le, "lt": lt})
-
 
 def takes(args: type):
-    """`@takes(Args)`: the decorated piece (a user's too) declares the knobs `Args` (a dataclass of `knob`s)."""
+    """`@takes(Args)`: the decorated piece (a user's too) declares the knobs `Args`."""
     check_args_class(args, getattr(args, "__qualname__", "Args"))
 
     def attach(obj):
@@ -171,16 +180,34 @@ def takes(args: type):
 
 
 def check_args_class(args: Any, what: str) -> None:
-    """A piece's `Args` must be a dataclass whose fields all have defaults (the knobs are optional)."""
-    if not (isinstance(args, type) and dataclasses.is_dataclass(args)):
-        raise ValueError(f"{what}: its Args must be a dataclass, got {args!r}")
-    for f in dataclasses.fields(args):
-        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise ValueError(f"{what}: knob {f.name!r} of {args.__name__} needs a default")
+    """A piece's `Args`: a `Knobs` model (or a dataclass) whose knobs all have defaults (the knobs are optional)."""
+    if not (isinstance(args, type) and (issubclass(args, Knobs) or dataclasses.is_dataclass(args))):
+        raise ValueError(f"{what}: its Args must be a regroup.config.fields.Knobs model, got {args!r}")
+    for name, field in knob_model(args).model_fields.items():
+        if field.is_required():
+            raise ValueError(f"{what}: knob {name!r} of {args.__name__} needs a default")
+
+
+@functools.cache
+def knob_model(args: Any) -> type[BaseModel]:
+    """The `Knobs` model of a piece's `Args`: itself, or one made from a dataclass's fields (their `knob` defaults
+    carry the help and bounds), so both forms are checked by the one mechanism."""
+    if issubclass(args, BaseModel):
+        return args
+    hints, missing = typing.get_type_hints(args), dataclasses.MISSING
+    made: Any = lambda f: ... if f.default_factory is missing else Field(default_factory=f.default_factory)
+    fields: Any = {
+        f.name: (hints[f.name], f.metadata.get("setting", made(f) if f.default is missing else f.default))
+        for f in dataclasses.fields(args)
+    }
+    try:
+        return create_model(args.__name__, __base__=Knobs, **fields)
+    except Exception as exc:  # a type pydantic cannot check
+        raise ValueError(f"{args.__name__}: {exc}") from None
 
 
 def args_class(obj: Any) -> type | None:
-    """The piece's `Args` dataclass, or None when it has no knobs."""
+    """The piece's `Args`, or None when it has no knobs."""
     args = getattr(obj, "Args", None)
     if args is not None:
         check_args_class(args, f"{obj!r}")
@@ -188,95 +215,29 @@ def args_class(obj: Any) -> type | None:
 
 
 def call_piece(piece: Any, args: Any, *inputs: Any, **extra: Any) -> Any:
-    """`piece(*inputs, **extra)`, with `args=` when the piece declares knobs (an `Args` dataclass)."""
+    """`piece(*inputs, **extra)`, with `args=` when the piece declares knobs (an `Args`)."""
     if args_class(piece) is not None:
         extra["args"] = args
     return piece(*inputs, **extra)
 
 
-def knob_rows(args: type) -> list[tuple[str, str, str, str]]:
-    """(name, type, default, help with bounds) per knob of `args`, for the docs and `regroup config`."""
-    hints = typing.get_type_hints(args)
-    rows = []
-    for f in dataclasses.fields(args):
-        bounds = [f"{_SYMBOLS[op]} {f.metadata[op]:g}" for op in _BOUNDS if f.metadata.get(op) is not None]
-        text = f.metadata.get("help", "") + (f" [{', '.join(bounds)}]" if bounds else "")
-        rows.append((f.name, getattr(hints[f.name], "__name__", str(hints[f.name])), repr(f.default), text))
-    return rows
-
-
-def _knob_value(value: Any, hint: Any, key: str, meta: Mapping) -> Any:
-    """`value` checked against the knob's type hint and bounds (ints become floats for a float knob)."""
-    if get_origin(hint) in (typing.Union, types.UnionType):
-        if value is None:
-            return None
-        hint = next(a for a in get_args(hint) if a is not type(None))
-    elif value is None:
-        raise ValueError(f"{key}: must not be null")
-    if get_origin(hint) is Literal:
-        choices = get_args(hint)
-        if not any(value == c and type(value) is type(c) for c in choices):
-            raise ValueError(f"{key}: must be one of {', '.join(map(repr, choices))}; got {value!r}")
-        return value
-    if hint is bool:
-        if not isinstance(value, bool):
-            raise ValueError(f"{key}: expected true/false, got {value!r}")
-        return value
-    if hint is str:
-        if not isinstance(value, str):
-            raise ValueError(f"{key}: expected a string, got {value!r}")
-        return value
-    if hint in (int, float):
-        if isinstance(value, str) and hint is float:  # YAML 1.1 reads "3e-4" as a string
-            try:
-                value = float(value)
-            except ValueError:
-                pass
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"{key}: expected {'an integer' if hint is int else 'a number'}, got {value!r}")
-        if hint is int:
-            if isinstance(value, float) and not value.is_integer():
-                raise ValueError(f"{key}: expected an integer, got {value!r}")
-            value = int(value)
-        else:
-            value = float(value)
-        ge, gt, le, lt = (meta.get(op) for op in _BOUNDS)
-        if (
-            (isinstance(value, float) and not math.isfinite(value))
-            or (ge is not None and value < ge)
-            or (gt is not None and value <= gt)
-            or (le is not None and value > le)
-            or (lt is not None and value >= lt)
-        ):
-            bounds = " and ".join(f"{_SYMBOLS[op]} {meta[op]:g}" for op in _BOUNDS if meta.get(op) is not None)
-            raise ValueError(f"{key} must be a finite number{' ' + bounds if bounds else ''}, got {value!r}")
-        return value
-    return value  # any other annotation: the piece checks it itself
-
-
 def parse_args(args: type | None, given: Any, key: str, what: str) -> Any:
-    """The `args` dataclass built from the user's mapping `given` (None or {}: the defaults), or None for a
-    piece without knobs. ValueError naming `key.<knob>` for an unknown knob, a wrong type or a bound."""
+    """The knobs `args` built from the user's mapping `given` (None or {}: the defaults), or None for a piece
+    without knobs. ConfigError naming `key.<knob>` for an unknown knob, a wrong type or a bound."""
     if given is None:
         given = {}
     if args is not None and isinstance(given, args):
         return given
     if not isinstance(given, Mapping):
-        raise ValueError(f"{key}: expected a mapping of knob: value, got {type(given).__name__} {given!r}")
+        raise ConfigError(f"{key}: expected a mapping of knob: value, got {type(given).__name__} {given!r}")
     if args is None:
         if given:
-            raise ValueError(f"{key}: {what} takes no knobs, got {', '.join(map(str, given))}")
+            raise ConfigError(f"{key}: {what} takes no knobs, got {', '.join(map(str, given))}")
         return None
-    hints = typing.get_type_hints(args)
-    fields = {f.name: f for f in dataclasses.fields(args)}
-    values = {}
-    for name, value in given.items():
-        if name not in fields:
-            raise ValueError(
-                f"{key}: unknown knob {name!r} of {what}{did_you_mean(name, fields)} (known: {', '.join(fields)})"
-            )
-        values[name] = _knob_value(value, hints[name], f"{key}.{name}", fields[name].metadata)
-    try:
-        return args(**values)
-    except (TypeError, ValueError) as exc:  # the dataclass's own cross-knob check (__post_init__)
-        raise ValueError(f"{key}: {exc}") from None
+    built = check(knob_model(args), dict(given), key + ".", owner=what)
+    if built.__class__ is args:
+        return built
+    try:  # a dataclass: built from the checked values, its own cross-knob check (__post_init__) included
+        return args(**dict(built))
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{key}: {exc}") from None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import inspect
 
 from regroup.config.registry import REWARDS, load_dotted
-from regroup.config.schema import parse_reward_spec
+from regroup.config.schema import parse_weighted
 from regroup.rewards import combine
 from regroup.rewards.deadline import DeadlineReward
 from regroup.rewards.isolated import DEFAULT_MEMORY_MB
@@ -29,7 +29,7 @@ def build_reward_fn(
     address space (0: no limit)."""
     parts = []
     for spec in specs:
-        name, weight = parse_reward_spec(spec)
+        name, weight = parse_weighted(spec)
         if ":" in name:
             fn = load_dotted(name)
             if timeout_s > 0:

@@ -7,10 +7,10 @@ one-line error naming the keys) and the recipe keeps what it returns. `advantage
 `grpo.advantage_estimator` and its knobs for the advantage stage; `loss_spec` checks it too.
 
 Each piece's knobs (`grpo.policy_loss_args`, `kl_estimator_args`, `loss_term_args`,
-`advantage_estimator_args`) are parsed against the piece's own `Args` dataclass (`regroup.config.registry.parse_args`).
-A user's piece (`pkg.mod:obj`) is also called once on a tiny dummy batch here (`check_plugins`), so that a
-wrong signature or output shape is one line now, not a traceback after the weights load and the first
-rollout. Errors are `ValueError`s; the config turns them into its `ConfigError`.
+`advantage_estimator_args`) are checked against the piece's own `Args` by the mechanism that checks the run
+config (`regroup.config.registry.parse_args`). A user's piece (`pkg.mod:obj`) is also called once on a tiny dummy
+batch here (`check_plugins`), so that a wrong signature or output shape is one line now, not a traceback after the
+weights load and the first rollout. Errors are `ConfigError`s.
 """
 
 from __future__ import annotations
@@ -31,100 +31,60 @@ from regroup.config.registry import (
     did_you_mean,
     parse_args,
 )
+from regroup.config.schema import parse_weighted
+from regroup.errors import ConfigError
 
 DUMMY_B, DUMMY_T = 4, 3  # the dummy batch a user's piece is called on: 2 groups of 2 responses, 3 tokens
 
 
-def parse_term_spec(spec: str) -> tuple[str, float]:
-    """`"name"` or `"name*coefficient"` (the name may be `pkg.mod:obj`) -> (name, coefficient)."""
-    name, star, coef = str(spec).rpartition("*") if "*" in str(spec) else (str(spec), "", "1")
-    name = name.strip()
-    try:
-        value = float(coef)
-    except ValueError:
-        raise ValueError(f"grpo.loss_terms: {spec!r}: the coefficient after '*' must be a number") from None
-    if not name:
-        raise ValueError(f"grpo.loss_terms: {spec!r} names no term")
-    if value != value or value in (float("inf"), float("-inf")):
-        raise ValueError(f"grpo.loss_terms: {spec!r}: the coefficient must be finite")
-    return name, value
-
-
-def _piece(key: str, name: str, registry, what: str) -> Any:
-    """A built-in, or a dotted path that imports to a callable; ValueError naming `key`."""
-    if ":" not in name:
-        if name not in registry:
-            raise ValueError(
-                f"{key}: unknown {what} {name!r}; known: {', '.join(registry.names())} or "
-                f"'package.module:function'{did_you_mean(name, registry.names())}"
-            )
-        return registry.get(name)
-    try:
-        obj = registry.get(name)  # imports it
-    except ValueError as exc:
-        raise ValueError(f"{key}: {exc}") from None
-    except Exception as exc:  # the user's module failed while importing
-        raise ValueError(f"{key}: importing {name!r} failed: {type(exc).__name__}: {exc}") from None
-    if not callable(obj):
-        raise ValueError(f"{key}: {name!r} is not callable")
-    try:
-        args_class(obj)
-    except ValueError as exc:
-        raise ValueError(f"{key}: {exc}") from None
-    return obj
-
-
-def _args(key: str, piece: Any, given: Any, name: str) -> Any:
-    """The piece's knobs parsed from the user's mapping under `key` (None for a piece without knobs)."""
-    return parse_args(args_class(piece), given, key, name)
+def _knobs_of(key: str, registry, name: str, given: Any) -> tuple[Any, Any]:
+    """(the piece `name` of the setting `key`, its knobs parsed from `key`_args): ConfigError naming the key."""
+    piece = registry.resolve(key, name)
+    return piece, parse_args(args_class(piece), given, f"{key}_args", name)
 
 
 def advantage_estimator(cfg) -> tuple[str, Any]:
-    """(`grpo.advantage_estimator`, its knobs parsed into its `Args`, or None) — ValueError naming the key."""
+    """(`grpo.advantage_estimator`, its knobs parsed into its `Args`, or None) — ConfigError naming the key."""
     g = cfg.grpo
-    fn = _piece("grpo.advantage_estimator", g.advantage_estimator, ADV_ESTIMATORS, "advantage estimator")
-    args = _args("grpo.advantage_estimator_args", fn, g.advantage_estimator_args, g.advantage_estimator)
-    return g.advantage_estimator, args
+    return g.advantage_estimator, _knobs_of(
+        "grpo.advantage_estimator", ADV_ESTIMATORS, g.advantage_estimator, g.advantage_estimator_args
+    )[1]
 
 
 def loss_spec(cfg, *, ratio_on_original: bool) -> LossSpec:
-    """The `LossSpec` of `cfg`, or ValueError naming the keys of a bad name, knob or combination. Also checks
+    """The `LossSpec` of `cfg`, or ConfigError naming the keys of a bad name, knob or combination. Also checks
     the advantage estimator, and calls every user piece once on a dummy batch (`check_plugins`).
     `ratio_on_original`: the recipe takes every ratio on (q0, o) (`regroup.train.recipes.features`, the reader
     of `ta.enabled`)."""
     g, r = cfg.grpo, cfg.rollout
-    policy = _piece("grpo.policy_loss", g.policy_loss, POLICY_LOSSES, "policy loss")
-    policy_args = _args("grpo.policy_loss_args", policy, g.policy_loss_args, g.policy_loss)
-    kl = _piece("grpo.kl_estimator", g.kl_estimator, KL_ESTIMATORS, "KL estimator")
-    kl_args = _args("grpo.kl_estimator_args", kl, g.kl_estimator_args, g.kl_estimator)
-    terms = [parse_term_spec(t) for t in g.loss_terms]
+    _, policy_args = _knobs_of("grpo.policy_loss", POLICY_LOSSES, g.policy_loss, g.policy_loss_args)
+    _, kl_args = _knobs_of("grpo.kl_estimator", KL_ESTIMATORS, g.kl_estimator, g.kl_estimator_args)
+    terms = [parse_weighted(t, "grpo.loss_terms") for t in g.loss_terms]
     if g.entropy_coef:
         terms.insert(0, ("entropy", g.entropy_coef))
-    if not isinstance(g.loss_term_args, dict):
-        raise ValueError(f"grpo.loss_term_args: expected a mapping of term name: knobs, got {g.loss_term_args!r}")
     names = [name for name, _ in terms]
     for name in g.loss_term_args:
         if name not in names:
-            raise ValueError(
+            raise ConfigError(
                 f"grpo.loss_term_args: {name!r} is not among the loss terms ({', '.join(names) or 'none'})"
                 f"{did_you_mean(name, names)}"
             )
     term_args = []
     for name in dict.fromkeys(names):
-        term = _piece("grpo.loss_terms", name, LOSS_TERMS, "loss term")
-        parsed = _args(f"grpo.loss_term_args.{name}", term, g.loss_term_args.get(name), name)
+        term = LOSS_TERMS.resolve("grpo.loss_terms", name)
+        parsed = parse_args(args_class(term), g.loss_term_args.get(name), f"grpo.loss_term_args.{name}", name)
         if parsed is not None:
             term_args.append((name, parsed))
     estimator, estimator_args = advantage_estimator(cfg)
     if r.tis_cap > 0 and ratio_on_original:
-        raise ValueError(
+        raise ConfigError(
             "rollout.tis_cap > 0 with ta.ratio_anchor=original would divide pi_old(o|q0) by the sampler's "
             "pi(o|q_n), a ratio of two different prompts; set rollout.tis_cap=0 or ta.ratio_anchor=own"
         )
     if r.tis_cap > 0 and r.is_min >= r.tis_cap:
-        raise ValueError(f"rollout.is_min ({r.is_min}) must be < rollout.tis_cap ({r.tis_cap})")
+        raise ConfigError(f"rollout.is_min ({r.is_min}) must be < rollout.tis_cap ({r.tis_cap})")
     if r.tis_cap == 0 and (r.is_mode != "token_truncate" or r.is_min > 0):
-        raise ValueError(
+        raise ConfigError(
             "rollout.is_mode / rollout.is_min set the IS correction, which rollout.tis_cap=0 turns off; "
             "set rollout.tis_cap > 0 (e.g. 3)"
         )
@@ -176,12 +136,12 @@ def _shape(x: Any) -> str:
 
 
 def _dummy_call(key: str, name: str, fn, what: str) -> Any:
-    """`fn()`, any exception turned into one ValueError line naming `key` and the piece."""
+    """`fn()`, any exception turned into one ConfigError line naming `key` and the piece."""
     try:
         return fn()
     except Exception as exc:  # a user's code: whatever it raises, one line
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise ValueError(
+        raise ConfigError(
             f"{key}: {name!r} failed on a dummy batch of {DUMMY_B} responses x {DUMMY_T} tokens "
             f"({what}): {type(exc).__name__}: {first}"
         ) from None
@@ -189,7 +149,7 @@ def _dummy_call(key: str, name: str, fn, what: str) -> Any:
 
 def check_plugins(spec: LossSpec, estimator: str, estimator_args: Any) -> None:
     """Call each user piece (`pkg.mod:obj`) of `spec` and the advantage estimator once on a dummy batch, and
-    check its output: ValueError naming the key for a wrong signature, shape or a loss without gradient.
+    check its output: ConfigError naming the key for a wrong signature, shape or a loss without gradient.
     Built-ins are not called (their tests are)."""
     d = _dummy_batch()
     shape = (DUMMY_B, DUMMY_T)
@@ -202,7 +162,7 @@ def check_plugins(spec: LossSpec, estimator: str, estimator_args: Any) -> None:
             sig,
         )
         if not out[0].requires_grad:
-            raise ValueError(
+            raise ConfigError(
                 f"grpo.policy_loss: {spec.policy!r} returned a loss with no gradient with respect to logps "
                 "(detached?), so it would train nothing"
             )
@@ -215,7 +175,7 @@ def check_plugins(spec: LossSpec, estimator: str, estimator_args: Any) -> None:
             "(logps, ref_logps) -> [B, T]",
         )
         if not isinstance(value, torch.Tensor) or tuple(value.shape) != shape:
-            raise ValueError(
+            raise ConfigError(
                 f"grpo.kl_estimator: {spec.kl!r} must return a [B, T] = {shape} tensor, got {_shape(value)}"
             )
     totals = LossTotals(total_tokens=float(d["mask"].sum()), total_sequences=DUMMY_B, max_completion_length=DUMMY_T)
@@ -240,7 +200,7 @@ def check_plugins(spec: LossSpec, estimator: str, estimator_args: Any) -> None:
             "(TermInputs) -> [B, T] or a 0-d tensor",
         )
         if not isinstance(value, torch.Tensor) or (value.dim() != 0 and tuple(value.shape) != shape):
-            raise ValueError(
+            raise ConfigError(
                 f"grpo.loss_terms: {name!r} must return a [B, T] = {shape} or a 0-d tensor, got {_shape(value)}"
             )
     if ":" in estimator:
@@ -252,11 +212,11 @@ def check_plugins(spec: LossSpec, estimator: str, estimator_args: Any) -> None:
             "(rewards[B], group_ids[B]) -> advantages[B]",
         )
         if not isinstance(value, torch.Tensor) or tuple(value.shape) != (DUMMY_B,):
-            raise ValueError(
+            raise ConfigError(
                 f"grpo.advantage_estimator: {estimator!r} must return a [B] = ({DUMMY_B},) tensor, got {_shape(value)}"
             )
         if not value.is_floating_point():
-            raise ValueError(f"grpo.advantage_estimator: {estimator!r} must return floats, got {value.dtype}")
+            raise ConfigError(f"grpo.advantage_estimator: {estimator!r} must return floats, got {value.dtype}")
 
 
 def describe_loss(spec: LossSpec) -> str:
@@ -280,8 +240,6 @@ def describe_loss(spec: LossSpec) -> str:
 
 
 def _knobs(args: Any) -> str:
-    """`(k=v, ...)` of a piece's knobs, "" for none."""
-    if args is None or not hasattr(args, "__dataclass_fields__"):
-        return ""
-    values = ", ".join(f"{k}={getattr(args, k)}" for k in args.__dataclass_fields__)
+    """`(k=v, ...)` of a piece's knobs (a `Knobs` model or a dataclass), "" for none."""
+    values = ", ".join(f"{k}={v}" for k, v in (vars(args) if args is not None else {}).items())
     return f"({values})" if values else ""

@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from regroup.config.schema import get_dotted, parse_reward_spec
+from regroup.config.schema import get_dotted, parse_weighted
 from regroup.data.heldout import eval_problems
 from regroup.data.load import DataError
 from regroup.errors import ConfigError
@@ -268,7 +268,7 @@ def check_user_rewards(cfg, problems: list, task) -> None:
     solutions (else their answers) before any model loads, so a reward returning a string, or a number
     beyond float32 (10**400), is one line now, not a traceback after the weights load; and a reward whose
     every call times out is refused (it would score nothing). Built-in rewards are known to return numbers."""
-    if not any(":" in parse_reward_spec(spec)[0] for spec in cfg.rewards.functions):
+    if not any(":" in parse_weighted(spec)[0] for spec in cfg.rewards.functions):
         return
     sample = _sample(problems, cfg.seed)[:4]
     texts = [getattr(p, "solution", None) or str(getattr(p, "answer", "")) for p in sample]

@@ -10,7 +10,6 @@ line naming the dotted key. This module sits above the packages whose registries
 from __future__ import annotations
 
 import os
-from typing import Any
 
 import yaml
 
@@ -20,13 +19,13 @@ import regroup.rewards
 import regroup.scorers
 import regroup.stages
 import regroup.tasks  # noqa: F401  (registers the built-in tasks; `regroup` is bound by the lines above)
-from regroup.config.fields import build, read_yaml
-from regroup.config.registry import REPHRASERS, REWARDS, SCORERS, STAGES, TASKS, Registry
+from regroup.config.fields import check, read_yaml
+from regroup.config.registry import REPHRASERS, REWARDS, SCORERS, STAGES, TASKS
 from regroup.config.schema import (
     RunConfig,
     apply_overrides,
     get_dotted,
-    parse_reward_spec,
+    parse_weighted,
     resolve_config_path,
     shorthand,
 )
@@ -57,7 +56,7 @@ def _dotted(key: str, value: str) -> str | None:
             return parse_stage_entry(value).path
         except ValueError:
             return None
-    name = parse_reward_spec(value)[0] if key in ("rewards.functions", "grpo.loss_terms") else str(value).strip()
+    name = parse_weighted(value, key)[0] if key in ("rewards.functions", "grpo.loss_terms") else str(value).strip()
     return name if ":" in name else None
 
 
@@ -66,7 +65,7 @@ def config_pieces(data: dict) -> list[tuple[str, str]]:
     (what `--resume` prints before `check_config` imports them). [] when the mapping does not build: the
     full check reports why."""
     try:
-        cfg = build(RunConfig, shorthand(data))
+        cfg = check(RunConfig, shorthand(data))
     except ConfigError:
         return []
     out = []
@@ -94,40 +93,24 @@ def check_config(cfg: RunConfig) -> None:
     for key in ("ta.api_key_env", "mask.scorer.api_key_env", "rollout.vllm_server_api_key_env"):
         if get_dotted(cfg, key):  # null or "": a server without authentication
             check_key_env_name(get_dotted(cfg, key), key)  # a key pasted where its variable's name goes
-    try:  # the loss pieces exist (dotted paths import) and compose, before any model loads
-        loss_spec(cfg)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+    loss_spec(cfg)  # the loss pieces exist (dotted paths import) and compose, before any model loads
     check_async_config(
         cfg, ratio_on_original=features(cfg).ratio_on_original
     )  # rollout.async_steps: the backends and corrections that cannot work
-
-
-def _piece(key: str, registry: Registry, name: str, must_call: bool = True) -> Any:
-    """The registered or dotted piece `name` (a dotted one is imported now); ConfigError naming `key`."""
-    try:
-        obj = registry.get(name)
-    except ValueError as e:
-        raise ConfigError(f"{key}: {e}") from None
-    except Exception as e:  # the user's module failed while importing
-        raise ConfigError(f"{key}: importing {name!r} failed: {type(e).__name__}: {e}") from None
-    if must_call and not callable(obj):
-        raise ConfigError(f"{key}: {name!r} is a {type(obj).__name__}, not callable")
-    return obj
 
 
 def check_pieces(cfg: RunConfig) -> None:
     """Reward, scorer, rephraser, task and user-stage names exist in their registries (dotted paths import),
     and the pieces bound to the built-in task are not used on external data it does not describe."""
     user_task = ":" in cfg.data.task
-    _piece("data.task", TASKS, cfg.data.task, must_call=False)
+    TASKS.resolve("data.task", cfg.data.task, must_call=False)
     # External data that the task does not own: the task's grader, step scorer and rules know only its format.
     foreign, task = cfg.data.train_file is not None and not user_task, cfg.data.task
     if not cfg.rewards.functions:
         raise ConfigError("rewards: no reward function; give at least one, e.g. rewards=[math]")
     for spec in cfg.rewards.functions:
-        name, _ = parse_reward_spec(spec)
-        _piece("rewards", REWARDS, name)
+        name, _ = parse_weighted(spec)
+        REWARDS.resolve("rewards", name)
         if name == "task" and foreign:
             raise ConfigError(
                 f"rewards: 'task' grades the built-in {task} task's answers and cannot grade "
@@ -136,14 +119,14 @@ def check_pieces(cfg: RunConfig) -> None:
     on = features(cfg)
     scorer = cfg.mask.scorer.name
     if on.mask or not SCORERS.known(scorer):
-        _piece("mask.scorer.name", SCORERS, scorer)
+        SCORERS.resolve("mask.scorer.name", scorer)
     if on.mask and scorer == "step" and foreign:
         raise ConfigError(
             f"mask.scorer.name: 'step' scores the built-in {task} task's steps and would score "
             "every response of data.train_file alike; use mask.scorer.name=judge or similarity"
         )
     if on.variants or not REPHRASERS.known(cfg.ta.rephraser):
-        _piece("ta.rephraser", REPHRASERS, cfg.ta.rephraser)
+        REPHRASERS.resolve("ta.rephraser", cfg.ta.rephraser)
     if on.variants and cfg.ta.rephraser == "rules" and foreign:
         raise ConfigError(
             f"ta.rephraser: 'rules' rewrites the built-in {task} task's questions only; with "
@@ -204,7 +187,7 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
     """Read a YAML recipe (a file, or a shipped recipe's name), apply dotted overrides, type-check, validate.
     No model is touched."""
     data = apply_overrides(read_yaml(resolve_config_path(path)) if path else {}, overrides)
-    cfg = build(RunConfig, data)
+    cfg = check(RunConfig, data)
     check_config(cfg)
     return cfg
 
@@ -213,7 +196,7 @@ def config_from_dict(data: dict) -> RunConfig:
     """Rebuild a saved config (e.g. RUN_DIR/config.yaml) with the same checks as `load_config`."""
     if not isinstance(data, dict):
         raise ConfigError(f"a saved config must be a mapping, got {type(data).__name__}")
-    cfg = build(RunConfig, shorthand(data))
+    cfg = check(RunConfig, shorthand(data))
     check_config(cfg)
     return cfg
 
