@@ -109,6 +109,7 @@ def pilot_overrides(g: GateSettings, lr: float) -> list[str]:
         f"optim.warmup_steps={g.warmup_steps}",
         "optim.schedule=constant",
         f"train.checkpoint_every={math.gcd(*g.eval_at)}",
+        f"train.keep_checkpoints={max(g.eval_at) // math.gcd(*g.eval_at)}",  # every evaluated step stays on disk
         f"optim.lr={lr}",
     ]
 
