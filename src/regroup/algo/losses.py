@@ -37,11 +37,11 @@ from regroup.algo.anchors import plain_anchor_pg_loss, shaped_pg_loss
 from regroup.algo.gspo import sequence_ratio
 from regroup.algo.off_policy_mask import off_policy_mask
 from regroup.algo.ratios import per_token_advantages
-from regroup.algo.sampler_is import IS_MODES
 from regroup.config.registry import KL_ESTIMATORS, LOSS_TERMS, POLICY_LOSSES, args_class, call_piece, parse_args
 
 AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_sum_constant")
 ANCHOR_RATIOS = ("shaped", "plain")
+IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")  # `loss_inputs.sampler_is_weight`
 # regroup aggregation mode -> the TRL GRPOTrainer `loss_type` that computes the same loss.
 TRL_LOSS_TYPES = {"token_mean": "dapo", "seq_mean_token_mean": "grpo", "seq_sum_constant": "dr_grpo"}
 
@@ -112,7 +112,7 @@ class LossSpec:
     - extra `terms`: (`LOSS_TERMS` name or "pkg.mod:obj", coefficient) pairs, added as coefficient · term;
       `term_args`: (name, knobs) of the terms that declare knobs;
     - the sampler IS correction (`is_mode`, `is_cap` > 0 turns it on, `is_min` 0: no lower bound), which
-      the caller turns into `LossInputs.is_weight` with `regroup.algo.sampler_is.sampler_is_weight`;
+      `regroup.algo.loss_inputs.build_loss_inputs` turns into `LossInputs.is_weight`;
     - `off_policy_mask`: OPSM's threshold δ (`regroup.algo.off_policy_mask`; None: off);
     - aggregation: `agg` (token_mean | seq_mean_token_mean | seq_sum_constant) with whole-batch totals.
     """
