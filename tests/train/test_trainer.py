@@ -305,7 +305,7 @@ def test_report_to_tensorboard_through_accelerate(tiny_model_dir, tmp_path):
 
 def _conflict_every(trainer) -> int:
     """The gradient-conflict hook's cadence among the trainer's update hooks (0: not among them)."""
-    from regroup.diagnostics.hooks import GradientConflict
+    from regroup.diagnostics.grad_conflict import GradientConflict
 
     return next((h.every for h in trainer.update_hooks if isinstance(h, GradientConflict)), 0)
 
@@ -324,12 +324,12 @@ def test_gradient_conflict_default_depends_on_the_measured_size(tiny_model_dir, 
 def test_gradient_conflict_runs_on_the_step_train_step_is_given(tiny_model_dir, tmp_path, monkeypatch):
     """The cadence follows the step being trained, not the loop's counter: a caller that drives
     `train_step(step)` itself (benchmarks/overhead.py) measured the diagnostic on every step before."""
-    import regroup.diagnostics.hooks as hooks_module
+    import regroup.diagnostics.grad_conflict as grad_conflict_module
 
     cfg = small_config(tiny_model_dir, tmp_path / "gc", "grpo.yaml", "diagnostics.grad_conflict_every=3")
     trainer = build_trainer(cfg, tmp_path / "gc", log=lambda m: None)
     calls = []
-    monkeypatch.setattr(hooks_module, "gradient_conflict", lambda *a, **k: calls.append(1) or {})
+    monkeypatch.setattr(grad_conflict_module, "gradient_conflict", lambda *a, **k: calls.append(1) or {})
     measured = []
     for step in range(4):
         before = len(calls)

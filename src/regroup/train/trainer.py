@@ -18,6 +18,7 @@ import shutil
 import time
 import warnings
 from contextlib import nullcontext
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -139,7 +140,7 @@ class Trainer:
             sampler=self.sampler,
             sampling_params=SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.max_new_tokens, n=1),
             encode_prompt=self._encode,
-            encode_response=lambda text: encode_response(self.tokenizer, text),
+            encode_response=partial(encode_response, self.tokenizer),
             gather=self._gather,
             global_sum=self._global_sum,
             warn=self.log,
@@ -181,7 +182,7 @@ class Trainer:
         self.skipped_long += drawn - pps
         per_rank = pps // self.world
         first = self.rank * per_rank
-        base = (step * self.recipe.draw_rounds + round_) * pps
+        base = (step * self.recipe.features.draw_rounds + round_) * pps
         return StepBatch(
             step=step,
             problems=questions[first : first + per_rank],
@@ -201,18 +202,20 @@ class Trainer:
 
     def collect(self, step: int) -> tuple[StepBatch, dict]:
         """Run the recipe's stages for `step`: sample, reward, and whatever the recipe adds, up to masks."""
-        collect_stages = self.recipe.collect_stages()
         extra_rounds: list[dict] = []
 
         def refill(round_: int) -> StepBatch:  # dynamic sampling draws more questions through the same stages
             extra = self._draw(step, round_)
-            extra_rounds.append(run_stages(collect_stages, extra, self.ctx))
+            extra_rounds.append(run_stages(self.recipe.collect_stages(), extra, self.ctx))
             return extra
 
         self.ctx.refill = refill
         batch = self._draw(step, 0)
-        metrics = run_stages(self.recipe.stages, batch, self.ctx)
-        metrics = merge_rounds(self.recipe.stages, metrics, extra_rounds)  # what the refill rounds cost counts too
+        metrics: dict[str, float] = {}
+        for stage in self.recipe.stages:
+            metrics.update(stage(batch, self.ctx) or {})
+        if extra_rounds:  # what the refill rounds cost counts too
+            metrics = merge_rounds(self.recipe.stages, metrics, extra_rounds)
         metrics["data/skipped_long"] = float(self.skipped_long)  # since the start of the run
         return batch, metrics
 
