@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from regroup.algo.loss_inputs import build_loss_inputs
+from regroup.algo.losses import LossSpec
 from regroup.batch import Sample, collate
-from regroup.rollout.producer import behaviour_old_logps
 
 
 def test_collate_marks_the_rows_scored_on_another_prompt():
@@ -18,6 +19,11 @@ def test_collate_marks_the_rows_scored_on_another_prompt():
 
     batch = collate([sample([1, 2], [1, 2]), sample([3, 4, 5], [1, 2])], pad_id=0)
     assert batch.on_sampled_prompt.tolist() == [True, False]
+    assert batch.behaviour_rows.tolist() == [True, False]
     assert batch.behaviour_usable.tolist() == [[True, True], [False, False]]
     old = torch.full((2, 2), -9.0)
-    assert behaviour_old_logps(old, batch).tolist() == [[-0.5, -0.25], [-9.0, -9.0]]  # row 1 keeps pi_old
+    pi_old, _ = build_loss_inputs(
+        LossSpec(), old, torch.zeros(2), batch.completion_mask, old_logps=old, sampler_logps=batch.behaviour_logps,
+        sampler_rows=batch.behaviour_rows, sampled_mask=batch.sampled_mask, old_from_sampler=True,
+    )  # fmt: skip
+    assert pi_old.tolist() == [[-0.5, -0.25], [-9.0, -9.0]]  # row 1 keeps pi_old

@@ -72,11 +72,16 @@ class RolloutBatch:
         return self.input_ids.shape[0]
 
     @property
+    def behaviour_rows(self) -> torch.Tensor:
+        """[B] bool: rows whose behaviour log-probs compare with the learner's: sampled by the engine, on
+        the prompt the learner scores."""
+        return self.has_behaviour_logps & self.on_sampled_prompt  # [B]
+
+    @property
     def behaviour_usable(self) -> torch.Tensor:
         """[B, T] bool: tokens whose behaviour log-prob compares with the learner's: sampled by the engine,
-        on the prompt the learner scores, with a finite value."""
-        rows = self.has_behaviour_logps & self.on_sampled_prompt  # [B]
-        return self.sampled_mask & rows[:, None] & self.behaviour_logps.isfinite()  # [B, T]
+        in a `behaviour_rows` row, with a finite value."""
+        return self.sampled_mask & self.behaviour_rows[:, None] & self.behaviour_logps.isfinite()  # [B, T]
 
     def select(self, index: torch.Tensor | slice) -> RolloutBatch:
         """Rows `index` of every tensor (used for micro-batches)."""

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from regroup.batch import Sample
+from regroup.diagnostics.grad_conflict import GradientConflict
 from regroup.diagnostics.hooks import (
-    GradientConflict,
     GroupDiversity,
     RewardDiagnostics,
     UpdateHook,

@@ -539,7 +539,7 @@ def test_sampler_is_modes_equal_trl(model_dir, tmp_path_factory, mode, cap, floo
     """TRL's vllm_importance_sampling_mode: its own weight computation (`_generate_and_score_completions`,
     with the vLLM generation replaced by crafted completions and sampler log-probs) and its loss with
     that weight, against `sampler_is_weight` and `policy_loss(is_weight=...)`."""
-    from regroup.algo.sampler_is import sampler_is_weight
+    from regroup.algo.loss_inputs import sampler_is_weight
 
     trainer = _trainer(model_dir, tmp_path_factory, loss_type="dapo", epsilon_high=0.28)
     trainer.use_vllm = True  # only the IS branches read it once _generate is replaced
@@ -790,3 +790,99 @@ def test_off_policy_sequence_mask_equals_trl(model_dir, tmp_path_factory, case):
     model.zero_grad()
     unmasked, _ = _ours(model, inputs, policy=policy, agg=agg, beta=beta, **kw)
     assert abs(unmasked.item() - trl_loss.item()) > 1e-4
+
+
+# ---- the loss inputs of a real Trainer.update: pi_old, the IS weight, OPSM's sampler log-probs ------------
+
+UPDATE_CASES = {
+    # (rollout.is_mode, rollout.tis_cap, rollout.is_min or None)
+    "token_truncate": ("token_truncate", 1.5, None),
+    "sequence_mask": ("sequence_mask", 2.0, 0.5),
+}
+
+
+@pytest.mark.parametrize("case", sorted(UPDATE_CASES))
+def test_loss_inputs_of_a_trainer_update_equal_trl(model_dir, tmp_path_factory, case):
+    """A real `Trainer.update` (one prompt x 8 responses, the sampler's log-probs off by noise, one token it
+    could not score, the sampler IS correction and OPSM on) makes TRL's parameter gradient: TRL computes
+    pi_old and the IS weight in `_generate_and_score_completions` (vLLM replaced by the same completions and
+    sampler log-probs) and the loss in `_compute_loss` with `sampling_per_token_logps` (OPSM)."""
+    from helpers import CONFIGS
+
+    from regroup.train.build import build_trainer
+    from regroup.train.run_config import load_config
+
+    mode, cap, floor = UPDATE_CASES[case]
+    threshold = 0.08
+    path, tok = model_dir
+    run = tmp_path_factory.mktemp("run")
+    cfg = load_config(
+        CONFIGS / "grpo.yaml",
+        [
+            f"model.path={path}", f"run_dir={run}", "data.num_train=8", "grpo.prompts_per_step=1",
+            "grpo.num_generations=8", f"rollout.max_new_tokens={T}", "train.steps=1", "train.progress=false",
+            "grpo.eps_high=0.28", f"rollout.tis_cap={cap}", f"rollout.is_mode={mode}", f"rollout.is_min={floor or 0}",
+            f"grpo.off_policy_mask_threshold={threshold}", "optim.max_grad_norm=1e9",
+            "diagnostics.grad_conflict_every=0", "diagnostics.diversity_every=0",
+        ],
+    )  # fmt: skip
+    ours = build_trainer(cfg, run, log=lambda m: None)
+    batch, _ = ours.collect(0)
+    samples = batch.samples
+    assert len(samples) == 8 and len({tuple(s.ratio_prompt_ids) for s in samples}) == 1  # one prompt: no padding
+    gen = torch.Generator().manual_seed(3)
+    for i, s in enumerate(samples):
+        s.reward = float(i % 3 == 0)  # mixed rewards: both signs of advantage
+        noise = 0.4 * torch.randn(len(s.behaviour_logps), generator=gen) + (0.3 if i % 2 else 0.0)
+        s.behaviour_logps = [x + float(n) for x, n in zip(s.behaviour_logps, noise)]
+    samples[1].behaviour_logps[0] = math.nan  # a token the sampler could not score (TRL: ratio 1, KL evidence 0)
+    batch.advantages = None
+    next(s for s in ours.recipe.stages if s.name == "advantages")(batch, ours.ctx)
+    grads: list[list[torch.Tensor]] = []
+    ours.optimizer.optimizer.register_step_pre_hook(lambda *_: grads.append(_grads(ours.model)))  # accelerate's inner
+    metrics = ours.update(batch)
+    assert len(grads) == 1
+
+    trainer = _trainer(
+        model_dir,
+        tmp_path_factory,
+        loss_type="dapo",
+        epsilon_high=0.28,
+        num_generations=8,
+        off_policy_mask_threshold=threshold,
+    )
+    trainer.use_vllm = True  # only the IS branches read it once _generate is replaced
+    trainer.vllm_importance_sampling_correction = True
+    trainer.vllm_importance_sampling_mode = mode
+    trainer.vllm_importance_sampling_clip_max = cap
+    trainer.vllm_importance_sampling_clip_min = floor
+    sampler_lists = [[None if math.isnan(x) else x for x in s.behaviour_logps] for s in samples]
+    completions = (
+        [s.ratio_prompt_ids for s in samples],
+        [s.response_ids for s in samples],
+        None,
+        ["x"] * 8,
+        sampler_lists,
+        {},
+        None,
+        None,
+    )
+    trainer._generate = lambda prompts: completions
+    _REWARD_QUEUE.append([0.0] * 8)
+    with torch.no_grad():
+        out = trainer._generate_and_score_completions([{"prompt": "1+1="}] * 8)
+    keys = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "num_items_in_batch")
+    keys += ("old_per_token_logps", "importance_sampling_ratio", "sampling_per_token_logps")
+    inputs = {k: out[k] for k in keys}
+    inputs["advantages"] = batch.advantages  # regroup's (in sample order), so that only the loss is compared
+    model = trainer.model
+    model.zero_grad()
+    trainer._compute_loss(model, inputs).backward()
+    trl_grads = _grads(model)
+    for g_ours, g_trl in zip(grads[0], trl_grads):
+        assert torch.allclose(g_ours, g_trl, atol=ATOL)
+    assert any(g.abs().sum() > 0 for g in trl_grads)
+    # not vacuous: OPSM dropped some responses, and the IS weight is not 1 everywhere
+    assert 0.0 < metrics["off_policy/masked_frac"] < 1.0
+    w = out["importance_sampling_ratio"]
+    assert bool(((w - 1).abs() > 1e-3).any())

@@ -17,7 +17,7 @@ from real_vllm import (
     start_engine,
 )
 
-from regroup.algo.ratios import truncated_is_weight
+from regroup.algo.loss_inputs import truncated_is_weight
 
 pytestmark = pytest.mark.slow  # the real engine: minutes on 2 cores
 

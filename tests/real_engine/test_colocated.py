@@ -26,7 +26,7 @@ from real_vllm import (
     start_engine,
 )
 
-from regroup.algo.ratios import truncated_is_weight
+from regroup.algo.loss_inputs import truncated_is_weight
 from regroup.rollout.vllm import push_weights, request_seeds
 
 pytestmark = pytest.mark.slow  # the real engine: minutes on 2 cores
@@ -93,23 +93,24 @@ def test_training_step_samples_with_the_configs_settings_then_pushes(fp32, tmp_p
     )
     trainer = build_trainer(cfg, tmp_path / "run", log=lambda *a: None)
     requests, is_weights = [], []
-    real_generate, real_is_weight = trainer.sampler.llm.generate, trainer._is_weight
+    import regroup.train.trainer as trainer_module
+
+    real_generate, real_inputs = trainer.sampler.llm.generate, trainer_module.build_loss_inputs
 
     def spy_generate(prompts, sampling_params=None, use_tqdm=False):
         requests.append((list(prompts), list(sampling_params)))
         return real_generate(prompts, sampling_params=sampling_params, use_tqdm=use_tqdm)
 
-    def spy_is_weight(old, part):
-        weight = real_is_weight(old, part)
-        is_weights.append(
-            (old.detach(), part.behaviour_logps, (part.completion_mask > 0) & part.sampled_mask.bool(), weight)
-        )
-        return weight
+    def spy_inputs(spec, logps, advantages, loss_mask, **kw):
+        old, inputs = real_inputs(spec, logps, advantages, loss_mask, **kw)
+        mask = (loss_mask > 0) & kw["sampled_mask"].bool()
+        is_weights.append((old.detach(), kw["sampler_logps"], mask, inputs.is_weight))
+        return old, inputs
 
     seeds = []
     real_sampler_generate = trainer.sampler.generate
     monkeypatch.setattr(trainer.sampler.llm, "generate", spy_generate)
-    monkeypatch.setattr(trainer, "_is_weight", spy_is_weight)
+    monkeypatch.setattr(trainer_module, "build_loss_inputs", spy_inputs)
     monkeypatch.setattr(
         trainer.sampler,
         "generate",

@@ -4,7 +4,6 @@ accumulation invariance, and every recipe running."""
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -306,7 +305,7 @@ def test_report_to_tensorboard_through_accelerate(tiny_model_dir, tmp_path):
 
 def _conflict_every(trainer) -> int:
     """The gradient-conflict hook's cadence among the trainer's update hooks (0: not among them)."""
-    from regroup.diagnostics.hooks import GradientConflict
+    from regroup.diagnostics.grad_conflict import GradientConflict
 
     return next((h.every for h in trainer.update_hooks if isinstance(h, GradientConflict)), 0)
 
@@ -325,12 +324,12 @@ def test_gradient_conflict_default_depends_on_the_measured_size(tiny_model_dir, 
 def test_gradient_conflict_runs_on_the_step_train_step_is_given(tiny_model_dir, tmp_path, monkeypatch):
     """The cadence follows the step being trained, not the loop's counter: a caller that drives
     `train_step(step)` itself (benchmarks/overhead.py) measured the diagnostic on every step before."""
-    import regroup.diagnostics.hooks as hooks_module
+    import regroup.diagnostics.grad_conflict as grad_conflict_module
 
     cfg = small_config(tiny_model_dir, tmp_path / "gc", "grpo.yaml", "diagnostics.grad_conflict_every=3")
     trainer = build_trainer(cfg, tmp_path / "gc", log=lambda m: None)
     calls = []
-    monkeypatch.setattr(hooks_module, "gradient_conflict", lambda *a, **k: calls.append(1) or {})
+    monkeypatch.setattr(grad_conflict_module, "gradient_conflict", lambda *a, **k: calls.append(1) or {})
     measured = []
     for step in range(4):
         before = len(calls)
@@ -463,33 +462,14 @@ def test_skipping_rows_without_gradient_changes_no_weight(tiny_model_dir, tmp_pa
     assert m_skip["loss"] == pytest.approx(m_all["loss"], abs=1e-6)
 
 
-def test_truncated_is_with_q0_ratios_is_refused_and_per_row_otherwise():
+def test_truncated_is_with_q0_ratios_is_refused():
+    """pi_old(o|q0)/pi_sampler(o|q_n) would compare two prompts (per-row weights: tests/algo/test_loss_inputs.py)."""
     from regroup.errors import ConfigError
     from regroup.train.run_config import load_config
 
     with pytest.raises(ConfigError, match="tis_cap"):
         load_config(None, ["ta.enabled=true", "rollout.tis_cap=2.0"])
     load_config(None, ["ta.enabled=true", "ta.ratio_anchor=own", "rollout.tis_cap=2.0"])  # same prompt: fine
-
-    # per row: an anchor row (no sampler log-probs) gets weight 1, the sampled row keeps its correction
-    trainer = Trainer.__new__(Trainer)
-    from regroup.algo.losses import LossSpec
-
-    trainer.recipe = SimpleNamespace(loss=LossSpec(is_cap=1.5))
-    old = torch.log(torch.tensor([[0.5, 0.5], [0.5, 0.5]]))
-    part = SimpleNamespace(
-        behaviour_logps=torch.log(torch.tensor([[0.25, 0.5], [1.0, 1.0]])),
-        has_behaviour_logps=torch.tensor([True, False]),
-        on_sampled_prompt=torch.tensor([True, True]),
-        completion_mask=torch.ones(2, 2),
-    )
-    w = trainer._is_weight(old, part)
-    assert w.tolist() == [[1.5, 1.0], [1.0, 1.0]]  # min(0.5/0.25, 1.5), 1 ; anchor row: 1
-    # sequence modes: one weight per response, the product of its token ratios (2 · 1 = 2)
-    trainer.recipe = SimpleNamespace(loss=LossSpec(is_cap=3.0, is_mode="sequence_truncate"))
-    assert trainer._is_weight(old, part).tolist() == [[pytest.approx(2.0)], [1.0]]
-    trainer.recipe = SimpleNamespace(loss=LossSpec(is_cap=1.5, is_mode="sequence_mask"))
-    assert trainer._is_weight(old, part).tolist() == [[0.0], [1.0]]  # 2 > 1.5: the response is dropped
 
 
 def test_a_trainer_state_of_the_older_format_is_refused_in_one_line(tiny_model_dir, tmp_path):
@@ -524,3 +504,66 @@ def test_opsm_measures_its_kl_from_the_engines_logprobs(tiny_model_dir, tmp_path
         assert 0.0 < metrics["off_policy/masked_frac"] < 1.0
     else:
         assert metrics["off_policy/masked_frac"] == 0.0
+
+
+def test_opsm_counts_a_token_the_sampler_did_not_score_as_zero_as_trl(tiny_model_dir, tmp_path, monkeypatch):
+    """OPSM with pi_old given (grpo.num_iterations=2, so pi_old != pi_theta on the second pass): a token the
+    sampler could not score (NaN) adds 0 to the response's mean KL, as in TRL 1.16's `get_off_policy_mask`;
+    it is not replaced by pi_old. The trial: delta = 0.5, A < 0, the sampler scored 1 token of 4. Every
+    keep decision of a real `Trainer.update` is checked against TRL's own function on the same tensors."""
+    grpo_trainer = pytest.importorskip("trl.trainer.grpo_trainer")
+    import copy
+    import math
+
+    import regroup.algo.losses as losses_module
+    import regroup.train.trainer as trainer_module
+    from regroup.models.logprobs import response_logps
+
+    delta = 0.5
+    cfg = small_config(
+        tiny_model_dir, tmp_path / "r", "grpo.yaml", f"grpo.off_policy_mask_threshold={delta}",
+        "grpo.num_iterations=2", "grpo.prompts_per_step=4", "grpo.num_generations=8", "rollout.max_new_tokens=4",
+        "optim.lr=1e-2", "optim.warmup_steps=0", "optim.max_grad_norm=1e9", "diagnostics.grad_conflict_every=0",
+    )  # fmt: skip
+    trainer = build_trainer(cfg, tmp_path / "r", log=lambda m: None)
+    batch, _ = trainer.collect(0)
+    for i, s in enumerate(batch.samples):  # mixed rewards; the sampler scored the first token only, shifted by c
+        s.reward = float(i % 2)
+        c = 1.2 + 0.04 * (i % 21)  # its KL alone, c / 4, is 0.3..0.5: kept unless the unscored tokens count
+        s.behaviour_logps = [s.behaviour_logps[0] + c] + [math.nan] * (len(s.behaviour_logps) - 1)
+    batch.advantages = None
+    next(s for s in trainer.recipe.stages if s.name == "advantages")(batch, trainer.ctx)
+    before = copy.deepcopy(trainer.model)  # pi_old: the weights that drew the batch
+
+    parts, checked = [], []
+    real_logps, real_mask = trainer_module.response_logps, losses_module.off_policy_mask
+
+    def logps_spy(model, part, *args, **kwargs):
+        if torch.is_grad_enabled():
+            parts.append(part)  # the micro-batch the next loss is built for
+        return real_logps(model, part, *args, **kwargs)
+
+    def mask_spy(advantages, logps, sampler_logps, mask, threshold):
+        keep = real_mask(advantages, logps, sampler_logps, mask, threshold)
+        checked.append((parts[-1], advantages, logps.detach(), mask, keep))
+        return keep
+
+    monkeypatch.setattr(trainer_module, "response_logps", logps_spy)
+    monkeypatch.setattr(losses_module, "off_policy_mask", mask_spy)
+    trainer.update(batch)
+
+    trial_cases = 0
+    for part, advantages, logps, mask, keep in checked:
+        adv = advantages.unsqueeze(1)  # [b, 1]
+        sampler = part.behaviour_logps  # [b, T] NaN where the sampler did not score
+        trl_keep = grpo_trainer.GRPOTrainer.get_off_policy_mask(adv, logps, sampler, mask.float(), delta)  # [b, 1]
+        assert torch.equal(keep, trl_keep)
+        with torch.no_grad():
+            old = response_logps(before, part, cfg.rollout.temperature)[0]  # [b, T]
+        substituted = torch.where(sampler.isfinite(), sampler, old)  # the NaN replaced by pi_old
+        sub_keep = grpo_trainer.GRPOTrainer.get_off_policy_mask(adv, logps, substituted, mask.float(), delta)
+        scored = (sampler.isfinite() & mask.bool()).sum(-1)  # [b]
+        trial = (adv[:, 0] < 0) & (mask.sum(-1) == 4) & (scored == 1) & (trl_keep[:, 0] == 1) & (sub_keep[:, 0] == 0)
+        trial_cases += int(trial.sum())
+    assert len(checked) == 2  # one micro-batch, two passes
+    assert trial_cases >= 1  # not vacuous: TRL keeps a response that pi_old in the NaN's place would drop

@@ -20,14 +20,16 @@ from regroup.algo.advantages import group_advantages, group_reward_stats
 from regroup.algo.anchors import plain_anchor_pg_loss, shaped_objective, shaped_pg_loss
 from regroup.algo.distinctiveness import distinctiveness_mask, mask_stats
 from regroup.algo.kl import kl_k3
+from regroup.algo.loss_inputs import build_loss_inputs, sampler_is_weight, truncated_is_weight
 from regroup.algo.losses import AGG_MODES, TRL_LOSS_TYPES, aggregate, policy_loss
 from regroup.algo.ppo_clip import clipped_pg_loss
-from regroup.algo.ratios import clip_ratio, importance_ratio, log_ratio, truncated_is_weight
+from regroup.algo.ratios import clip_ratio, importance_ratio, log_ratio
 
 __all__ = [
     "AGG_MODES",
     "TRL_LOSS_TYPES",
     "aggregate",
+    "build_loss_inputs",
     "clip_ratio",
     "clipped_pg_loss",
     "distinctiveness_mask",
@@ -39,6 +41,7 @@ __all__ = [
     "mask_stats",
     "plain_anchor_pg_loss",
     "policy_loss",
+    "sampler_is_weight",
     "shaped_objective",
     "shaped_pg_loss",
     "truncated_is_weight",

@@ -27,7 +27,7 @@ the full batch, whatever the micro-batch split. With one micro-batch the three m
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -37,11 +37,11 @@ from regroup.algo.anchors import plain_anchor_pg_loss, shaped_pg_loss
 from regroup.algo.gspo import sequence_ratio
 from regroup.algo.off_policy_mask import off_policy_mask
 from regroup.algo.ratios import per_token_advantages
-from regroup.algo.sampler_is import IS_MODES
-from regroup.config.registry import KL_ESTIMATORS, LOSS_TERMS, POLICY_LOSSES, args_class, call_piece, parse_args
+from regroup.config.registry import KL_ESTIMATORS, LOSS_TERMS, POLICY_LOSSES, args_class, parse_args
 
 AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_sum_constant")
 ANCHOR_RATIOS = ("shaped", "plain")
+IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")  # `loss_inputs.sampler_is_weight`
 # regroup aggregation mode -> the TRL GRPOTrainer `loss_type` that computes the same loss.
 TRL_LOSS_TYPES = {"token_mean": "dapo", "seq_mean_token_mean": "grpo", "seq_sum_constant": "dr_grpo"}
 
@@ -112,7 +112,7 @@ class LossSpec:
     - extra `terms`: (`LOSS_TERMS` name or "pkg.mod:obj", coefficient) pairs, added as coefficient · term;
       `term_args`: (name, knobs) of the terms that declare knobs;
     - the sampler IS correction (`is_mode`, `is_cap` > 0 turns it on, `is_min` 0: no lower bound), which
-      the caller turns into `LossInputs.is_weight` with `regroup.algo.sampler_is.sampler_is_weight`;
+      `regroup.algo.loss_inputs.build_loss_inputs` turns into `LossInputs.is_weight`;
     - `off_policy_mask`: OPSM's threshold δ (`regroup.algo.off_policy_mask`; None: off);
     - aggregation: `agg` (token_mean | seq_mean_token_mean | seq_sum_constant) with whole-batch totals.
     """
@@ -134,6 +134,9 @@ class LossSpec:
     is_cap: float = 0.0
     is_min: float = 0.0
     off_policy_mask: float | None = None
+    _policy: Any = field(init=False, repr=False, compare=False)
+    _kl: Any = field(init=False, repr=False, compare=False)
+    _terms: Any = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         if self.anchor_ratio not in ANCHOR_RATIOS:
@@ -144,29 +147,35 @@ class LossSpec:
             raise ValueError(f"is_mode must be one of {IS_MODES}, got {self.is_mode!r}")
         if self.off_policy_mask is not None and not self.off_policy_mask > 0:
             raise ValueError(f"off_policy_mask must be > 0 (or None: off), got {self.off_policy_mask}")
+        # The pieces are looked up once here, not per micro-batch: `_policy`, `_kl` and `_terms` hold the
+        # callables with the keywords they take (`args=` for a piece that declares knobs).
         policy = POLICY_LOSSES.get(self.policy)  # ValueError for an unknown name; imports a dotted path
-        object.__setattr__(
-            self, "policy_args", parse_args(args_class(policy), self.policy_args, "policy_args", self.policy)
-        )
+        policy_args = parse_args(args_class(policy), self.policy_args, "policy_args", self.policy)
+        object.__setattr__(self, "policy_args", policy_args)
+        object.__setattr__(self, "_policy", (policy, _knob_kwargs(policy, policy_args)))
         kl = KL_ESTIMATORS.get(self.kl)
         object.__setattr__(self, "kl_args", parse_args(args_class(kl), self.kl_args, "kl_args", self.kl))
+        object.__setattr__(self, "_kl", (kl, _knob_kwargs(kl, self.kl_args)))
         object.__setattr__(self, "terms", tuple((str(n), float(c)) for n, c in self.terms))
         given = dict(self.term_args)
         unknown = set(given) - {name for name, _ in self.terms}
         if unknown:
             raise ValueError(f"term_args names {sorted(unknown)}, which are not among the terms")
-        term_args = []
-        for name, _ in self.terms:
-            cls = args_class(LOSS_TERMS.get(name))
-            parsed = parse_args(cls, given.get(name), f"term_args.{name}", name)
+        term_args, terms = [], []
+        for name, coef in self.terms:
+            term = LOSS_TERMS.get(name)
+            parsed = parse_args(args_class(term), given.get(name), f"term_args.{name}", name)
             if parsed is not None:
                 term_args.append((name, parsed))
+            if coef:
+                terms.append((name, coef, term, _knob_kwargs(term, parsed)))
         object.__setattr__(self, "term_args", tuple(term_args))
+        object.__setattr__(self, "_terms", tuple(terms))
 
     @property
     def policy_ratio_level(self) -> str:
         """ "sequence" when the policy's ratio is one per response (gspo, gmpo, luspo), else "token"."""
-        return ratio_level_of(POLICY_LOSSES.get(self.policy))
+        return ratio_level_of(self._policy[0])
 
     def args_of_term(self, name: str) -> Any:
         """The knobs of the term `name` (None when it has none)."""
@@ -175,12 +184,17 @@ class LossSpec:
     @property
     def needs_entropy(self) -> bool:
         """A term reads a differentiable entropy (`LossInputs.entropy`)."""
-        return any(getattr(LOSS_TERMS.get(name), "needs_entropy", False) for name, coef in self.terms if coef)
+        return any(getattr(term, "needs_entropy", False) for _, _, term, _ in self._terms)
 
     @property
     def moves_every_row(self) -> bool:
         """A term not multiplied by the advantage (β·KL, an extra term) can move a row whose advantage is 0."""
         return self.beta != 0.0 or any(coef for _, coef in self.terms)
+
+
+def _knob_kwargs(piece: Any, args: Any) -> dict[str, Any]:
+    """The keywords a piece is called with: `args=` its knobs when it declares them (`config.registry.takes`)."""
+    return {"args": args} if args_class(piece) is not None else {}
 
 
 @dataclass
@@ -245,9 +259,9 @@ def policy_term(
 ):
     """The spec's policy loss, its outputs checked (a user's loss must return [B, T] tensors). A policy
     that `folds_is_weight` gets `is_weight` itself; the caller multiplies the others' loss by it."""
-    policy = POLICY_LOSSES.get(spec.policy)
+    policy, kwargs = spec._policy
     extra = {"is_weight": is_weight} if getattr(policy, "folds_is_weight", False) else {}
-    out = call_piece(policy, spec.policy_args, logps, old_eff, advantages, on_policy, spec, **extra)
+    out = policy(logps, old_eff, advantages, on_policy, spec, **kwargs, **extra)
     if not (isinstance(out, tuple) and len(out) == 3):
         raise ValueError(
             f"policy loss {spec.policy!r} must return (loss, low_clip, high_clip), got {type(out).__name__}"
@@ -325,7 +339,7 @@ def policy_loss(
     if is_weight is not None and is_weight.shape not in (mask.shape, (mask.shape[0], 1)):
         raise ValueError(f"is_weight shape {tuple(is_weight.shape)} must be [B, T] = {tuple(mask.shape)} or [B, 1]")
     is_w = None if is_weight is None else is_weight.detach()
-    folds = getattr(POLICY_LOSSES.get(spec.policy), "folds_is_weight", False)
+    folds = getattr(spec._policy[0], "folds_is_weight", False)
     pg, is_low, is_high = policy_term(logps, old_eff, advantages, on_policy, spec, is_w)  # [B, T] x3
     keep = None
     if spec.off_policy_mask is not None:  # OPSM: drop far-off-policy responses with A < 0 (DeepSeek-V3.2 eq. 9)
@@ -351,7 +365,8 @@ def policy_loss(
     per_token = pg
     kl = None
     if ref_logps is not None:
-        kl = call_piece(KL_ESTIMATORS.get(spec.kl), spec.kl_args, logps, ref_logps)  # [B, T]
+        kl_fn, kl_kwargs = spec._kl
+        kl = kl_fn(logps, ref_logps, **kl_kwargs)  # [B, T]
         if beta != 0.0:
             kl_term = beta * kl  # [B, T]
             if spec.kl_ratio_correction:
@@ -376,7 +391,7 @@ def policy_loss(
     loss = reduce(per_token, agg)
 
     term_values: dict[str, Tensor] = {}
-    if spec.terms:
+    if spec._terms:
         t_in = TermInputs(
             logps=logps,
             old_logps=old_eff,
@@ -387,11 +402,8 @@ def policy_loss(
             ref_logps=ref_logps,
             totals=totals,
         )
-        for name, coef in spec.terms:
-            if not coef:
-                continue
-            term = LOSS_TERMS.get(name)
-            value = call_piece(term, spec.args_of_term(name), t_in)
+        for name, coef, term, kwargs in spec._terms:
+            value = term(t_in, **kwargs)
             if not isinstance(value, Tensor) or (value.dim() != 0 and value.shape != mask.shape):
                 raise ValueError(f"loss term {name!r} must return a [B, T] = {tuple(mask.shape)} or a 0-d tensor")
             if value.dim() != 0:

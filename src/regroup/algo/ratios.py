@@ -1,4 +1,5 @@
-"""Token-level importance ratios π_θ/π_old, PPO clipping, and the sampler-mismatch correction.
+"""Token-level importance ratios π_θ/π_old and PPO clipping (the sampler-mismatch correction is
+`regroup.algo.loss_inputs.sampler_is_weight`).
 
 Which prompt the log-probs are conditioned on (TA-GRPO's anchored-on-q0 ratio, SPEC §3.4, versus each
 response on its own prompt) is decided by the caller that computes `logps` / `old_logps`; the ratio
@@ -9,8 +10,6 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
-
-from regroup.algo.sampler_is import sampler_is_weight
 
 
 def _check_same_shape(a: Tensor, b: Tensor, name_a: str, name_b: str) -> None:
@@ -45,14 +44,3 @@ def clip_ratio(ratio: Tensor, eps_low: float, eps_high: float) -> Tensor:
     if eps_low < 0 or eps_high < 0:
         raise ValueError(f"clip epsilons must be >= 0, got eps_low={eps_low}, eps_high={eps_high}")
     return torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
-
-
-def truncated_is_weight(old_logps: Tensor, behaviour_logps: Tensor, cap: float) -> Tensor:
-    """Truncated importance weight `min(π_old / π_behaviour, cap)` per token, detached  -> [B, T].
-
-    Corrects for the sampler (e.g. vLLM, or a stale rollout worker) not being exactly `π_old`, as TRL's
-    `vllm_importance_sampling_mode="token_truncate"` and verl's TIS do. A NaN behaviour log-prob (a token
-    the sampler could not score) gets weight 1, i.e. no correction, as in TRL. The other modes (masked,
-    sequence-level) are `regroup.algo.sampler_is.sampler_is_weight`.
-    """
-    return sampler_is_weight(old_logps, behaviour_logps, None, "token_truncate", cap)  # [B, T]

@@ -1,7 +1,8 @@
 """Gradient conflict between the positive and the negative samples of a batch — the quantity the DaGRPO
 paper argues about: when a wrong response is as good as a right one by fine-grained score, the two
 sides push the shared parameters in opposite directions. Measured as the cosine between
-∇(−Σ A·log π) over positive-advantage samples and the same over negative-advantage samples."""
+∇(−Σ A·log π) over positive-advantage samples and the same over negative-advantage samples.
+`GradientConflict` runs it as an update hook (`regroup.diagnostics.hooks`)."""
 
 from __future__ import annotations
 
@@ -43,3 +44,30 @@ def gradient_conflict(
         "grad_conflict/pos_norm": float(g_pos.norm()),
         "grad_conflict/neg_norm": float(g_neg.norm()),
     }
+
+
+class GradientConflict:
+    """`grad_conflict/*`: cos(g⁺, g⁻) on training steps 0, K, 2K, ... (`diagnostics.grad_conflict_every`): an
+    update hook (`regroup.diagnostics.hooks.UpdateHook`'s seam) with only `before_update`."""
+
+    name = "grad_conflict"
+
+    def __init__(self, every: int, param_pattern: str, max_samples: int, temperature: float):
+        self.every, self.param_pattern, self.max_samples, self.temperature = (
+            every,
+            param_pattern,
+            max_samples,
+            temperature,
+        )
+
+    def before_update(self, model, batch: RolloutBatch, advantages: torch.Tensor, step: int) -> dict[str, float]:
+        if step % self.every:
+            return {}
+        return gradient_conflict(
+            model,
+            batch,
+            advantages,
+            param_pattern=self.param_pattern,
+            max_samples=self.max_samples,
+            temperature=self.temperature,
+        )

@@ -6,14 +6,16 @@ test may hand the trainer its own list.
 
 - `after_collect(batch)`: the step's samples, after the recipe's stages ran (rewards, masks set).
 - `before_update(model, batch, advantages, step)`: the collated rows and their advantages [B], before
-  the first backward (the training gradients are not touched yet).
+  the first backward (the training gradients are not touched yet); `regroup.diagnostics.grad_conflict.
+  GradientConflict` is one.
 - `after_step(step, metrics)`: the step's metrics, reduced over the processes, after the update and the
   weight push; what it returns joins them (a hook later in the list sees it).
 
 A hook whose state must survive a resume has `state_dict()` / `load_state_dict(state)`; the trainer saves
 those by hook `name` (`hook_states`).
 
-Each cadence follows the step being trained (`StepBatch.step`), never a loop counter: a caller that drives
+A hook that leaves a method as `UpdateHook`'s no-op is not called there (a diagnostic that is off costs
+no call). Each cadence follows the step being trained (`StepBatch.step`), never a loop counter: a caller that drives
 `Trainer.train_step(step)` itself measures on the same steps as `Trainer.train`.
 """
 
@@ -24,7 +26,7 @@ import re
 import torch
 
 from regroup.batch import RolloutBatch
-from regroup.diagnostics.grad_conflict import gradient_conflict
+from regroup.diagnostics.grad_conflict import GradientConflict
 from regroup.diagnostics.signals import build_embedder, group_diversity, reward_diagnostics
 from regroup.stages.base import StepBatch
 
@@ -103,32 +105,6 @@ class GroupDiversity(UpdateHook):
         if (batch.step + 1) % self.every:  # logged steps K, 2K, ...
             return {}
         return {"diversity": group_diversity(batch.samples, self.embedder)}
-
-
-class GradientConflict(UpdateHook):
-    """`grad_conflict/*`: cos(g⁺, g⁻) on training steps 0, K, 2K, ... (`diagnostics.grad_conflict_every`)."""
-
-    name = "grad_conflict"
-
-    def __init__(self, every: int, param_pattern: str, max_samples: int, temperature: float):
-        self.every, self.param_pattern, self.max_samples, self.temperature = (
-            every,
-            param_pattern,
-            max_samples,
-            temperature,
-        )
-
-    def before_update(self, model, batch: RolloutBatch, advantages: torch.Tensor, step: int) -> dict[str, float]:
-        if step % self.every:
-            return {}
-        return gradient_conflict(
-            model,
-            batch,
-            advantages,
-            param_pattern=self.param_pattern,
-            max_samples=self.max_samples,
-            temperature=self.temperature,
-        )
 
 
 GRAD_CONFLICT_AUTO_LIMIT = 5_000_000

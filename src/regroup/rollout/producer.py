@@ -335,11 +335,3 @@ def build_producer(trainer) -> AsyncProducer:
     if getattr(trainer, "parts", None) is not None:
         trainer.parts.sampler = trainer.sampler  # hooks that sample (held-out evaluation) read it there
     return producer
-
-
-def behaviour_old_logps(learner_old, part):
-    """pi_old under `rollout.async_correction=behaviour`: the engine's log-probs [b, T] on the tokens it
-    sampled and scored with a finite value on the prompt the learner scores, the learner's `learner_old`
-    [b, T] elsewhere (anchors, the EOS the server client appended, TA-GRPO rephrasings scored on q0)."""
-    usable = part.behaviour_usable  # [b, T]
-    return learner_old.where(~usable, part.behaviour_logps.to(learner_old.dtype))  # [b, T]

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 import regroup.algo.advantages  # noqa: F401  (registers the built-in estimators, grpo and dr_grpo)
-from regroup.config.registry import ADV_ESTIMATORS, STAGES, args_class, call_piece, parse_args
+from regroup.config.registry import ADV_ESTIMATORS, STAGES, args_class, parse_args
 from regroup.stages.base import StepBatch, StepContext
 
 
@@ -25,7 +25,9 @@ class GroupAdvantages:
     def __init__(self, estimator: str = "grpo", args: Any = None):
         self.estimator = estimator
         self.fn = ADV_ESTIMATORS.get(estimator)
-        self.args = parse_args(args_class(self.fn), args, "grpo.advantage_estimator_args", estimator)
+        knobs = args_class(self.fn)
+        self.args = parse_args(knobs, args, "grpo.advantage_estimator_args", estimator)
+        self.kwargs = {"args": self.args} if knobs is not None else {}  # resolved once, not per step
 
     def __call__(self, batch: StepBatch, ctx: StepContext) -> dict[str, float]:
         rewards = torch.tensor(
@@ -34,7 +36,7 @@ class GroupAdvantages:
         )  # [B]
         groups = torch.tensor([s.group_id for s in batch.samples], dtype=torch.long)  # [B]
         all_rewards, all_groups = ctx.gather(rewards), ctx.gather(groups)  # [B_all] x2
-        all_adv = call_piece(self.fn, self.args, all_rewards, all_groups)  # [B_all]
+        all_adv = self.fn(all_rewards, all_groups, **self.kwargs)  # [B_all]
         if not isinstance(all_adv, torch.Tensor) or all_adv.shape != all_rewards.shape:
             raise ValueError(
                 f"advantage estimator {self.estimator!r} must return a [B] = {tuple(all_rewards.shape)} tensor, "

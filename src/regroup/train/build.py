@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -207,6 +208,6 @@ def build_trainer(cfg, run_dir: str | Path, *, resume: bool = False, accelerator
     """The trainer of `cfg`: its parts (`build_parts`), its recipe (`regroup.train.recipes.build_recipe`) and its
     hooks, resumed from the run folder's newest checkpoint when `resume`."""
     parts = build_parts(cfg, Path(run_dir), accelerator=accelerator, log=log)  # a module global: tests replace it
-    recipe = build_recipe(cfg, parts.task, lambda text: encode_response(parts.tokenizer, text), run_dir)
+    recipe = build_recipe(cfg, parts.task, partial(encode_response, parts.tokenizer), run_dir)
     parts.update_hooks = [*parts.update_hooks, *step_hooks(cfg, recipe, parts, log)]
     return Trainer(parts, recipe, run_dir, resume=resume, log=log)

@@ -18,20 +18,21 @@ import shutil
 import time
 import warnings
 from contextlib import nullcontext
+from functools import partial
 from pathlib import Path
 
 import torch
 from accelerate.utils import gather, gather_object, pad_across_processes, reduce
 
-from regroup.algo.losses import LossInputs, LossTotals, policy_loss, rows_with_gradient
-from regroup.algo.sampler_is import sampler_is_weight
+from regroup.algo.loss_inputs import build_loss_inputs
+from regroup.algo.losses import LossTotals, policy_loss, rows_with_gradient
 from regroup.batch import RolloutBatch, collate
 from regroup.diagnostics import logprob_gap
-from regroup.diagnostics.hooks import hook_states, load_hook_states
+from regroup.diagnostics.hooks import UpdateHook, hook_states, load_hook_states
 from regroup.models.logprobs import prompt_order, response_logps, use_shared_prefix
 from regroup.models.prompting import encode_prompt, encode_response
 from regroup.rollout.base import SamplingParams
-from regroup.rollout.producer import behaviour_old_logps, build_producer
+from regroup.rollout.producer import build_producer
 from regroup.runtime.checkpoint import (
     CheckpointRefused,
     check_resume_config,
@@ -59,6 +60,11 @@ from regroup.train.row_balance import forwarded_rows
 from regroup.train.run_config import save_config
 
 PROMPT_CACHE_SIZE = 8192
+
+
+def _implements(hook, method: str) -> bool:
+    """Whether `hook` has a `method` of its own: one that leaves UpdateHook's no-op in place is not called."""
+    return getattr(type(hook), method, None) not in (None, getattr(UpdateHook, method))
 
 
 class Trainer:
@@ -90,6 +96,8 @@ class Trainer:
         self.skipped_long = 0
         self.ctx = self._context()
         self.producer = build_producer(self) if cfg.rollout.async_steps else None  # async: where batches come from
+        # pi_old is the engine's own log-probs where it scored its tokens (async, the behaviour correction)
+        self.old_from_sampler = self.producer is not None and cfg.rollout.async_correction == "behaviour"
         self.step = 0
         if self.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -132,7 +140,7 @@ class Trainer:
             sampler=self.sampler,
             sampling_params=SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.max_new_tokens, n=1),
             encode_prompt=self._encode,
-            encode_response=lambda text: encode_response(self.tokenizer, text),
+            encode_response=partial(encode_response, self.tokenizer),
             gather=self._gather,
             global_sum=self._global_sum,
             warn=self.log,
@@ -174,7 +182,7 @@ class Trainer:
         self.skipped_long += drawn - pps
         per_rank = pps // self.world
         first = self.rank * per_rank
-        base = (step * self.recipe.draw_rounds + round_) * pps
+        base = (step * self.recipe.features.draw_rounds + round_) * pps
         return StepBatch(
             step=step,
             problems=questions[first : first + per_rank],
@@ -194,30 +202,29 @@ class Trainer:
 
     def collect(self, step: int) -> tuple[StepBatch, dict]:
         """Run the recipe's stages for `step`: sample, reward, and whatever the recipe adds, up to masks."""
-        collect_stages = self.recipe.collect_stages()
         extra_rounds: list[dict] = []
 
         def refill(round_: int) -> StepBatch:  # dynamic sampling draws more questions through the same stages
             extra = self._draw(step, round_)
-            extra_rounds.append(run_stages(collect_stages, extra, self.ctx))
+            extra_rounds.append(run_stages(self.recipe.collect_stages(), extra, self.ctx))
             return extra
 
         self.ctx.refill = refill
         batch = self._draw(step, 0)
-        metrics = run_stages(self.recipe.stages, batch, self.ctx)
-        metrics = merge_rounds(self.recipe.stages, metrics, extra_rounds)  # what the refill rounds cost counts too
+        metrics: dict[str, float] = {}
+        for stage in self.recipe.stages:
+            metrics.update(stage(batch, self.ctx) or {})
+        if extra_rounds:  # what the refill rounds cost counts too
+            metrics = merge_rounds(self.recipe.stages, metrics, extra_rounds)
         metrics["data/skipped_long"] = float(self.skipped_long)  # since the start of the run
         return batch, metrics
 
     # ------------------------------------------------------------------------------------------- update
-    def _micro_batches(self, rows: torch.Tensor) -> list[torch.Tensor]:
-        return list(rows.split(self.cfg.grpo.micro_batch_size))  # row indices [<= micro_batch_size] each
-
     def _logps_no_grad(self, model_fn, batch: RolloutBatch, rows: torch.Tensor) -> torch.Tensor:
-        """Log-probs [B, T] of the rows `rows` (0 elsewhere: those rows are never read)."""
+        """Log-probs [B, T] of the rows `rows` under `model_fn(mb)` (0 elsewhere: those rows are never read)."""
         out = torch.zeros(batch.completion_mask.shape, device=batch.completion_mask.device)  # [B, T]
         with torch.no_grad():
-            for mb in self._micro_batches(rows):
+            for mb in rows.split(self.cfg.grpo.micro_batch_size):
                 out[mb] = model_fn(batch.select(mb)).float()
         return out
 
@@ -225,10 +232,12 @@ class Trainer:
         """`grpo.mini_batches` contiguous row ranges, one optimizer step each (advantages were computed over
         whole groups before the split, so a group may span two mini-batches)."""
         k = self.cfg.grpo.mini_batches
-        bounds = [round(i * n / k) for i in range(k + 1)]
-        return [range(bounds[i], bounds[i + 1]) for i in range(k)]
+        return [range(round(i * n / k), round((i + 1) * n / k)) for i in range(k)]
 
     def update(self, step_batch: StepBatch) -> dict:
+        """Train on one rollout: per pass (`grpo.num_iterations`) and mini-batch, forward each micro-batch,
+        build its loss inputs (`regroup.algo.loss_inputs.build_loss_inputs`), backward; one optimizer step
+        per mini-batch."""
         cfg, g = self.cfg, self.cfg.grpo
         samples = step_batch.samples
         if self._global_sum(float(len(samples))) == 0:
@@ -236,24 +245,24 @@ class Trainer:
             return {"skipped_empty": 1.0}
         if not samples:  # another process has samples: join its collectives with a zero-weight row
             return self._empty_update()
+        if step_batch.advantages is None:  # the recipe's advantages stage sets them on every non-empty step
+            raise RuntimeError("update: the step batch has no advantages (no advantages stage ran)")
         # Rows of one prompt side by side, so a micro-batch shares few prompt forwards (anchors join their group).
         order = prompt_order(samples) if self.shared_prefix else list(range(len(samples)))
         batch = self._to_device(collate([samples[i] for i in order], self.pad_id))
-        if step_batch.advantages is None:  # the recipe's advantages stage sets them on every non-empty step
-            raise RuntimeError("update: the step batch has no advantages (no advantages stage ran)")
         advantages = step_batch.advantages[order].to(self.acc.device)  # [B]
         weights = None if step_batch.weights is None else step_batch.weights[order].to(self.acc.device)  # [B]
         metrics: dict = {}
         for hook in self.update_hooks:
-            metrics.update(hook.before_update(self.acc.unwrap_model(self.model), batch, advantages, step_batch.step))
-        anchor_tokens = batch.completion_mask.bool() & ~batch.sampled_mask  # [B, T] forced (off-policy) tokens
-        temperature = cfg.rollout.temperature
+            if _implements(hook, "before_update"):
+                model = self.acc.unwrap_model(self.model)
+                metrics.update(hook.before_update(model, batch, advantages, step_batch.step))
+        spec, temperature = self.recipe.loss, cfg.rollout.temperature
 
         def score(model, mb):
             return response_logps(model, mb, temperature, shared_prefix=self.shared_prefix)[0]
 
         minis = self._mini_batches(len(batch))
-        spec = self.recipe.loss
         carries = (
             rows_with_gradient(advantages, weights, spec.moves_every_row)
             if g.skip_zero_gradient_rows
@@ -262,8 +271,8 @@ class Trainer:
         forwarded = [forwarded_rows(rows, carries.cpu(), self._global_max) for rows in minis]  # [n] each
         all_forwarded = torch.cat(forwarded)  # [N]
         metrics["update/forwarded_frac"] = len(all_forwarded) / len(batch)
-
-        # pi_old is computed once per rollout, before the first update, whenever it can differ from pi_theta.
+        # pi_old is computed once per rollout, before the first update, whenever it can differ from pi_theta
+        # (else build_loss_inputs takes pi_theta detached, as TRL does).
         needs_old = g.num_iterations > 1 or g.mini_batches > 1
         old_logps = self._logps_no_grad(lambda mb: score(self.model, mb), batch, all_forwarded) if needs_old else None
         ref_logps = (
@@ -282,13 +291,12 @@ class Trainer:
                     total_sequences=int(self._global_sum(float(len(mask_all)))),
                     max_completion_length=cfg.rollout.max_new_tokens,
                 )
-                micro = self._micro_batches(rows_forwarded)
+                micro = rows_forwarded.split(g.micro_batch_size)  # row indices [<= micro_batch_size] each
                 loss_total = 0.0
                 for k, mb in enumerate(micro):
                     part = batch.select(mb)
-                    sync = k == len(micro) - 1
-                    context = self.acc.no_sync(self.model) if (not sync and self.world > 1) else nullcontext()
-                    with context:
+                    last = k == len(micro) - 1  # DDP all-reduces the gradients on the last micro-batch only
+                    with self.acc.no_sync(self.model) if (not last and self.world > 1) else nullcontext():
                         logps, entropy = response_logps(
                             self.model,
                             part,
@@ -297,58 +305,28 @@ class Trainer:
                             shared_prefix=self.shared_prefix,
                             entropy_grad=spec.needs_entropy,
                         )  # [b, T] x2
-                        old = (
-                            logps.detach() if old_logps is None else old_logps[mb]
-                        )  # mu = 1, one mini-batch: ratio 1 (TRL)
-                        # [b, T] the engine's log-probs where it scored its tokens, pi_old elsewhere (None: none),
-                        # for the behaviour correction and OPSM only (the only readers)
-                        on_behaviour = self.producer is not None and cfg.rollout.async_correction == "behaviour"
-                        behaviour = None
-                        if (on_behaviour or spec.off_policy_mask is not None) and bool(part.behaviour_usable.any()):
-                            behaviour = behaviour_old_logps(old, part)
-                        if behaviour is not None and on_behaviour:
-                            old = behaviour  # pi_old = the engine's own log-probs
-                        inputs = LossInputs(
-                            advantages=advantages[mb],
-                            loss_mask=part.completion_mask,
+                        old, inputs = build_loss_inputs(
+                            spec,
+                            logps,
+                            advantages[mb],
+                            part.completion_mask,
+                            old_logps=None if old_logps is None else old_logps[mb],
+                            sampler_logps=part.behaviour_logps,
+                            sampler_rows=part.behaviour_rows,
+                            sampled_mask=part.sampled_mask,
+                            old_from_sampler=self.old_from_sampler,
                             ref_logps=None if ref_logps is None else ref_logps[mb],
                             sample_weight=None if weights is None else weights[mb],
-                            anchor_token_mask=anchor_tokens[mb] if bool(anchor_tokens[mb].any()) else None,
-                            is_weight=self._is_weight(old, part),
-                            entropy=entropy if spec.needs_entropy else None,
-                            sampler_logps=behaviour,  # OPSM's KL is to the policy that sampled (TRL: vLLM's logps)
+                            entropy=entropy,
                         )
                         loss, loss_metrics = policy_loss(logps, old, inputs, spec, totals)
                         self.acc.backward(loss * self.world)  # DDP averages over ranks; normalisers are global
                     loss_total += float(loss.detach())
                     if iteration == 0:
-                        self._accumulate(
-                            sums,
-                            part,
-                            None if entropy is None else entropy.detach(),
-                            loss_metrics,
-                            anchor_tokens[mb],
-                            logps.detach(),
-                        )
+                        self._accumulate(sums, part, entropy, loss_metrics, inputs.anchor_token_mask, logps.detach())
                 metrics.update(self._optimizer_step(loss_total))
         metrics.update(self._finish_sums(sums))
         return metrics
-
-    def _is_weight(self, old: torch.Tensor, part: RolloutBatch) -> torch.Tensor | None:
-        """The sampler IS weight ([b, T], or [b, 1] in a sequence mode) per row: rows without sampler
-        log-probs (anchors) get weight 1.
-
-        The sampler scored each response on the prompt it answered; config validation refuses
-        `rollout.tis_cap > 0` with ratios on q0, where π_old(o|q0)/π_sampler(o|q_n) would compare two prompts.
-        """
-        spec = self.recipe.loss
-        rows = part.has_behaviour_logps & part.on_sampled_prompt  # [b]
-        if spec.is_cap <= 0 or not bool(rows.any()):
-            return None
-        weight = sampler_is_weight(
-            old, part.behaviour_logps, part.completion_mask, spec.is_mode, spec.is_cap, spec.is_min or None
-        )  # [b, T] or [b, 1]
-        return torch.where(rows.unsqueeze(1), weight, torch.ones_like(weight))
 
     def _empty_update(self) -> dict:
         """This process kept no sample (dynamic sampling): it joins the collectives the others make, in
@@ -387,13 +365,16 @@ class Trainer:
         }
 
     @staticmethod
-    def _accumulate(sums, part, entropy, loss_metrics, anchor_tokens, logps) -> None:
+    def _accumulate(sums, part, entropy, loss_metrics, anchors, logps) -> None:
+        """Add one micro-batch's metrics to the step's sums (`anchors` [b, T]: forced tokens; None: none)."""
         logprob_gap.accumulate(sums, part, logps)  # sampler vs learner, on the trained tokens
-        on_policy = part.completion_mask.bool() & ~anchor_tokens  # [b, T]
+        on_policy = part.completion_mask.bool()  # [b, T]
+        if anchors is not None:
+            on_policy = on_policy & ~anchors
         n_tok = float(on_policy.sum())
         sums["tok"] = sums.get("tok", 0.0) + n_tok
         if entropy is not None:
-            sums["entropy"] = sums.get("entropy", 0.0) + float((entropy * on_policy).sum())
+            sums["entropy"] = sums.get("entropy", 0.0) + float((entropy.detach() * on_policy).sum())
         for src, key in (
             ("clip_low_frac", "clip/low_frac"),
             ("clip_high_frac", "clip/high_frac"),
@@ -402,9 +383,9 @@ class Trainer:
         ):
             if src in loss_metrics:
                 sums[key] = sums.get(key, 0.0) + float(loss_metrics[src]) * n_tok
-        if anchor_tokens.any():
-            sums["anchor_tok"] = sums.get("anchor_tok", 0.0) + float(anchor_tokens.sum())
-            sums["anchor_logp"] = sums.get("anchor_logp", 0.0) + float((logps * anchor_tokens).sum())
+        if anchors is not None:
+            sums["anchor_tok"] = sums.get("anchor_tok", 0.0) + float(anchors.sum())
+            sums["anchor_logp"] = sums.get("anchor_logp", 0.0) + float((logps * anchors).sum())
 
     @staticmethod
     def _finish_sums(sums) -> dict:
@@ -428,7 +409,8 @@ class Trainer:
         model = self.acc.unwrap_model(self.model)
         batch, metrics = self.producer.take(step, model) if self.producer else self.collect(step)
         for hook in self.update_hooks:
-            metrics.update(hook.after_collect(batch))
+            if _implements(hook, "after_collect"):
+                metrics.update(hook.after_collect(batch))
         self.sample_log.maybe_log(step + 1, batch)
         t1 = time.perf_counter()
         metrics.update(self.update(batch))
@@ -442,7 +424,8 @@ class Trainer:
         metrics["time/step"] = time.perf_counter() - t0
         metrics = self._reduce_metrics(metrics)
         for hook in self.update_hooks:  # on the step's reduced metrics: held-out evaluation, the signal watch
-            metrics.update(hook.after_step(step, metrics))
+            if _implements(hook, "after_step"):
+                metrics.update(hook.after_step(step, metrics))
         return metrics
 
     def _reduce_metrics(self, metrics: dict) -> dict:

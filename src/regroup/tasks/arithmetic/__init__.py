@@ -6,8 +6,6 @@
 
 from __future__ import annotations
 
-import random
-
 from regroup.config.registry import TASKS
 from regroup.tasks.arithmetic.config import ArithmeticConfig
 from regroup.tasks.arithmetic.generator import generate
@@ -49,30 +47,17 @@ class ArithmeticTask:
         """`n` reproducible problems for `seed` (with this task's config unless another is given)."""
         return generate(n, seed, config if config is not None else self.config)
 
-    @staticmethod
-    def grade(response: str, problem: Problem) -> float:
-        """1.0 if the final answer after the last "####" is right, else 0.0."""
-        return grade(response, problem)
-
-    @staticmethod
-    def step_score(response: str, problem: Problem) -> float:
-        """The deterministic 1-10 step score (see `grading.step_score`)."""
-        return step_score(response, problem)
-
-    @staticmethod
-    def rephrase(problem: Problem, n: int, rng: random.Random) -> list[str]:
-        """`n` distinct answer-preserving rephrasings of the question."""
-        return rephrase(problem, n, rng)
-
-    @staticmethod
-    def extract_answer(response: str) -> str | None:
-        """The final answer a response gives, or None."""
-        return extract_answer(response)
-
-    @staticmethod
-    def format_answer(value: object) -> str:
-        """The answer line a response should end with."""
-        return format_answer(value)
+    # The grading functions themselves (a method that only forwarded to them would be a call per sample).
+    grade = staticmethod(grade)
+    """1.0 if the final answer after the last "####" is right, else 0.0 (`grading.grade`)."""
+    step_score = staticmethod(step_score)
+    """The deterministic 1-10 step score (`grading.step_score`)."""
+    rephrase = staticmethod(rephrase)
+    """`n` distinct answer-preserving rephrasings of the question (`transforms.rephrase`)."""
+    extract_answer = staticmethod(extract_answer)
+    """The final answer a response gives, or None (`grading.extract_answer`)."""
+    format_answer = staticmethod(format_answer)
+    """The answer line a response should end with (`grading.format_answer`)."""
 
     def __repr__(self) -> str:
         return f"ArithmeticTask({self.config!r})"
