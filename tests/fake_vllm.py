@@ -4,6 +4,9 @@ tests/reliability/test_round4_server.py.
 
 It answers `/v1/models`, `/v1/completions` (token i of a completion = 10 + i, log-prob -0.1·(i+1)),
 `/collective_rpc` and `/reset_prefix_cache`, and records (path, body, Authorization) of every request.
+`/collective_rpc regroup_reload_weights` loads the folder's tensors into `weights` (in place: names the
+folder lacks keep their tensors, as vLLM's reload does) and answers the worker extension's fingerprints
+(sha256 of each tensor here) before and after; `foreign_reload(name, tensor)` is another client's reload.
 
 - `mode`: ok | eos (stop on EOS, which vLLM leaves in) | stop (stopped, EOS left out) | 500 | hang;
 - `completion_reply`: None, or `fn(body) -> payload` replacing the whole `/v1/completions` reply (a
@@ -13,6 +16,7 @@ It answers `/v1/models`, `/v1/completions` (token i of a completion = 10 + i, lo
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 import time
@@ -52,6 +56,7 @@ class FakeVLLM:
         self.redirect_to = None
         self.requests = []
         self.reload_saw = []  # (folder, its files at the time of the reload call)
+        self.weights = {}  # name -> tensor: what the server "computes with"
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -79,7 +84,12 @@ class FakeVLLM:
                 if self.path == "/collective_rpc":
                     folder = Path(body["kwargs"]["weights_path"])
                     fake.reload_saw.append((folder, sorted(p.name for p in folder.iterdir())))
-                    return self._reply(200, {"results": [1]})
+                    before = fake.fingerprints()
+                    fake.load_folder(folder)
+                    if not body["kwargs"].get("fingerprint"):
+                        return self._reply(200, {"results": [0]})
+                    after = fake.fingerprints()
+                    return self._reply(200, {"results": [{"refreshed": 0, "before": before, "after": after}]})
                 if self.path == "/reset_prefix_cache":
                     return self._reply(200, {})
                 if fake.mode == "500":
@@ -101,6 +111,23 @@ class FakeVLLM:
         self.httpd = _Server(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def load_folder(self, folder: Path) -> None:
+        from safetensors.torch import load_file
+
+        self.weights.update(load_file(str(folder / "model.safetensors")))
+
+    def fingerprints(self) -> dict[str, str]:
+        import torch
+
+        return {
+            name: hashlib.sha256(t.contiguous().view(-1).view(torch.uint8).numpy()).hexdigest()[:16]
+            for name, t in self.weights.items()
+        }
+
+    def foreign_reload(self, name: str, tensor) -> None:
+        """Another client reloads one weight of this server."""
+        self.weights[name] = tensor
 
     def completions(self) -> list[dict]:
         """The bodies of the `/v1/completions` requests received so far."""

@@ -333,7 +333,7 @@ def cmd_vllm_serve(args) -> int:
         port=args.port,
         max_model_len=args.max_model_len,
         dtype=args.dtype,
-        extra_args=args.vllm_args[1:] if args.vllm_args[:1] == ["--"] else args.vllm_args,
+        extra_args=args.vllm_args,
     )
     env = serve_env(args.api_key_env)
     _log("starting: " + " ".join(cmd))
@@ -608,6 +608,7 @@ def build_parser() -> argparse.ArgumentParser:
         "vllm-serve",
         parents=[common],
         help="start a vLLM OpenAI server for rollout.backend=vllm_server (and a local judge / rewriter)",
+        allow_abbrev=False,  # vLLM's --api-key must not pass for an abbreviation of --api-key-env
     )
     p.add_argument("model", help="HF model folder")
     p.add_argument("--host", default="127.0.0.1")
@@ -618,8 +619,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=_number(int, "zero_or_more"), default=0, help="0: the model's own")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--python", default=sys.executable, help="the Python of the venv that has vLLM (default: this one)")
-    p.add_argument("vllm_args", nargs=argparse.REMAINDER, help="further vLLM server arguments, after --")
-    p.set_defaults(fn=cmd_vllm_serve)
+    p.set_defaults(fn=cmd_vllm_serve, vllm_args=[])  # vLLM's own options: after --, split off by main()
+    p.epilog = "vLLM's own options go after --: regroup vllm-serve MODEL [options] -- --gpu-memory-utilization 0.5"
 
     p = sub.add_parser(
         "demo", parents=[common], help="warm up, train every recipe from the same start, evaluate, report"
@@ -677,8 +678,42 @@ def _show_warning(message, category, filename, lineno, file=None, line=None):
 _default_showwarning = warnings.showwarning
 
 
+def split_vllm_serve_args(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    """(regroup's arguments, vLLM's) for `vllm-serve`, whose vLLM options come after the first `--` (None:
+    another command). regroup's own options are then parsed wherever they stand, before or after MODEL."""
+    command = next((a for a in argv if not a.startswith("-")), None)
+    if command != "vllm-serve":
+        return argv, None
+    rest = argv[argv.index(command) + 1 :]
+    if "--" not in rest:
+        return argv, []
+    cut = argv.index(command) + 1 + rest.index("--")
+    return argv[:cut], argv[cut + 1 :]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, parsed; for `vllm-serve`, an option regroup does not know before `--` is refused
+    in one line that says where vLLM's own options go."""
+    parser = build_parser()
+    argv, vllm_args = split_vllm_serve_args(list(sys.argv[1:] if argv is None else argv))
+    if vllm_args is None:
+        return parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        names = [a.split("=", 1)[0] for a in unknown if a.startswith("-")] or unknown[:1]  # values may be secrets
+        if any(n.replace("_", "-") == "--api-key" for n in names):
+            parser.error("vllm-serve: --api-key would put the key on the command line; use --api-key-env NAME")
+        verb = "is not a regroup option" if len(names) == 1 else "are not regroup options"
+        parser.error(
+            f"vllm-serve: {', '.join(names)} {verb}; vLLM's own options go after --: "
+            f"regroup vllm-serve MODEL [options] -- {names[0]} ..."
+        )
+    args.vllm_args = vllm_args
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     if getattr(args, "out", "x") is None and args.command == "report":
         args.out = args.runs[0]
     debug = getattr(args, "debug", False)

@@ -92,6 +92,81 @@ def test_the_watch_warns_then_stops_and_resets_on_a_good_step():
         assert "warning only" in only_warns.observe(step, bad)[0]
 
 
+def _gaps(watch, gaps, first_step=1) -> list[str]:
+    lines = []
+    for step, gap in enumerate(gaps, first_step):
+        lines += watch.observe(step, {"rollout/logprob_gap_mean": gap, "rollout/behaviour_logps_bad_frac": 0.0})
+    return lines
+
+
+def test_a_jump_against_the_runs_own_baseline_warns_far_below_the_warning_level():
+    """The trial: a second client reloaded MLP weights x1.03 on a SmolLM2 LoRA run's server; the gap went from
+    0.016 to 0.165 nats, under rollout.logprob_gap_warn=1.0, and nothing was said."""
+    watch = LogprobGapWatch(warn_gap=1.0, stop_steps=2)
+    assert _gaps(watch, [0.016, 0.015, 0.017, 0.016]) == []
+    (line,) = _gaps(watch, [0.165], first_step=5)
+    assert line.startswith("warning: step 5: ") and "gap is 0.165 nats" in line and "median of 0.016" in line
+    assert "warning only" in line and "second client" in line
+    assert _gaps(watch, [0.17, 0.16, 0.18], first_step=6) != []  # it goes on: a jump never joins the baseline
+    assert watch.streak == 0  # and never stops the run
+    assert _gaps(watch, [0.016, 0.017], first_step=9) == []
+
+
+@pytest.mark.parametrize(
+    "gaps",
+    [
+        [1e-5, 2e-5, 1e-5, 3e-4, 1e-5],  # fp32 kernel noise: 30x, but far under JUMP_MIN_NATS
+        [0.01 * k for k in range(1, 30)],  # a linear rise (async drift under a warm-up)
+        [0.001, 0.3, 0.31, 0.29],  # no call before the baseline has BASELINE_MIN_STEPS steps
+        [0.05, 0.06, 0.05, 0.19],  # 3.8x: under JUMP_RATIO
+    ],
+)
+def test_no_jump_is_called_on_noise_a_steady_rise_or_without_a_baseline(gaps):
+    assert _gaps(LogprobGapWatch(), gaps) == []
+
+
+def test_the_baseline_survives_a_resume():
+    watch = LogprobGapWatch()
+    _gaps(watch, [0.02, 0.02, 0.02])
+    resumed = LogprobGapWatch()
+    resumed.load_state_dict(watch.state_dict())
+    assert len(_gaps(resumed, [0.2], first_step=4)) == 1
+    old_checkpoint = LogprobGapWatch()
+    old_checkpoint.load_state_dict({"streak": 0})  # written before the baseline existed
+    assert _gaps(old_checkpoint, [0.2]) == []
+
+
+class Shifted:
+    """Behaviour log-probs moved by `shift` nats from the `after`-th generate call on (foreign weights)."""
+
+    def __init__(self, after, shift):
+        self.calls, self.after, self.shift = 0, after, shift
+
+    def __call__(self, logps):
+        return [v - self.shift for v in logps] if self.calls > self.after else logps
+
+    def count(self, generate):
+        def counted(*args, **kwargs):
+            self.calls += 1
+            return generate(*args, **kwargs)
+
+        return counted
+
+
+def test_a_run_whose_engine_moves_a_little_warns_once_it_moves_and_trains_on(tiny_model_dir, tmp_path):
+    cfg = small_config(tiny_model_dir, tmp_path / "run", "grpo.yaml", "train.steps=6", "diagnostics.diversity_every=0")
+    lines = []
+    trainer = make_trainer(cfg, tmp_path / "run", lines.append)
+    shifted = Shifted(after=4, shift=0.2)  # steps 5 and 6: 0.2 nats off, 5x under rollout.logprob_gap_warn
+    sampler = Rewritten(trainer.ctx.sampler, shifted)
+    sampler.generate = shifted.count(sampler.generate)
+    trainer.ctx.sampler = sampler
+    metrics = trainer.train()
+    jumps = [line for line in lines if "moved away from the learner's" in line]
+    assert [j.split(":")[1].strip() for j in jumps] == ["step 5", "step 6"]
+    assert metrics["rollout/logprob_gap_mean"] < cfg.rollout.logprob_gap_warn
+
+
 @pytest.mark.parametrize(
     "fn, says",
     [

@@ -34,7 +34,7 @@ def share_engine(monkeypatch, llm) -> None:
     """Make `build_parts` (and so `build_trainer`) use `llm` instead of starting a new engine."""
     import regroup.train.build as setup
 
-    def build(rollout_cfg, model, tokenizer, max_prompt_tokens=None):
+    def build(rollout_cfg, model, tokenizer, max_prompt_tokens=None, log=None):
         sampler = VLLMSampler(model, tokenizer, rollout_cfg, llm=llm)
         sampler.sync_weights(model)
         return sampler

@@ -75,7 +75,7 @@ class ReloadServer:
                 if self.path == "/collective_rpc":
                     folder = Path(body["kwargs"]["weights_path"])
                     server.calls.append((self.path, folder.name, sorted(p.name for p in folder.iterdir())))
-                    return self._reply({"results": [None]})
+                    return self._reply({"results": [{"refreshed": 0, "before": {}, "after": {}}]})  # fingerprints: none
                 server.calls.append((self.path, None, None))
                 self._reply({})
 

@@ -97,7 +97,7 @@ def test_reload_sync_writes_the_weights_atomically_then_reloads_and_resets_the_c
         sampler.close()
     assert paths == ["/v1/models", "/collective_rpc", "/reset_prefix_cache", "/collective_rpc", "/reset_prefix_cache"]
     rpc = [b for p, b, _ in srv.requests if p == "/collective_rpc"][-1]
-    assert rpc == {"method": "regroup_reload_weights", "kwargs": {"weights_path": str(second)}}
+    assert rpc == {"method": "regroup_reload_weights", "kwargs": {"weights_path": str(second), "fingerprint": True}}
     assert files1 == files2 == ["model.safetensors"]
     assert (first.name, second.name) == ("weights-v1", "weights-v2")
     expected = dict(tiny_model.named_parameters())
@@ -363,3 +363,176 @@ def test_full_fine_tuning_reloads_every_weight_each_time(tiny_model, tmp_path):
         sampler.close()
     n = len(list(tiny_model.named_parameters()))
     assert sampler.sync_tensors == [n, n]  # every weight is trainable
+
+
+# -- weights this run did not push ----------------------------------------------------------------------------------
+def test_foreign_weight_changes_by_hand():
+    from regroup.rollout.vllm_server import foreign_weight_changes
+
+    last = [{"a": "1", "b": "2"}, {"a": "3", "b": "4"}]  # two server workers
+    assert foreign_weight_changes(None, last) == []  # the first reload: nothing to compare with
+    assert foreign_weight_changes(last, [{"a": "1", "b": "2"}, {"a": "3", "b": "4"}]) == []
+    assert foreign_weight_changes(last, [{"a": "1", "b": "2"}, {"a": "3", "b": "X"}]) == ["b"]
+    assert foreign_weight_changes(last, [{"a": "1"}, {"a": "3", "b": "4", "c": "5"}]) == ["b", "c"]  # gone, new
+    assert foreign_weight_changes(last, [{"a": "1", "b": "2"}]) == ["a", "b"]  # another number of workers
+
+
+def _lora_model(tiny_model_dir):
+    from regroup.config.schema import LoraConfig, ModelConfig
+    from regroup.models.load import load_policy
+
+    return load_policy(tiny_model_dir, ModelConfig(lora=LoraConfig(r=2, target_modules=["q_proj"])), lora=True)
+
+
+def _served_equals_learner(srv, model) -> list[str]:
+    """Names whose tensor on the (fake) server differs from the learner's weight (LoRA merged)."""
+    from regroup.rollout.vllm_server import weights_in_memory
+
+    want = weights_in_memory(model)
+    return sorted(n for n in want if not torch.equal(srv.weights[n], want[n]))
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_a_foreign_reload_of_a_frozen_weight_is_named_and_every_weight_reloaded(tiny_model_dir, tmp_path, asynchronous):
+    """A LoRA run's later reloads carry the adapted layers only. Another client reloads a frozen MLP weight
+    x1.03 in between: the run's next reload sees it in the server's fingerprints, says so in one line, and
+    reloads every weight, so the server computes with the learner's weights again."""
+    model = _lora_model(tiny_model_dir)
+    lines: list[str] = []
+    with FakeVLLM() as srv:
+        sampler = VLLMServerSampler(
+            model,
+            Tok(),
+            rollout_cfg(srv.url, vllm_server_sync_dir=str(tmp_path)),
+            sync_on_start=False,
+            log=lines.append,
+        )
+
+        def push(version):
+            if asynchronous:
+                sampler.load_snapshot(sampler.snapshot_weights(model), version)
+            else:
+                sampler.sync_weights(model)
+
+        q_b = next(p for n, p in model.named_parameters() if "q_proj.lora_B" in n)
+        push(0)
+        with torch.no_grad():
+            q_b.fill_(0.1)  # an update
+        push(1)
+        assert lines == [] and _served_equals_learner(srv, model) == []
+        frozen = "model.layers.1.mlp.up_proj.weight"
+        srv.foreign_reload(frozen, srv.weights[frozen] * 1.03)
+        with torch.no_grad():
+            q_b.fill_(0.2)
+        assert _served_equals_learner(srv, model) != []
+        push(2)
+        after_foreign = list(lines)
+        with torch.no_grad():
+            q_b.fill_(0.3)
+        push(3)
+        sampler.close()
+    every, partial = sampler.sync_tensors[0], sampler.sync_tensors[1]
+    assert partial < every
+    assert sampler.sync_tensors == [every, partial, partial, every, partial]  # the full reload right after
+    assert len(after_foreign) == 1 and lines == after_foreign  # named once; the next reload is clean
+    assert frozen in after_foreign[0] and "1 tensor(s)" in after_foreign[0] and "another client" in after_foreign[0]
+    assert sampler.foreign_changes == 1
+    assert _served_equals_learner(srv, model) == []  # the server holds the learner's weights again
+
+
+def test_a_restarted_server_is_a_change_too(tiny_model_dir, tmp_path):
+    """The same URL, a fresh server (its original weights): the run reloads everything, not the adapters only."""
+    model = _lora_model(tiny_model_dir)
+    lines: list[str] = []
+    with FakeVLLM() as srv:
+        sampler = VLLMServerSampler(
+            model, Tok(), rollout_cfg(srv.url, vllm_server_sync_dir=str(tmp_path)), log=lines.append
+        )
+        original = {n: t.clone() for n, t in srv.weights.items()}
+        srv.weights = {n: t * 0 for n, t in original.items()}  # what a restart from another checkpoint holds
+        sampler.sync_weights(model)
+        sampler.close()
+    assert len(lines) == 1 and f"{len(original)} tensor(s)" in lines[0]
+    assert _served_equals_learner(srv, model) == []
+
+
+def test_a_server_without_the_fingerprints_is_refused_in_one_line(tiny_model, monkeypatch):
+    with FakeVLLM() as srv:
+        sampler = VLLMServerSampler(tiny_model, Tok(), rollout_cfg(srv.url), sync_on_start=False)
+        monkeypatch.setattr(srv, "fingerprints", lambda: None)  # an older worker extension: no fingerprints
+        with pytest.raises(ServerError, match="not the weights' fingerprints") as err:
+            sampler.sync_weights(tiny_model)
+        sampler.close()
+    assert "\n" not in str(err.value) and "regroup vllm-serve" in str(err.value)
+
+
+# -- the sync folder is removed however the sampler ends ------------------------------------------------------------
+def test_close_removes_the_temporary_folder_and_a_collected_sampler_removes_it_too(tiny_model, tmp_path, monkeypatch):
+    import gc
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with FakeVLLM() as srv:
+        sampler = VLLMServerSampler(tiny_model, Tok(), rollout_cfg(srv.url))
+        folder = sampler.sync_dir
+        assert folder.parent == tmp_path and (folder / "weights-v1" / "model.safetensors").is_file()
+        sampler.close()
+        sampler.close()  # idempotent
+        assert list(tmp_path.iterdir()) == []
+        sampler.sync_weights(tiny_model)  # used again after close: the folder comes back, and goes again
+        assert (folder / "weights-v2").is_dir()
+        sampler.close()
+        assert list(tmp_path.iterdir()) == []
+
+        dropped = VLLMServerSampler(tiny_model, Tok(), rollout_cfg(srv.url))  # never closed
+        assert len(list(tmp_path.iterdir())) == 1
+        del dropped
+        gc.collect()
+        assert list(tmp_path.iterdir()) == []
+
+
+def test_close_leaves_a_configured_folder_and_other_files_in_it(tiny_model, tmp_path):
+    sync_dir = tmp_path / "shared"
+    sync_dir.mkdir()
+    (sync_dir / "someone-elses").write_text("x")
+    with FakeVLLM() as srv:
+        sampler = VLLMServerSampler(tiny_model, Tok(), rollout_cfg(srv.url, vllm_server_sync_dir=str(sync_dir)))
+        sampler.sync_weights(tiny_model)
+        sampler.close()
+    assert sorted(p.name for p in sync_dir.iterdir()) == ["someone-elses"]
+
+
+def test_weight_fingerprints_see_weights_kept_only_inside_a_kernel():
+    """vLLM's CPU backend empties a linear layer's `weight` and keeps it in a packed kernel: the fingerprint
+    applies the layer's kernel to fixed inputs, so a change there shows; plain tensors are hashed as they are."""
+    from regroup.rollout.vllm_worker import weight_fingerprints
+
+    class Packed:  # the layer's quant_method: computes with a copy the module does not show
+        def __init__(self, weight):
+            self.kernel = weight.clone()
+
+        def apply(self, layer, x):
+            return x @ self.kernel.T
+
+    def model(scale_one=1.0):
+        torch.manual_seed(0)
+        root = torch.nn.Module()
+        root.proj = torch.nn.Module()
+        w = torch.randn(6, 4)
+        w[2, 3] *= scale_one
+        root.proj.weight = torch.nn.Parameter(torch.empty(0))  # emptied, as on CPU
+        root.proj.quant_method, root.proj.input_size_per_partition = Packed(w), 4
+        root.norm = torch.nn.Module()
+        root.norm.weight = torch.nn.Parameter(torch.ones(4))
+        root.big = torch.nn.Module()
+        root.big.weight = torch.nn.Parameter(torch.randn(300, 300))  # over 65,536 values: through a product
+        return root
+
+    a, again, changed = weight_fingerprints(model()), weight_fingerprints(model()), weight_fingerprints(model(1.03))
+    assert sorted(a) == ["big.weight", "norm.weight", "proj.weight"]
+    assert a == again
+    assert [n for n in a if a[n] != changed[n]] == ["proj.weight"]
+    m = model()
+    with torch.no_grad():
+        m.big.weight[123, 45] += 1e-3
+    assert [n for n, d in weight_fingerprints(m).items() if d != a[n]] == ["big.weight"]

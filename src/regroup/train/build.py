@@ -171,7 +171,7 @@ def build_parts(cfg, run_dir: Path, accelerator=None, log=print) -> RunParts:
         optimizer, lr_lambda(o.warmup_steps, total, o.schedule, o.min_lr_ratio)
     )
     model, optimizer = acc.prepare(model, optimizer)
-    sampler = build_sampler(cfg.rollout, acc.unwrap_model(model), tokenizer, cfg.data.max_prompt_tokens)
+    sampler = build_sampler(cfg.rollout, acc.unwrap_model(model), tokenizer, cfg.data.max_prompt_tokens, log=log)
     hooks = build_update_hooks(cfg, acc.unwrap_model(model))
     return RunParts(
         cfg,

@@ -451,12 +451,18 @@ class Trainer:
         return self.step >= self.total_steps
 
     def train(self, on_step=None) -> dict:
-        """Run to `train.steps` (or `train.epochs` passes over the questions); returns the last step's metrics."""
+        """Run to `train.steps` (or `train.epochs` passes over the questions); returns the last step's metrics.
+        However it ends (done, an error, Ctrl-C), the producer stops and the sampler's files go (`close`)."""
         try:
             return self._train(on_step)
         finally:
-            if self.producer is not None:
-                self.producer.close()
+            try:
+                if self.producer is not None:
+                    self.producer.close()
+            finally:
+                close = getattr(self.sampler, "close", None)  # the server sampler's weight folders
+                if close is not None:
+                    close()
 
     def _train(self, on_step) -> dict:
         metrics: dict = {}
