@@ -25,6 +25,8 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, get_args, get_origin
 
+from regroup.errors import import_hint
+
 
 def did_you_mean(name: str, known) -> str:
     """` (did you mean 'x'?)` for the closest of `known`, or ""."""
@@ -112,7 +114,9 @@ def load_dotted(path: str) -> Any:
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ValueError(f"cannot import module {module_name!r} (from {path!r}): {exc}") from exc
+        raise ValueError(
+            f"cannot import module {module_name!r} (from {path!r}): {exc}{import_hint(exc, module_name)}"
+        ) from exc
     for part in attr.split("."):
         try:
             obj = getattr(obj, part)
