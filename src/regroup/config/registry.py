@@ -29,6 +29,8 @@ from pydantic import BaseModel, Field, create_model
 from regroup.config.fields import F, Knobs, check, did_you_mean
 from regroup.errors import ConfigError
 
+from regroup.errors import import_hint
+
 
 def knob(default: Any, help: str, **bounds: Any) -> Any:
     """A knob of the older form of `Args`, a frozen dataclass: its default, and the setting `F(default, help,
@@ -130,7 +132,9 @@ def load_dotted(path: str) -> Any:
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ValueError(f"cannot import module {module_name!r} (from {path!r}): {exc}") from exc
+        raise ValueError(
+            f"cannot import module {module_name!r} (from {path!r}): {exc}{import_hint(exc, module_name)}"
+        ) from exc
     for part in attr.split("."):
         try:
             obj = getattr(obj, part)

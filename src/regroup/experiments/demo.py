@@ -12,23 +12,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tqdm.auto import tqdm
-
-from regroup.data.heldout import heldout_problems
-from regroup.eval.runner import evaluate
 from regroup.io import write_atomic
-from regroup.models.load import load_tokenizer
-from regroup.report import build_report
-from regroup.runtime.checkpoint import list_checkpoints
 from regroup.runtime.rundir import claim_run_dir, new_run_dir
-from regroup.stages.groups import samples_per_question
-from regroup.tasks import get_task
-from regroup.train.build import build_trainer
-from regroup.train.recipes import features
-from regroup.train.run_config import load_config
-from regroup.train.warmup import WarmupConfig, warmup
 
 RECIPES = ["grpo", "grpo_matched", "ta_grpo", "dagrpo", "dagrpo_ta"]
+"""The recipes a demo trains (read by `regroup demo --recipes` while parsing: this module imports torch,
+transformers and matplotlib only inside the functions that use them)."""
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"  # package data: found from a wheel install too
 
 
@@ -65,6 +54,10 @@ QUICK = DemoSettings(
 
 def recipe_overrides(recipe: str, settings: DemoSettings) -> list[str]:
     """Prompts per step so that every recipe generates `samples_per_step` samples."""
+    from regroup.stages.groups import samples_per_question
+    from regroup.train.recipes import features
+    from regroup.train.run_config import load_config
+
     cfg = load_config(CONFIG_DIR / f"{recipe}.yaml")
     on = features(cfg)
     per_question = samples_per_question(
@@ -84,6 +77,10 @@ def evaluate_model(
 ) -> dict:
     """pass@1 / pass@k / mean@n / greedy / by difficulty of a saved model on `problems` (`ks`: default 1, 4, n)."""
     from transformers import AutoModelForCausalLM  # heavy (transformers): only when a model is loaded
+
+    from regroup.eval.runner import evaluate
+    from regroup.models.load import load_tokenizer
+    from regroup.tasks import get_task
 
     task = get_task("arithmetic")
     model = AutoModelForCausalLM.from_pretrained(model_path)
@@ -109,6 +106,30 @@ def evaluate_model(
     return result.summary
 
 
+def smoke_note(settings: DemoSettings) -> str:
+    """What the quick demo's report says first: it is a smoke run, and what would be a comparison."""
+    return (
+        f"A smoke run (regroup demo --quick): {settings.steps} steps of {settings.samples_per_step} samples per "
+        f"recipe from a {settings.warmup_steps or 'full'}-step warm-up, evaluated on {settings.eval_problems} "
+        f"problems × {settings.eval_samples} samples. It shows that every recipe trains, evaluates and reports; "
+        "its numbers do not compare the recipes (changes this small are within noise, often exactly 0). "
+        "`regroup demo` is the comparison."
+    )
+
+
+def warmup_config(settings: DemoSettings):
+    """The warm-up the demo trains when `settings.warmup_dir` holds none (the default one, or the quick one)."""
+    from regroup.train.warmup import WarmupConfig  # heavy (torch): only when the demo runs
+
+    cfg = WarmupConfig()
+    if settings.warmup_steps:
+        cfg.steps = settings.warmup_steps
+        cfg.schedule_steps = max(cfg.schedule_steps, settings.warmup_steps)
+        cfg.num_eval = settings.eval_problems
+        cfg.eval_samples = settings.eval_samples
+    return cfg
+
+
 def run_demo(
     quick: bool = False,
     seeds: int = 1,
@@ -117,6 +138,16 @@ def run_demo(
     log=print,
     settings: DemoSettings | None = None,
 ) -> Path:
+    from tqdm.auto import tqdm  # the heavy imports below: only when a demo runs (see RECIPES)
+
+    from regroup.data.heldout import heldout_problems
+    from regroup.report import build_report
+    from regroup.runtime.checkpoint import list_checkpoints
+    from regroup.tasks import get_task
+    from regroup.train.build import build_trainer
+    from regroup.train.run_config import load_config
+    from regroup.train.warmup import differences, read_finished, warmup
+
     settings = settings or (QUICK if quick else DemoSettings())
     names = recipes.split(",") if recipes else RECIPES
     unknown = [n for n in names if not (CONFIG_DIR / f"{n}.yaml").exists()]
@@ -126,18 +157,29 @@ def run_demo(
     started = time.perf_counter()
 
     warm = Path(settings.warmup_dir)
-    if not (warm / "warmup_metrics.json").exists():
-        cfg = WarmupConfig()
-        if settings.warmup_steps:
-            cfg.steps = settings.warmup_steps
-            cfg.schedule_steps = max(cfg.schedule_steps, settings.warmup_steps)
-            cfg.num_eval = settings.eval_problems
-            cfg.eval_samples = settings.eval_samples
-        bar = tqdm(total=cfg.steps, desc="warm-up SFT", dynamic_ncols=True)
-        warmup(warm, cfg, log=log, progress=lambda s, t, loss: (bar.update(1), bar.set_postfix(loss=f"{loss:.3f}")))
+    wanted = warmup_config(settings)
+    cached = read_finished(warm)
+    if cached is None:
+        bar = tqdm(total=wanted.steps, desc="warm-up SFT", dynamic_ncols=True)
+        note = (
+            "expected with --quick: its short warm-up is a smoke start; the full demo's warm-up lands in the band"
+            if quick
+            else None
+        )
+        warmup(
+            warm,
+            wanted,
+            log=log,
+            progress=lambda s, t, loss: (bar.update(1), bar.set_postfix(loss=f"{loss:.3f}")),
+            out_of_band_note=note,
+        )
         bar.close()
     else:
-        log(f"using the cached warmed-up model in {warm}")
+        changed = differences(cached, wanted)
+        log(
+            f"using the cached warmed-up model in {warm}"
+            + (f" (warning: warmed up with other settings than this demo's: {'; '.join(changed)})" if changed else "")
+        )
 
     task = get_task("arithmetic")
     base = load_config(CONFIG_DIR / "grpo.yaml")
@@ -179,7 +221,12 @@ def run_demo(
         )
         run_dirs.append(str(run_dir))
     overall.close()
-    html, _ = build_report(run_dirs, str(demo_dir), title="regroup demo: GRPO variants on the built-in task")
+    html, _ = build_report(
+        run_dirs,
+        str(demo_dir),
+        title="regroup demo: GRPO variants on the built-in task" + (" (smoke run)" if quick else ""),
+        notes=[smoke_note(settings)] if quick else (),
+    )
     write_atomic(
         demo_dir / "demo.json",
         json.dumps(

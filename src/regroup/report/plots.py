@@ -36,6 +36,11 @@ PALETTE = [
     "#ad494a",
 ]  # 12: the study's 11 arms each get their own
 START_COLOR = "#8a8a8a"
+LINESTYLES = ["-", "--", "-.", ":"]
+MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
+"""Besides its colour, each recipe gets its own dash pattern and marker, and draws a little thinner than the
+one before it: two recipes with the same curve (the quick demo's, or two that differ only where the metric
+does not see it) still both show, where a solid line on top would hide the one below."""
 DPI = 100
 
 
@@ -181,6 +186,37 @@ def assign_colors(labels: Sequence[str]) -> dict[str, str]:
     return {label: PALETTE[i % len(PALETTE)] for i, label in enumerate(labels)}
 
 
+@dataclass(frozen=True)
+class LineStyle:
+    """How one recipe's curves are drawn, besides its colour (see LINESTYLES)."""
+
+    linestyle: str
+    marker: str
+    linewidth: float
+    index: int
+    """The recipe's place in the table: its markers sit at steps no other recipe's markers use."""
+
+
+def assign_styles(labels: Sequence[str]) -> dict[str, LineStyle]:
+    """A dash pattern, marker and width per label, in order; widths run from 2.6 down to 1.4."""
+    count = len(labels)
+    return {
+        label: LineStyle(
+            LINESTYLES[i % len(LINESTYLES)],
+            MARKERS[i % len(MARKERS)],
+            2.6 - 1.2 * i / max(1, count - 1),
+            i,
+        )
+        for i, label in enumerate(labels)
+    }
+
+
+def _marks(style: LineStyle, points: int, curves: int) -> tuple[int, int]:
+    """matplotlib's markevery (start, every): about 8 markers per curve, and no two curves' markers at one step."""
+    every = max(curves, math.ceil(points / 8))
+    return style.index % every, every
+
+
 def _is_number(value: Any) -> bool:
     """A finite int/float (bool excluded)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
@@ -269,9 +305,22 @@ def _training_plot(
     spec: PlotSpec, groups: Sequence[RunGroup], colors: dict[str, str], out_path: str
 ) -> list[str] | None:
     """Draw one training figure; return the metric keys drawn, or None when no run logged any."""
+    drawn = training_figure(spec, groups, colors)
+    if drawn is None:
+        return None
+    fig, keys = drawn
+    _save(fig, out_path)
+    return keys
+
+
+def training_figure(
+    spec: PlotSpec, groups: Sequence[RunGroup], colors: dict[str, str]
+) -> tuple[Figure, list[str]] | None:
+    """One training figure and the metric keys on it (None when no run logged any)."""
     panels = _expand_keys(spec, groups)
     if not panels:
         return None
+    styles = assign_styles([g.label for g in groups])
     fig, axes = _new_figure(*_grid(len(panels)))
     handles: dict[str, Any] = {}
     for ax, (key, title) in zip(axes, panels):
@@ -279,19 +328,36 @@ def _training_plot(
             steps, values = group_series(g, key)
             if not steps:
                 continue
-            color = colors[g.label]
+            color, style = colors[g.label], styles[g.label]
             if spec.logy:
                 values = [max(v, 1e-12) for v in values]  # a log axis cannot show 0
             if len(values) > 2:
-                ax.plot(steps, values, color=color, alpha=0.22, linewidth=0.8)
+                ax.plot(steps, values, color=color, alpha=0.22, linewidth=0.8, linestyle=style.linestyle)
                 if spec.logy:
                     # Smooth in log space so one spike does not lift the whole curve.
                     smooth = [10**s for s in ema([math.log10(v) for v in values])]
                 else:
                     smooth = ema(values)
-                (line,) = ax.plot(steps, smooth, color=color, linewidth=1.8)
+                (line,) = ax.plot(
+                    steps,
+                    smooth,
+                    color=color,
+                    linewidth=style.linewidth,
+                    linestyle=style.linestyle,
+                    marker=style.marker,
+                    markersize=4,
+                    markevery=_marks(style, len(steps), len(groups)),
+                )
             else:
-                (line,) = ax.plot(steps, values, color=color, linewidth=1.8, marker="o", markersize=3)
+                (line,) = ax.plot(
+                    steps,
+                    values,
+                    color=color,
+                    linewidth=style.linewidth,
+                    linestyle=style.linestyle,
+                    marker=style.marker,
+                    markersize=7 - 3 * style.index / max(1, len(groups) - 1),  # the one below shows around it
+                )
             handles.setdefault(g.label, line)
         if spec.logy:
             ax.set_yscale("log")
@@ -302,8 +368,7 @@ def _training_plot(
         ax.set_visible(False)
     # A single half-width panel has room for about three labels per row.
     _legend(fig, list(handles.values()), list(handles), max_cols=3 if len(panels) == 1 else 5)
-    _save(fig, out_path)
-    return [k for k, _ in panels]
+    return fig, [k for k, _ in panels]
 
 
 def _passk_plot(rows: Sequence[dict[str, Any]], colors: dict[str, str], out_path: str) -> bool:
@@ -330,18 +395,21 @@ def _passk_plot(rows: Sequence[dict[str, Any]], colors: dict[str, str], out_path
             linewidth=1.4,
             label="starting model",
         )
+    styles = assign_styles([r["label"] for r in rows])
     for r in drawn:
         ks = sorted(r["pass@k"])
         all_ks.update(ks)
         yerr = [r["pass@k_std"].get(k) or 0.0 for k in ks] if r.get("num_evaluated", 1) > 1 else None
+        style = styles[r["label"]]
         ax.errorbar(
             ks,
             [r["pass@k"][k] for k in ks],
             yerr=yerr,
             color=colors[r["label"]],
-            marker="o",
+            marker=style.marker,
             markersize=4,
-            linewidth=1.8,
+            linestyle=style.linestyle,
+            linewidth=style.linewidth,
             capsize=3,
             label=r["label"],
         )

@@ -38,6 +38,7 @@ figure{margin:0;border:1px solid #e9ecef;border-radius:6px;padding:10px 12px;bac
 figure img{max-width:100%;height:auto;display:block;margin:0 auto}
 figcaption{font-size:13px;color:#3f4a57;margin-top:6px} figcaption b{color:#1d2127}
 ul.omitted{color:#6b7785;font-size:13px;padding-left:20px}
+.notice{background:#fff6e0;border:1px solid #f0d9a0;border-radius:6px;padding:8px 12px;margin:10px 0}
 """
 
 _CHIP = {stats.BETTER: "better", stats.WORSE: "worse", stats.UNCLEAR: "unclear", stats.NO_SE: "unclear"}
@@ -51,10 +52,14 @@ def _cell_value(value: float | None, sd: float | None) -> str:
     return text
 
 
-def _delta_cell(delta: float | None, se: float | None, verdict: str | None) -> str:
-    """ "+9.9 ± 3.2" (±2 SE) with a verdict chip, or "—"."""
+OTHER_SET = "other eval set"
+"""The Δ cell of a comparison left out because the two sides were evaluated on different sets."""
+
+
+def _delta_cell(delta: float | None, se: float | None, verdict: str | None, other_set: bool = False) -> str:
+    """ "+9.9 ± 3.2" (±2 SE) with a verdict chip, or "—" ("other eval set" for a comparison left out)."""
     if delta is None:
-        return "—"
+        return OTHER_SET if other_set else "—"
     text = f"{100 * delta:+.1f}" + (f" ± {200 * se:.1f}" if se is not None else "")
     if verdict:
         text += f'<span class="chip {_CHIP[verdict]}">{escape(verdict)}</span>'
@@ -103,12 +108,24 @@ def results_table_html(rows: Sequence[dict[str, Any]], colors: dict[str, str]) -
             *[f"<td class=num>{_cell_value(passk.get(k), (r.get('pass@k_std') or {}).get(k))}</td>" for k in ks],
             f"<td class=num>{mean_txt}</td>",
             f"<td class=num>{_cell_value(r.get('greedy'), r.get('greedy_std'))}</td>",
-            f"<td class=num>{_delta_cell(r.get('delta_start'), r.get('delta_start_se'), r.get('verdict_start'))}</td>",
+            "<td class=num>"
+            + _delta_cell(
+                r.get("delta_start"),
+                r.get("delta_start_se"),
+                r.get("verdict_start"),
+                bool(r.get("eval_sets_mixed") or r.get("start_set_differs")),
+            )
+            + "</td>",
             (
                 '<td class="num base">baseline</td>'
                 if r["is_baseline"]
                 else "<td class=num>"
-                + _delta_cell(r.get("delta_baseline"), r.get("delta_baseline_se"), r.get("verdict_baseline"))
+                + _delta_cell(
+                    r.get("delta_baseline"),
+                    r.get("delta_baseline_se"),
+                    r.get("verdict_baseline"),
+                    bool(r.get("baseline_set_differs")),
+                )
                 + "</td>"
             ),
             f"<td class=num>{r['steps'] if r.get('steps') is not None else '—'}</td>",
@@ -168,8 +185,9 @@ def render_html(
     colors: dict[str, str],
     generated: str,
     run_dirs: Sequence[str],
+    notes: Sequence[str] = (),
 ) -> str:
-    """The whole report page."""
+    """The whole report page; `notes` are shown first, above the findings."""
     legend = (
         "Accuracies in %. mean@n ± one standard error over problems (several seeds: the larger of "
         "evaluation and seed noise). Δ columns: change of mean@n in percentage points ± 2 SE — paired over "
@@ -183,6 +201,7 @@ def render_html(
 <body><main>
 <h1>{escape(title)}</h1>
 <p class="meta">{len(run_dirs)} run folder(s) · {len(rows)} recipe setting(s) · generated {escape(generated)}</p>
+{"".join(f'<p class="notice">{escape(n)}</p>' for n in notes)}
 <h2>What the results show</h2>
 <ul class="findings">{"".join(f"<li>{escape(s)}</li>" for s in found)}</ul>
 <h2>Results</h2>
@@ -214,8 +233,9 @@ def render_markdown(
     found: Sequence[str],
     generated: str,
     run_dirs: Sequence[str],
+    notes: Sequence[str] = (),
 ) -> str:
-    """The same report as Markdown, images by relative path."""
+    """The same report as Markdown, images by relative path; `notes` first, as quoted paragraphs."""
     ks = table_ks(rows)
     n_name = _mean_header(rows)
     base = next((r for r in rows if r["is_baseline"]), None)
@@ -224,6 +244,7 @@ def render_markdown(
         "",
         f"{len(run_dirs)} run folder(s) · {len(rows)} recipe setting(s) · generated {generated}",
         "",
+        *[line for n in notes for line in (f"> **{_md_escape(n)}**", "")],
         "## What the results show",
         "",
     ]
@@ -250,9 +271,9 @@ def render_markdown(
         if r.get("mean@n_std") is not None:
             mean += f" (sd {100 * r['mean@n_std']:.1f})"
 
-        def delta(d: float | None, se: float | None, v: str | None) -> str:
+        def delta(d: float | None, se: float | None, v: str | None, other_set: bool = False) -> str:
             if d is None:
-                return "—"
+                return OTHER_SET if other_set else "—"
             return f"{100 * d:+.1f}" + (f" ± {200 * se:.1f}" if se is not None else "") + (f" ({v})" if v else "")
 
         cells = [
@@ -261,10 +282,20 @@ def render_markdown(
             *[pct(passk.get(k)) + (f" (sd {100 * sd[k]:.1f})" if sd.get(k) is not None else "") for k in ks],
             mean,
             pct(r.get("greedy")),
-            delta(r.get("delta_start"), r.get("delta_start_se"), r.get("verdict_start")),
+            delta(
+                r.get("delta_start"),
+                r.get("delta_start_se"),
+                r.get("verdict_start"),
+                bool(r.get("eval_sets_mixed") or r.get("start_set_differs")),
+            ),
             "baseline"
             if r["is_baseline"]
-            else delta(r.get("delta_baseline"), r.get("delta_baseline_se"), r.get("verdict_baseline")),
+            else delta(
+                r.get("delta_baseline"),
+                r.get("delta_baseline_se"),
+                r.get("verdict_baseline"),
+                bool(r.get("baseline_set_differs")),
+            ),
             str(r["steps"]) if r.get("steps") is not None else "—",
             wall_time(r.get("wall_time_s")),
         ]
@@ -300,12 +331,9 @@ def render_markdown(
             if o.section != section:
                 continue
             if o.path:
-                lines += [
-                    f"![{_md_escape(o.title)}]({o.path})",
-                    "",
-                    f"*{_md_escape(o.title)}.* {_md_escape(o.description)}",
-                    "",
-                ]
+                # the figures' titles and captions are this package's own text (plots.TRAINING_PLOTS), not a run's:
+                # HTML-escaping them would show "β &gt; 0" to a reader of the .md file
+                lines += [f"![{o.title}]({o.path})", "", f"*{o.title}.* {o.description}", ""]
         omitted = [o for o in outcomes if o.section == section and not o.path]
         lines += [f"- {_md_escape(o.note or '')}" for o in omitted]
     lines += ["", f"Runs: {_md_escape(', '.join(run_dirs))}", ""]

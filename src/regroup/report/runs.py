@@ -42,7 +42,8 @@ class RunData:
 
     path: str
     name: str
-    """The folder's base name."""
+    """The folder's base name; in a report, as many of its parent folders as it takes to tell it from the other
+    runs of the report (`group_runs`: two demos' `grpo-s0` become `demo-A/grpo-s0` and `demo-B/grpo-s0`)."""
     config: dict[str, Any]
     flat_config: dict[str, Any]
     """`config` flattened to dotted keys ("optim.lr")."""
@@ -175,11 +176,28 @@ def _settings_key(run: RunData) -> str:
     return json.dumps(kept, sort_keys=True, default=str)
 
 
+def distinct_names(paths: list[str]) -> list[str]:
+    """For each path, its shortest tail of folders (`grpo-s0`, `demo-A/grpo-s0`, ...) that no other path
+    shares; a path given twice keeps its full tail."""
+    parts = [os.path.normpath(os.path.abspath(p)).split(os.sep) for p in paths]
+    names = []
+    for i, mine in enumerate(parts):
+        for depth in range(1, len(mine) + 1):
+            tail = mine[-depth:]
+            if all(other[-depth:] != tail for j, other in enumerate(parts) if j != i and other != mine):
+                break
+        names.append("/".join(p for p in tail if p))
+    return names
+
+
 def group_runs(runs: list[RunData], baseline: str | None = None) -> list[RunGroup]:
     """Group runs by (recipe, non-bookkeeping settings); baseline recipe first, then first-seen order.
 
-    Two groups of one recipe (e.g. an lr sweep) get the differing run folder names in their labels.
+    Runs are first named apart (`distinct_names`). Two groups of one recipe (e.g. an lr sweep) get their run
+    folder names in their labels.
     """
+    for run, name in zip(runs, distinct_names([r.path for r in runs])):
+        run.name = name
     groups: dict[tuple[str, str], RunGroup] = {}
     for run in runs:
         key = (run.recipe, _settings_key(run))
@@ -193,6 +211,31 @@ def group_runs(runs: list[RunData], baseline: str | None = None) -> list[RunGrou
             g.label = f"{g.recipe} [{', '.join(r.name for r in g.runs)}]"
     ordered.sort(key=lambda g: 0 if baseline is not None and g.recipe == baseline else 1)
     return ordered
+
+
+@dataclass(frozen=True)
+class EvalSet:
+    """What an evaluation was run on: its problem count, samples per problem and, when its per-problem
+    results are there, the problem ids. Accuracies on different sets are not compared."""
+
+    num_problems: Any
+    n: Any
+    ids: frozenset[str] | None = None
+
+    def same_as(self, other: EvalSet) -> bool:
+        if (self.num_problems, self.n) != (other.num_problems, other.n):
+            return False
+        return self.ids is None or other.ids is None or self.ids == other.ids
+
+    def describe(self) -> str:
+        return f"{self.num_problems} problems × {self.n} samples"
+
+
+def eval_set(summary: dict[str, Any] | None, per_problem: dict[str, float] | None) -> EvalSet | None:
+    """The EvalSet of an evaluation summary (None: no evaluation)."""
+    if summary is None:
+        return None
+    return EvalSet(summary.get("num_problems"), summary.get("n"), frozenset(per_problem) if per_problem else None)
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import regroup.report.stats as stats
-from regroup.report.runs import MISSING, RunData, RunGroup, config_diff, group_runs, load_run
+from regroup.report.runs import MISSING, EvalSet, RunData, RunGroup, config_diff, eval_set, group_runs, load_run
 
 
 def _finite(value: Any) -> bool:
@@ -75,6 +75,7 @@ def summarize_groups(groups: Sequence[RunGroup], baseline: str | None = "grpo") 
     base_group = next((g for g in groups if baseline is not None and g.recipe == baseline), None)
     diff_ref = base_group or (groups[0] if groups else None)
     rows: list[dict[str, Any]] = []
+    first_set: dict[str, EvalSet | None] = {}  # by label: the set each row's accuracy was measured on
     for g in groups:
         evaluated = [r for r in g.runs if r.eval is not None]
         befores = [r.eval_before for r in g.runs if r.eval_before is not None]
@@ -105,12 +106,20 @@ def summarize_groups(groups: Sequence[RunGroup], baseline: str | None = "grpo") 
                 else []
             ),
         }
+        sets = _eval_sets(evaluated)
+        first_set[g.label] = sets[0] if sets else None
+        row["eval_set"] = sets[0].describe() if sets else None
+        row["eval_sets_mixed"] = [s.describe() for s in sets] if len(sets) > 1 else None
+        row["start_set_differs"] = any(_start_differs(r) for r in evaluated)
         row.update(_eval_block([r.eval for r in evaluated]))  # type: ignore[misc]
         for k, v in (row.get("pass@k") or {}).items():
             row[f"pass@{k}"] = v
         row.update(_eval_block(befores, prefix="start_"))
         mean_now, mean_start = row.get("mean@n"), row.get("start_mean@n")
-        row["delta_start"] = mean_now - mean_start if mean_now is not None and mean_start is not None else None
+        comparable = not row["eval_sets_mixed"] and not row["start_set_differs"]
+        row["delta_start"] = (
+            mean_now - mean_start if mean_now is not None and mean_start is not None and comparable else None
+        )
         paired = (
             stats.paired_diff_stderr(g.runs[0].per_problem, g.runs[0].per_problem_before) if len(g.runs) == 1 else None
         )
@@ -126,7 +135,20 @@ def summarize_groups(groups: Sequence[RunGroup], baseline: str | None = "grpo") 
     base_row = next((r for r in rows if r["is_baseline"]), None)
     groups_by_label = {g.label: g for g in groups}
     for row in rows:
-        if base_row is None or row is base_row or row.get("mean@n") is None or base_row.get("mean@n") is None:
+        mine, theirs = first_set[row["label"]], first_set[base_row["label"]] if base_row is not None else None
+        row["baseline_set_differs"] = bool(
+            row is not base_row
+            and mine is not None
+            and theirs is not None
+            and (row["eval_sets_mixed"] or base_row["eval_sets_mixed"] or not mine.same_as(theirs))
+        )
+        if (
+            base_row is None
+            or row is base_row
+            or row.get("mean@n") is None
+            or base_row.get("mean@n") is None
+            or row["baseline_set_differs"]  # accuracies on different problems are not compared
+        ):
             row["delta_baseline"] = row["delta_baseline_se"] = row["verdict_baseline"] = None
             continue
         row["delta_baseline"] = row["mean@n"] - base_row["mean@n"]
@@ -142,6 +164,22 @@ def summarize_groups(groups: Sequence[RunGroup], baseline: str | None = "grpo") 
         row["delta_baseline_paired"] = paired is not None
         row["verdict_baseline"] = stats.verdict(row["delta_baseline"], row["delta_baseline_se"])
     return rows
+
+
+def _eval_sets(runs: Sequence[RunData]) -> list[EvalSet]:
+    """The distinct evaluation sets of the runs' eval/ (first seen first)."""
+    out: list[EvalSet] = []
+    for run in runs:
+        found = eval_set(run.eval, run.per_problem)
+        if found is not None and not any(found.same_as(s) for s in out):
+            out.append(found)
+    return out
+
+
+def _start_differs(run: RunData) -> bool:
+    """Whether a run's evaluation and its starting model's (eval_before/) were run on different sets."""
+    now, start = eval_set(run.eval, run.per_problem), eval_set(run.eval_before, run.per_problem_before)
+    return now is not None and start is not None and not now.same_as(start)
 
 
 def summarize_runs(run_dirs: Sequence[str], *, baseline: str | None = "grpo") -> list[dict[str, Any]]:

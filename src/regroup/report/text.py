@@ -6,6 +6,7 @@ A change is called better or worse only when it exceeds 2 standard errors; other
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,6 +39,7 @@ def findings(rows: Sequence[dict[str, Any]], baseline: str | None) -> list[str]:
         out.append(
             f"No run of the baseline recipe '{baseline}' was given, so no change against a baseline is reported."
         )
+    out += eval_set_warnings(rows)  # first: they say which comparisons below are left out, and why
     evaluated = [r for r in rows if r.get("mean@n") is not None]
     # Headline first: each variant against the baseline, then each recipe against its starting model.
     for r in evaluated:
@@ -76,7 +78,7 @@ def findings(rows: Sequence[dict[str, Any]], baseline: str | None) -> list[str]:
         )
     for r in rows:
         if r.get("mean@n") is None:
-            out.append(f"{r['label']}: no eval/summary.json, so no accuracy is reported for it.")
+            out.append(f"{r['label']}: no eval/summary.json, so no accuracy is reported for it; {eval_command(r)}")
     if rows and all(r["num_runs"] == 1 for r in rows):
         out.append(
             "Each recipe ran once (one seed): seed-to-seed variation is not measured, so the ± figures "
@@ -100,6 +102,46 @@ def findings(rows: Sequence[dict[str, Any]], baseline: str | None) -> list[str]:
             )
         if r.get("bad_metric_lines"):
             out.append(f"{r['label']}: {r['bad_metric_lines']} unreadable line(s) in metrics.jsonl were ignored.")
+    return out
+
+
+def eval_command(row: dict[str, Any]) -> str:
+    """The commands that write the evaluation a row lacks, for its first run folder and newest checkpoint."""
+    run = (row.get("run_dirs") or ["RUN"])[0]
+    folder = os.path.join(run, "checkpoints")
+    steps = sorted(
+        int(name[len("step-") :])
+        for name in (os.listdir(folder) if os.path.isdir(folder) else ())
+        if name.startswith("step-") and name[len("step-") :].isdigit()
+    )
+    model = os.path.join(folder, f"step-{steps[-1]}" if steps else "step-N")
+    return (
+        f"`regroup eval --model {model} --data FILE --out {os.path.join(run, 'eval')}` writes it "
+        "(FILE for the built-in task: `regroup data prepare arithmetic_heldout --out FILE`)."
+    )
+
+
+def eval_set_warnings(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """One sentence for each comparison left out because the two sides were evaluated on different sets."""
+    out = []
+    base = next((r for r in rows if r["is_baseline"]), None)
+    for r in rows:
+        if r.get("eval_sets_mixed"):
+            out.append(
+                f"{r['label']}: its runs were evaluated on different sets ({'; '.join(r['eval_sets_mixed'])}): "
+                "their mean mixes them, and no change is reported for it."
+            )
+        elif r.get("start_set_differs"):
+            out.append(
+                f"{r['label']}: its evaluation and its starting model's (eval_before/) used different sets, "
+                "so no change from the start is reported."
+            )
+        if r.get("baseline_set_differs") and base is not None:
+            out.append(
+                f"{r['label']} and {base['label']} were evaluated on different sets ({r['eval_set']} against "
+                f"{base['eval_set']}{', or other problems' if r['eval_set'] == base['eval_set'] else ''}), so they "
+                "are not compared; evaluate both on the same problems and samples."
+            )
     return out
 
 

@@ -109,12 +109,31 @@ class RunDirLock:
         self._fd = fd
         return self
 
-    def release(self) -> None:
-        if self._fd is not None:
+    def release(self, discard_empty: bool = False) -> None:
+        """Unlock. `discard_empty`: when nothing but the .lock is in the folder (a run refused or stopped before
+        it wrote anything), remove the .lock and the folder too, so that no empty run folder is left behind.
+        The .lock is unlinked while still held: a second writer that opened it already fails its flock, and
+        one that made the folder just before it is removed fails in one line (no such file)."""
+        if self._fd is None:
+            return
+        emptied = False
+        if discard_empty:
+            try:
+                emptied = os.listdir(self.run_dir) == [LOCK_FILE]
+                if emptied:
+                    os.unlink(self.path)
+            except OSError:
+                emptied = False
+        if not emptied:
             os.ftruncate(self._fd, 0)  # no PID of a finished run is left behind to confuse a reader
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-            self._fd = None
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        os.close(self._fd)
+        self._fd = None
+        if emptied:
+            try:
+                self.run_dir.rmdir()  # fails, harmlessly, if another writer put something there meanwhile
+            except OSError:
+                pass
 
     def __enter__(self) -> RunDirLock:
         return self if self._fd is not None else self.acquire()

@@ -9,7 +9,10 @@ line naming the dotted key. This module sits above the packages whose registries
 
 from __future__ import annotations
 
+import copy
+import difflib
 import os
+from pathlib import Path
 
 import yaml
 
@@ -22,6 +25,7 @@ import regroup.tasks  # noqa: F401  (registers the built-in tasks; `regroup` is 
 from regroup.config.fields import check, read_yaml
 from regroup.config.registry import REPHRASERS, REWARDS, SCORERS, STAGES, TASKS
 from regroup.config.schema import (
+    PACKAGED_CONFIGS,
     RunConfig,
     apply_overrides,
     get_dotted,
@@ -185,11 +189,54 @@ def check_readable(key: str, path: str | None) -> None:
 
 def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
     """Read a YAML recipe (a file, or a shipped recipe's name), apply dotted overrides, type-check, validate.
-    No model is touched."""
-    data = apply_overrides(read_yaml(resolve_config_path(path)) if path else {}, overrides)
-    cfg = check(RunConfig, data)
-    check_config(cfg)
+    No model is touched. A recipe that is neither is one ConfigError naming `path` as given and the shipped
+    recipes; an error that the file itself holds (not an override) names the file."""
+    if not path:
+        cfg = check(RunConfig, apply_overrides({}, overrides))
+        check_config(cfg)
+        return cfg
+    recipe = resolve_config_path(path)
+    if not recipe.is_file():
+        raise ConfigError(
+            f"config file not found: {path} (no such file, and no shipped recipe of that name); {shipped_recipes(path)}"
+        )
+    from_file = read_yaml(recipe)
+    try:
+        cfg = check(RunConfig, apply_overrides(copy.deepcopy(from_file), overrides))
+        check_config(cfg)
+    except ConfigError as e:
+        if overrides and not _fails_alone(from_file, str(e)):
+            raise  # the override's error: the dotted key it names is on the command line
+        named = str(path) if os.path.exists(path) else str(recipe)
+        raise ConfigError(f"{named}: {e}") from None
     return cfg
+
+
+def _fails_alone(data: dict, message: str) -> bool:
+    """Whether the recipe's own mapping (no overrides) fails with the same `message`: the error is in the file."""
+    try:
+        check_config(check(RunConfig, apply_overrides(copy.deepcopy(data), ())))
+    except Exception as e:  # anything else: not the same error
+        return isinstance(e, ConfigError) and str(e) == message
+    return False
+
+
+def shipped_recipes(typed: str | os.PathLike) -> str:
+    """The shipped recipes, named as `--config` takes them, with the nearest to `typed` first when one is close."""
+    names = sorted(
+        str(p.relative_to(PACKAGED_CONFIGS).with_suffix(""))
+        for p in PACKAGED_CONFIGS.rglob("*.yaml")
+        if p.parent.name != "accelerate"  # launcher settings, not recipes
+    )
+    top = [n for n in names if "/" not in n]
+    papers = [n for n in names if "/" in n]
+    stem = Path(typed).with_suffix("").name
+    close = difflib.get_close_matches(stem, [Path(n).name for n in names], n=1)
+    hint = f"did you mean {next(n for n in names if Path(n).name == close[0])!r}? " if close else ""
+    return (
+        f"{hint}shipped recipes: {', '.join(top)}; and {len(papers)} paper recipes "
+        f"({', '.join(papers[:2])}, ...) in {PACKAGED_CONFIGS}"
+    )
 
 
 def config_from_dict(data: dict) -> RunConfig:

@@ -140,8 +140,69 @@ def in_band(metrics: dict) -> bool:
     return all(lo <= metrics[k] <= hi for k, (lo, hi) in BAND.items())
 
 
-def warmup(out_dir: str | Path, cfg: WarmupConfig | None = None, *, task=None, log=print, progress=None) -> dict:
-    """Train, evaluate and save the tiny model into `out_dir` (HF format). Returns the metrics."""
+def band_advice(metrics: dict) -> str:
+    """What to change when the warmed-up model is outside BAND. Too weak a start gives groups that are all
+    wrong, too strong a start groups that are all right, and RL learns from neither; the warm-up's steps
+    move the model between the two (see the module docstring)."""
+    pass1, right, wrong = metrics["heldout_pass1"], metrics["group_all_correct"], metrics["group_all_wrong"]
+    if pass1 < BAND["heldout_pass1"][0] or right < BAND["group_all_correct"][0]:
+        weak = True
+    elif pass1 > BAND["heldout_pass1"][1] or wrong < BAND["group_all_wrong"][0]:
+        weak = False
+    else:  # too few mixed groups: lean away from the larger uniform side
+        weak = wrong >= right
+    if weak:
+        return (
+            "the start is too weak: warm up for more steps (regroup warmup --steps N --out DIR, N above the steps used)"
+        )
+    return (
+        "the start is too strong: warm up for fewer steps (regroup warmup --steps N --out DIR, N below the steps used)"
+    )
+
+
+SPEED_ONLY = ("threads",)
+"""WarmupConfig fields that change how fast the warm-up runs, not what it trains (left out of `differences`)."""
+
+
+def read_finished(out_dir: str | Path) -> dict | None:
+    """The metrics of the finished warm-up in `out_dir` (its `warmup_metrics.json`, written last), or None."""
+    path = Path(out_dir) / "warmup_metrics.json"
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def differences(saved: dict, cfg: WarmupConfig) -> list[str]:
+    """The settings in which a finished warm-up's metrics (`saved`, with its "config") differ from `cfg`, as
+    "steps 620 (asked 120)" lines; [] when they match or the metrics do not record their settings."""
+    recorded = saved.get("config")
+    if not isinstance(recorded, dict):
+        return []
+    asked = json.loads(json.dumps(asdict(cfg)))  # tuples as lists, as the metrics file holds them
+    return [
+        f"{key} {recorded.get(key)!r} (asked {asked[key]!r})"
+        for key in asked
+        if key not in SPEED_ONLY and recorded.get(key) != asked[key]
+    ]
+
+
+def warmup(
+    out_dir: str | Path,
+    cfg: WarmupConfig | None = None,
+    *,
+    task=None,
+    log=print,
+    progress=None,
+    out_of_band_note: str | None = None,
+) -> dict:
+    """Train, evaluate and save the tiny model into `out_dir` (HF format). Returns the metrics.
+
+    A model outside BAND is said in one warning line ending with what to change (`band_advice`), or with
+    `out_of_band_note` when the caller knows better (the quick demo's short warm-up is outside on purpose)."""
     cfg = cfg or WarmupConfig()
     task = task or get_task("arithmetic")
     out_dir = Path(out_dir)
@@ -208,7 +269,8 @@ def warmup(out_dir: str | Path, cfg: WarmupConfig | None = None, *, task=None, l
         log(
             f"warning: the warmed-up model is outside the band {BAND}: "
             f"pass1={metrics['heldout_pass1']:.3f} mixed={metrics['group_mixed']:.2f} "
-            f"all_correct={metrics['group_all_correct']:.2f} all_wrong={metrics['group_all_wrong']:.2f}"
+            f"all_correct={metrics['group_all_correct']:.2f} all_wrong={metrics['group_all_wrong']:.2f}; "
+            + (out_of_band_note or band_advice(metrics))
         )
     return metrics
 
