@@ -27,9 +27,7 @@ from typing import Any
 from pydantic import BaseModel, Field, create_model
 
 from regroup.config.fields import F, Knobs, check, did_you_mean
-from regroup.errors import ConfigError
-
-from regroup.errors import import_hint
+from regroup.errors import ConfigError, import_hint
 
 
 def knob(default: Any, help: str, **bounds: Any) -> Any:
