@@ -35,10 +35,16 @@ SMALL = [
     "ta.n_variants=2",
     "optim.lr=1e-3",
 ]
-# Per recipe, on top of SMALL. DaGRPO + TA-GRPO masks by the similarity scorer with a margin that the
-# tiny model's noise crosses for some rows and not others (the step scorer gives every such row 1 and the
-# reference 10, so no margin masks some of them and not all): the masks act on part of each batch.
-EXTRA = {"dagrpo_ta": ["mask.scorer.name=similarity", "mask.delta=8.8"]}
+# Per recipe, on top of SMALL: masks that act on the tiny model. Its responses are noise, so the step scorer
+# gives each 1 and the reference 10, and no margin masks some rows but not all; the similarity scorer
+# spreads the noise over about 1 to 2, and a margin of 8.8 masks the rows that come closest to the
+# reference. DaGRPO masks per sample (a masked row is dropped, and so is its group's anchor when a
+# negative came close), DaGRPO + TA-GRPO per pair (the anchor keeps the part of its advantage that comes
+# from the distinct rows).
+EXTRA = {
+    "dagrpo": ["mask.scorer.name=similarity", "mask.delta=8.8"],
+    "dagrpo_ta": ["mask.scorer.name=similarity", "mask.delta=8.8", "mask.unit=pair"],
+}
 
 
 def recipe_overrides(recipe: str) -> list[str]:
@@ -226,8 +232,8 @@ def run(recipe: str, out: Path, *, steps: int = 3, timeout: float = 1800, gpu: b
 
 def equality_fixture(out: Path, recipe: str, dest: Path) -> None:
     """The equality test's inputs from a run's captures: one step's rows after the stages (JSON) and its loss
-    micro-batch (tensors), with the recipe and its overrides; the first step with anchors, masked rows and a
-    gradient. Loaded with `weights_only=True`."""
+    micro-batch (tensors), with the recipe and its overrides; the first step where an anchor has a gradient.
+    Loaded with `weights_only=True`."""
     import json
 
     import torch
@@ -237,13 +243,14 @@ def equality_fixture(out: Path, recipe: str, dest: Path) -> None:
     for record_path, loss_path in zip(records, losses, strict=True):
         loss = torch.load(loss_path, weights_only=True)
         f = loss["fields"]
-        if f["regroup_is_anchor"].any() and f["regroup_weight"].eq(0).any() and loss["grad"].abs().sum() > 0:
+        live = f["regroup_is_anchor"].bool() & f["regroup_advantage"].ne(0) & f["regroup_weight"].ne(0)
+        if live.any():
             record = json.loads(record_path.read_text())
             dest.parent.mkdir(parents=True, exist_ok=True)
             overrides = recipe_overrides(recipe)
             torch.save({"recipe": recipe, "overrides": overrides, "step": json.dumps(record), "loss": loss}, dest)
             return
-    raise RuntimeError(f"{out}: no step has anchors, masked rows and a gradient")
+    raise RuntimeError(f"{out}: no step has an anchor with a gradient")
 
 
 def main(argv=None) -> int:

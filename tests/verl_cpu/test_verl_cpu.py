@@ -121,6 +121,7 @@ def test_anchors_are_in_their_groups_and_shaped(recipe, verl_out):
         anchors = [s for s in record["samples"] if s["is_anchor"]]
         assert len(anchors) == len({s["group_id"] for s in record["samples"]})  # always, one per question
         assert all(s["response_text"] == solutions[s["question_id"]] and s["reward"] == 1.0 for s in anchors)
+    shaped = 0
     for cap in losses(out):
         f = cap["fields"]
         rows = f["regroup_is_anchor"].bool()
@@ -131,6 +132,8 @@ def test_anchors_are_in_their_groups_and_shaped(recipe, verl_out):
         want = -adv * w * GAMMA * p / (p + GAMMA) ** 2 / scale  # [b, T]
         mask = f["response_mask"].bool() & rows[:, None]
         assert torch.allclose(cap["grad"][mask], want[mask], atol=1e-9, rtol=1e-5)
+        shaped += int(cap["grad"][mask].ne(0).sum())
+    assert shaped > 0 or recipe == "dagrpo"  # per-sample masks drop an anchor whose group has a close negative
 
 
 def problems(recipe: str) -> list:
@@ -147,9 +150,9 @@ def harness_max_len() -> int:
 
 
 def test_distinctiveness_masks_act(verl_out):
-    """Every row carries its fine-grained score; a masked row (weight 0) gets no gradient at all, a kept row
-    with an advantage gets one, and the masks hit part of the rows (harness.EXTRA sets the margin)."""
-    out = run("dagrpo_ta", verl_out)
+    """DaGRPO per sample: every row carries its fine-grained score; a masked row (weight 0) gets no gradient
+    at all, a kept row with an advantage gets one, and the masks hit part of the rows (harness.EXTRA)."""
+    out = run("dagrpo", verl_out)
     masked = kept = 0
     for cap in losses(out):
         f = cap["fields"]
@@ -161,6 +164,34 @@ def test_distinctiveness_masks_act(verl_out):
     assert masked > 0 and kept > 0
     scores = [s["score"] for r in steps(out) for s in r["samples"]]
     assert all(s is not None and 1.0 <= s <= 10.0 for s in scores)
+
+
+def test_pair_masks_act(verl_out):
+    """DaGRPO + TA-GRPO per pair: the advantages the loss reads differ from the recipe's unmasked ones (the
+    advantage stage alone, on the captured rewards) where a pair was within the margin, and a row the pair
+    mask left without advantage gets no gradient."""
+    from regroup.batch import Sample
+    from regroup.stages.advantages import GroupAdvantages
+    from regroup.stages.base import StepBatch, StepContext
+    from regroup.train.loss_config import advantage_estimator
+    from regroup.train.run_config import load_config
+
+    out = run("dagrpo_ta", verl_out)
+    cfg = load_config("dagrpo_ta", harness.recipe_overrides("dagrpo_ta"))
+    changed = 0
+    for record in steps(out):
+        samples = [
+            Sample(s["group_id"], s["question_id"], s["variant"], s["is_anchor"], [], [], [], "", reward=s["reward"])
+            for s in record["samples"]
+        ]
+        batch = StepBatch(step=record["step"], samples=samples)
+        GroupAdvantages(*advantage_estimator(cfg))(batch, StepContext(seed=0, num_generations=G))
+        plain, masked = batch.advantages, torch.tensor(record["advantages"])
+        changed += int((plain - masked).abs().gt(1e-6).sum())
+    assert changed > 0
+    for cap in losses(out):
+        zero = cap["fields"]["regroup_advantage"].eq(0)
+        assert cap["grad"][zero].abs().sum().item() == 0.0
 
 
 def test_weights_sync_after_a_real_update(verl_out):

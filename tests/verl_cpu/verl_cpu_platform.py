@@ -10,6 +10,8 @@ verl has no CPU platform (`trainer.device=cpu` is rewritten to `cuda`), so one i
 - `device_module.get_device_name()` "CPU" (the flops counter reads it);
 - `init_process_group`: verl builds the backend "cpu:gloo,<device>:<backend>", here "cpu:gloo,cpu:gloo",
   which torch refuses; the duplicate is collapsed;
+- `Tensor.pin_memory` returns the tensor itself: verl's forward-only FSDP2 engine (the reference model) always
+  uses `CPUOffloadPolicy(pin_memory=True)`, and pinning needs an accelerator;
 - vLLM-CPU prepacks each linear layer's weight into a oneDNN / sgl kernel and (for linear layers) deletes
   `layer.weight`, so verl's in-place weight sync has nothing to write into and a packed kernel would keep
   the old weights. Every unquantized linear layer here runs plain `F.linear` on its live weight, so a
@@ -145,6 +147,18 @@ def _init_process_group_dedup(*args, backend=None, **kwargs):
 
 
 torch.distributed.init_process_group = _init_process_group_dedup
+
+_pin_memory = torch.Tensor.pin_memory
+
+
+def _pin_memory_without_accelerator(self, *args, **kwargs):
+    """Pinned memory only speeds up copies to an accelerator; with none, the tensor is returned as is."""
+    if torch.accelerator.current_accelerator() is None:
+        return self
+    return _pin_memory(self, *args, **kwargs)
+
+
+torch.Tensor.pin_memory = _pin_memory_without_accelerator
 
 
 def _patch_vllm_cpu_linear() -> None:
