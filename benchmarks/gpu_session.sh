@@ -5,7 +5,9 @@
 #   3. the colocated vLLM backend's CUDA-only checks (tests/real_engine/test_cuda.py: bf16 push read back,
 #      sleep mode, tokens/s) -- only where vLLM is already installed: the lent machine cannot install it;
 #   4. asynchronous rollouts against a vLLM server on the same GPU with the NCCL weight sync:
-#      benchmarks/async_throughput.py, sync against rollout.async_steps=1 -- also only where vLLM is installed.
+#      benchmarks/async_throughput.py, sync against rollout.async_steps=1 -- also only where vLLM is installed;
+#   5. regroup's verl plug-in on the GPU: tests/verl_cpu/harness.py --gpu, DaGRPO + TA-GRPO for 3 steps under
+#      verl's own CUDA platform -- only where verl 0.9.1 and vLLM are already installed.
 #
 #   OUT=runs/bench/gpu bash benchmarks/gpu_session.sh
 #
@@ -47,4 +49,13 @@ if python3 -c "import vllm" 2>/dev/null && [ -d "${ASYNC_MODEL:-.cache/smollm2}"
 else
   echo "vLLM or the model (ASYNC_MODEL, default .cache/smollm2) is missing: the async NCCL run was not made" \
     | tee "$OUT/async_nccl.txt"
+fi
+
+if python3 -c "import verl, vllm, transfer_queue" 2>/dev/null; then
+  timeout "${GPU_VERL_TIMEOUT:-420}" python3 tests/verl_cpu/harness.py --gpu --recipe dagrpo_ta --out "$OUT/verl" 2>&1 \
+    | tail -n 5 | tee "$OUT/verl_gpu.txt"
+  grep -E "step:[0-9]+ " "$OUT/verl/dagrpo_ta/verl.log" | tail -n 3 | cut -c1-400 >> "$OUT/verl_gpu.txt"
+else
+  echo "verl 0.9.1, vLLM or TransferQueue is not installed on this machine: the verl plug-in's GPU run was not made" \
+    | tee "$OUT/verl_gpu.txt"
 fi

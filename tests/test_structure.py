@@ -17,7 +17,12 @@ SCRIPT = r"""
 import importlib, pkgutil, sys
 import regroup
 names = sorted(m.name for m in pkgutil.walk_packages(regroup.__path__, "regroup.") if not m.name.endswith("__main__"))
-optional = {"regroup.integrations.trl": "trl", "regroup.rollout.vllm": "vllm"}
+# module -> the optional packages it needs (the verl plug-in: verl and what verl's trainer brings)
+optional = {
+    "regroup.integrations.trl": ("trl",),
+    "regroup.rollout.vllm": ("vllm",),
+    "regroup.integrations.verl": ("verl", "transfer_queue", "tensordict", "omegaconf"),
+}
 failed = []
 for name in names:
     for loaded in [m for m in sys.modules if m == "regroup" or m.startswith("regroup.")]:
@@ -25,7 +30,7 @@ for name in names:
     try:
         importlib.import_module(name)
     except ModuleNotFoundError as exc:
-        if exc.name and exc.name.split(".")[0] == optional.get(name):
+        if exc.name and exc.name.split(".")[0] in optional.get(name, ()):
             continue
         failed.append(f"{name}: {exc!r}")
     except Exception as exc:

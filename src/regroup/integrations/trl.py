@@ -43,6 +43,7 @@ from regroup.batch import Sample
 from regroup.config.schema import RunConfig
 from regroup.diagnostics.signals import SignalWatch, reward_diagnostics
 from regroup.errors import ConfigError
+from regroup.integrations.rows import rows_after_stages
 from regroup.integrations.trl_helpers import (
     ANCHOR_MASK,
     GROUP_ID,
@@ -336,7 +337,7 @@ class RegroupGRPOTrainer(GRPOTrainer):
         )
         metrics = {**self._reward_metrics, **run_stages(self._batch_stages, batch, self._ctx)}
         metrics.update(reward_diagnostics(batch.samples))  # what the native trainer's RewardDiagnostics hook logs
-        rows = _rows_after_stages(samples, batch.samples)  # [B_global] index into batch.samples
+        rows = rows_after_stages(samples, batch.samples)  # [B_global] index into batch.samples
 
         n, device = len(local), out["advantages"].device
         mine = rows[self.accelerator.process_index * n : (self.accelerator.process_index + 1) * n]
@@ -524,30 +525,3 @@ class _SaveStageStates(TrainerCallback):
         if state.is_world_process_zero and folder.is_dir():
             write_atomic(folder / STAGE_STATES, json.dumps(stage_states(self.stages)))
             write_atomic(folder / WATCH_STATE, json.dumps(self.watch.state_dict()))
-
-
-def _rows_after_stages(rows: list[Sample], samples: list[Sample]) -> list[int]:
-    """For each of TRL's rows, the index in `samples` (the batch after the stages) of the sample it now holds.
-
-    The stages the TRL front-end runs keep the batch's shape: a sample is kept, or (anchors in replace mode)
-    dropped for an anchor of its group, which then takes its row — in order, within the group."""
-    index = {id(s): k for k, s in enumerate(samples)}
-    before = {id(r) for r in rows}
-    added: dict[int, list[int]] = {}
-    for k, s in enumerate(samples):
-        if id(s) not in before:
-            added.setdefault(s.group_id, []).append(k)
-    out: list[int] = []
-    for r in rows:
-        if id(r) in index:
-            out.append(index[id(r)])
-        elif added.get(r.group_id):
-            out.append(added[r.group_id].pop(0))
-        else:
-            raise RuntimeError(
-                "a stage dropped a sample without replacing it; the recipe's check_front_end('trl') "
-                "should have refused that stage"
-            )
-    if any(added.values()):
-        raise RuntimeError("a stage added samples beyond the batch's fixed shape (refused by check_front_end('trl'))")
-    return out

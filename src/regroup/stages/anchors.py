@@ -15,7 +15,7 @@ from collections import OrderedDict
 from regroup.batch import Sample
 from regroup.config.registry import STAGES
 from regroup.rewards import pop_counts
-from regroup.stages.base import StepBatch, StepContext
+from regroup.stages.base import FIXED_SHAPE_FRONT_ENDS, StepBatch, StepContext
 
 
 def is_verified(reward, threshold: float) -> bool:
@@ -204,9 +204,9 @@ class InjectAnchors:
         self.injector = injector
 
     def unsupported_by(self, front_end: str) -> str | None:
-        if front_end == "trl" and self.injector.cfg.mode != "replace":
+        if front_end in FIXED_SHAPE_FRONT_ENDS and self.injector.cfg.mode != "replace":
             return (
-                f"anchors.mode={self.injector.cfg.mode}: an added anchor grows its group, and TRL's generation "
+                f"anchors.mode={self.injector.cfg.mode}: an added anchor grows its group, and the {front_end} "
                 "batch has a fixed shape; use anchors.mode=replace"
             )
         return None

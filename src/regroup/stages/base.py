@@ -10,7 +10,7 @@ step batch: pre-sampling stages fill `variants` / `reserved`; sampling fills `sa
 their rewards; anchors add samples; filters drop or resample groups; the advantage stage fills
 `advantages`; masks multiply into `weights`. A stage whose state must survive a resume (anchor buffers,
 filter carry-over) also has `state_dict()` / `load_state_dict(state)`; the trainer saves those by stage
-`name`. Both front-ends — the native trainer and the TRL adapter — run stages on this batch.
+`name`. Every front-end — the native trainer, the TRL adapter, the verl plug-in — runs stages on this batch.
 
 A filter that refills (dynamic sampling) runs the stages before it again on newly drawn questions. What
 each such round cost is the stage's to say: `round_totals` names its metrics that count work done (tokens,
@@ -27,6 +27,10 @@ from typing import Any, Protocol
 import torch
 
 from regroup.batch import Sample
+
+FIXED_SHAPE_FRONT_ENDS = ("trl", "verl")
+"""Front-ends whose batch has a fixed number of rows per question (`Recipe.check_front_end`): a stage that
+adds or refills samples says so in `unsupported_by`."""
 
 
 @dataclass

@@ -15,7 +15,7 @@ import math
 import torch
 
 from regroup.config.registry import STAGES
-from regroup.stages.base import StepBatch, StepContext
+from regroup.stages.base import FIXED_SHAPE_FRONT_ENDS, StepBatch, StepContext
 
 
 def informative_groups(samples) -> dict[int, bool]:
@@ -39,9 +39,9 @@ class DynamicSampling:
         self.max_rounds = max_rounds
 
     def unsupported_by(self, front_end: str) -> str | None:
-        if front_end == "trl":
+        if front_end in FIXED_SHAPE_FRONT_ENDS:
             return (
-                "dynamic_sampling.enabled: TRL's generation batch has a fixed size, so groups cannot be dropped "
+                f"dynamic_sampling.enabled: the {front_end} batch has a fixed size, so groups cannot be dropped "
                 "and refilled"
             )
         return None

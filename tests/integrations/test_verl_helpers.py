@@ -1,0 +1,113 @@
+"""The verl plug-in's pure parts (no verl needed): the settings check, the dataset rows, the variant each
+sample answers, and the micro-batch loss with verl's normaliser, against hand-computed values."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from regroup.algo.losses import LossSpec
+from regroup.errors import ConfigError
+from regroup.integrations.verl_helpers import (
+    ADVANTAGE,
+    IS_ANCHOR,
+    PROMPTS,
+    QUESTION_ID,
+    SHARED_SETTINGS,
+    VARIANT,
+    WEIGHT,
+    check_shared_settings,
+    micro_batch_loss,
+    problem_rows,
+    variant_of,
+    verl_overrides,
+)
+from regroup.tasks import Problem
+from regroup.train.run_config import load_config
+
+
+def settings(cfg, **changes):
+    """verl's config as the plug-in reads it: the shared settings from `cfg`, then `changes`."""
+    values = {}
+    for override in verl_overrides(cfg):
+        key, value = override.split("=", 1)
+        values[key] = {"true": True, "false": False}.get(value, value)
+    for key, _, want in SHARED_SETTINGS:
+        values[key] = want(cfg)
+    values.update(changes)
+    return values.get
+
+
+def test_the_overrides_satisfy_the_check_and_a_disagreement_names_both_keys():
+    cfg = load_config("dagrpo_ta", ["grpo.num_generations=4", "ta.n_variants=2"])
+    check_shared_settings(cfg, settings(cfg))
+    assert "actor_rollout_ref.rollout.n=12" in verl_overrides(cfg)  # (N + 1) * G
+    with pytest.raises(ConfigError, match=r"actor_rollout_ref.rollout.n=8 disagrees with grpo.num_generations"):
+        check_shared_settings(cfg, settings(cfg, **{"actor_rollout_ref.rollout.n": 8}))
+    with pytest.raises(ConfigError, match="use_kl_loss"):
+        check_shared_settings(cfg, settings(cfg, **{"actor_rollout_ref.actor.use_kl_loss": True}))
+
+
+def test_verls_rollout_correction_and_kl_in_reward_are_refused():
+    cfg = load_config("grpo", [])
+    with pytest.raises(ConfigError, match="rollout.tis_cap"):
+        check_shared_settings(cfg, settings(cfg, **{"algorithm.rollout_correction": {"rollout_is": "token"}}))
+    with pytest.raises(ConfigError, match="use_kl_in_reward"):
+        check_shared_settings(cfg, settings(cfg, **{"algorithm.use_kl_in_reward": True}))
+
+
+def test_rows_carry_q0_and_its_rephrasings_and_drop_short_ones():
+    problems = [Problem(id="a", question="qa", answer="1"), Problem(id="b", question="qb", answer="2")]
+    rows, dropped = problem_rows(problems, [["a1", "a2"], ["b1"]], lambda t: [{"role": "user", "content": t}], 2)
+    assert dropped == 1 and len(rows) == 1
+    info = rows[0]["extra_info"]
+    assert info[QUESTION_ID] == "a" and rows[0]["reward_model"]["ground_truth"] == "1"
+    assert [m[0]["content"] for m in info[PROMPTS]] == ["qa", "a1", "a2"]
+    json.dumps(rows[0])  # plain data: parquet and Ray carry it
+
+
+def test_each_prompt_gets_g_consecutive_samples():
+    assert [variant_of(i, 12, 3) for i in range(12)] == [0] * 4 + [1] * 4 + [2] * 4
+
+
+def fields(adv, weight, anchor, old, mask):
+    b = len(adv)
+    return {
+        "response_mask": torch.tensor(mask),
+        "old_log_probs": torch.tensor(old),
+        ADVANTAGE: torch.tensor(adv),
+        WEIGHT: torch.tensor(weight),
+        IS_ANCHOR: torch.tensor(anchor),
+        VARIANT: torch.zeros(b, dtype=torch.long),
+    }
+
+
+def test_token_mean_is_verls_normaliser_and_ratio_one_gives_minus_a():
+    # 2 rows, 3 + 1 loss tokens, the mini-batch has 8 tokens on 2 ranks: verl's token-mean is Σ l / 8 · 2
+    logps = torch.log(torch.tensor([[0.5, 0.5, 0.5], [0.25, 0.5, 0.5]])).requires_grad_(True)
+    f = fields([1.0, -2.0], [1.0, 1.0], [False, False], logps.detach().tolist(), [[1, 1, 1], [1, 0, 0]])
+    loss, _ = micro_batch_loss(
+        LossSpec(agg="token_mean"), logps, f, dp_size=2, batch_num_tokens=8, global_batch_size=4, max_len=3
+    )
+    # ratio 1 everywhere: l = −A per token; Σ = −(1·3) − (−2·1) = −1; / 8 · 2 = −0.25
+    assert loss.item() == pytest.approx(-0.25, abs=1e-7)
+
+
+def test_anchor_tokens_are_shaped_and_a_masked_row_gets_no_gradient():
+    gamma = 0.1
+    p = torch.tensor([[0.3, 0.6], [0.4, 0.2], [0.5, 0.5]])
+    logps = p.log().requires_grad_(True)
+    f = fields([2.0, -1.0, 3.0], [1.0, 1.0, 0.0], [True, False, False], logps.detach().tolist(), [[1, 1]] * 3)
+    spec = LossSpec(agg="seq_sum_constant", anchor_ratio="shaped", shaping_gamma=gamma)
+    loss, m = micro_batch_loss(spec, logps, f, dp_size=1, batch_num_tokens=6, global_batch_size=3, max_len=4)
+    (grad,) = torch.autograd.grad(loss, logps)
+    scale = 3 * 4  # seq_sum_constant: sequences · max_len
+    # anchor row: l = −A·p/(p+γ), dl/dlogp = −A·γp/(p+γ)²
+    want_anchor = -2.0 * gamma * p[0] / (p[0] + gamma) ** 2 / scale
+    assert torch.allclose(grad[0], want_anchor, atol=1e-7)
+    # on-policy row at ratio 1: l = −A·ratio, dl/dlogp = −A
+    assert torch.allclose(grad[1], torch.full((2,), 1.0 / scale), atol=1e-7)
+    assert torch.equal(grad[2], torch.zeros(2))  # weight 0: masked
+    assert m["n_anchor_tokens"].item() == 2
