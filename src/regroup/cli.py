@@ -172,8 +172,8 @@ def cmd_train(args) -> int:
         if bar is not None:
             bar.close()
     finally:
-        if lock is not None:  # a folder this command made and nothing was written to is removed again
-            lock.release(discard_empty=new_folder)
+        if lock is not None:  # a run that wrote nothing leaves its folder as it found it (one it made: none)
+            lock.release(discard_empty=True, remove_folder=new_folder)
     if interrupted:
         if _is_main_process():
             _log(_interrupted_line(run_dir, trainer))

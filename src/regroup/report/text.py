@@ -109,12 +109,12 @@ def eval_command(row: dict[str, Any]) -> str:
     """The commands that write the evaluation a row lacks, for its first run folder and newest checkpoint."""
     run = (row.get("run_dirs") or ["RUN"])[0]
     folder = os.path.join(run, "checkpoints")
-    steps = sorted(
-        int(name[len("step-") :])
+    saved = sorted(
+        (int(name[len("step-") :]), name)
         for name in (os.listdir(folder) if os.path.isdir(folder) else ())
         if name.startswith("step-") and name[len("step-") :].isdigit()
     )
-    model = os.path.join(folder, f"step-{steps[-1]}" if steps else "step-N")
+    model = os.path.join(folder, saved[-1][1] if saved else "step-N")
     return (
         f"`regroup eval --model {model} --data FILE --out {os.path.join(run, 'eval')}` writes it "
         "(FILE for the built-in task: `regroup data prepare arithmetic_heldout --out FILE`)."

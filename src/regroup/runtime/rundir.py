@@ -109,11 +109,12 @@ class RunDirLock:
         self._fd = fd
         return self
 
-    def release(self, discard_empty: bool = False) -> None:
+    def release(self, discard_empty: bool = False, remove_folder: bool = False) -> None:
         """Unlock. `discard_empty`: when nothing but the .lock is in the folder (a run refused or stopped before
-        it wrote anything), remove the .lock and the folder too, so that no empty run folder is left behind.
-        The .lock is unlinked while still held: a second writer that opened it already fails its flock, and
-        one that made the folder just before it is removed fails in one line (no such file)."""
+        it wrote anything), remove the .lock too, and with `remove_folder` (a folder the caller made) the folder,
+        so that the folder is left as it was found. The .lock is unlinked while still held: a second writer that
+        opened it already fails its flock; one that made the folder just before it is removed fails in one line
+        (no such file)."""
         if self._fd is None:
             return
         emptied = False
@@ -129,7 +130,7 @@ class RunDirLock:
         fcntl.flock(self._fd, fcntl.LOCK_UN)
         os.close(self._fd)
         self._fd = None
-        if emptied:
+        if emptied and remove_folder:
             try:
                 self.run_dir.rmdir()  # fails, harmlessly, if another writer put something there meanwhile
             except OSError:
