@@ -9,9 +9,9 @@ import torch
 from loss_call import call_policy_loss
 
 from regroup.algo.kl import kl_k3
+from regroup.algo.loss_inputs import truncated_is_weight
 from regroup.algo.losses import aggregate
 from regroup.algo.ppo_clip import clipped_pg_loss
-from regroup.algo.loss_inputs import truncated_is_weight
 from regroup.algo.ratios import clip_ratio, importance_ratio, log_ratio
 
 LOG = math.log
