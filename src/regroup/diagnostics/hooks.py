@@ -118,10 +118,10 @@ def default_conflict_every(model, param_pattern: str) -> int:
     return 10 if size <= GRAD_CONFLICT_AUTO_LIMIT else 0
 
 
-def build_update_hooks(cfg, model) -> list[UpdateHook]:
+def build_update_hooks(cfg, model) -> list:
     """The diagnostics `cfg.diagnostics` switches on, for `model` (unwrapped); one switched off is left out."""
     d = cfg.diagnostics
-    hooks: list[UpdateHook] = [RewardDiagnostics()]
+    hooks: list = [RewardDiagnostics()]  # UpdateHooks, and GradientConflict (the same seam, no base class)
     if d.diversity_every:
         hooks.append(GroupDiversity(d.diversity_every, build_embedder(d.embedder)))
     conflict_every = (
