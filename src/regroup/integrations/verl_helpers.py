@@ -10,11 +10,10 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-import torch
 from torch import Tensor
 
+from regroup.algo.loss_inputs import build_loss_inputs
 from regroup.algo.losses import LossInputs, LossSpec, LossTotals, policy_loss
-from regroup.algo.sampler_is import sampler_is_weight
 from regroup.errors import ConfigError
 from regroup.stages.groups import samples_per_question
 from regroup.train.recipes import features
@@ -169,36 +168,26 @@ def loss_inputs(
     sample_weight: Tensor | None = None,
     entropy: Tensor | None = None,
 ) -> tuple[Tensor, LossInputs]:
-    """`(π_old [b, T], LossInputs)` of one micro-batch, from tensors (`policy_loss(logps, π_old, inputs, ...)`).
-
-    The one place the plug-in builds the loss's inputs; its arguments are those of the shared loss-input
-    builder (`build_loss_inputs`), which replaces this body where it exists. `sampled_mask` [b, T] is False
-    on forced (anchor) tokens; `sampler_logps` the rollout's log-probs, compared on `sampler_rows` (the rows
-    scored on the prompt that drew them) for the sampler IS weight (`spec.is_cap` > 0).
+    """`(π_old [b, T], LossInputs)` of one micro-batch, from tensors (`policy_loss(logps, π_old, inputs, ...)`):
+    the native trainer's own builder, `regroup.algo.loss_inputs.build_loss_inputs`, on the tensors verl hands
+    over. `sampled_mask` [b, T] is False on forced (anchor) tokens; `sampler_logps` the rollout's log-probs,
+    compared on `sampler_rows` (the rows scored on the prompt that drew them) for the sampler IS weight.
     """
-    if spec.off_policy_mask is not None:
+    if spec.off_policy_mask is not None:  # verl's rollout log-probs have not been checked against OPSM here
         raise ConfigError("grpo.off_policy_mask_threshold is not supported by the verl plug-in yet; leave it unset")
-    old = logps.detach() if old_logps is None else old_logps  # [b, T]
-    anchors = None
-    if sampled_mask is not None:
-        forced = loss_mask.bool() & ~sampled_mask  # [b, T]
-        anchors = forced if bool(forced.any()) else None
-    is_weight = None
-    if spec.is_cap > 0 and sampler_logps is not None:
-        rows = torch.ones(len(old), dtype=torch.bool) if sampler_rows is None else sampler_rows
-        sampler = sampler_logps.to(old.dtype)  # [b, T]
-        weight = sampler_is_weight(old, sampler, loss_mask, spec.is_mode, spec.is_cap, spec.is_min or None)
-        is_weight = torch.where(rows[:, None], weight, torch.ones_like(weight))  # [b, T] or [b, 1]
-    inputs = LossInputs(
-        advantages=advantages,
-        loss_mask=loss_mask,
+    return build_loss_inputs(
+        spec,
+        logps,
+        advantages,
+        loss_mask,
+        old_logps=old_logps,
+        sampler_logps=sampler_logps,
+        sampler_rows=sampler_rows,
+        sampled_mask=sampled_mask,
         ref_logps=ref_logps,
         sample_weight=sample_weight,
-        anchor_token_mask=anchors,
-        is_weight=is_weight,
-        entropy=entropy if spec.needs_entropy else None,
+        entropy=entropy,
     )
-    return old, inputs
 
 
 def micro_batch_loss(
