@@ -33,7 +33,13 @@ def test_the_real_model_study_page_is_its_kept_table_summarized():
     _block_in_page(generated, (RESULTS / "real-study-2026-12-02.md").read_text())
 
 
-@pytest.mark.parametrize("name", ["study-2026-12-03", "real-study-2026-12-02"])
+@pytest.mark.parametrize("name", ["study-2026-12-03", "real-study-2026-12-02", "gate-2026-12-04"])
 def test_a_results_folder_keeps_its_plan_and_one_table_only(name):
     kept = sorted(p.name for p in (RESULTS / name).iterdir())
     assert kept in (["plan.json", "regimes.json", "runs.jsonl"], ["plan.json", "runs.jsonl"]), kept
+
+
+def test_the_gate_page_is_its_kept_table_summarized():
+    from studies.gate import summarize_gate
+
+    _block_in_page(summarize_gate([RESULTS / "gate-2026-12-04"]), (RESULTS / "gate-2026-12-04.md").read_text())
