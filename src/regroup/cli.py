@@ -38,7 +38,7 @@ def _log(message: str) -> None:
 
 
 def _tqdm(total: int, desc: str, enabled: bool = True):
-    from tqdm.auto import tqdm
+    from tqdm.auto import tqdm  # lazy: help and parsing import no torch
 
     return tqdm(total=total, desc=desc, disable=not enabled, dynamic_ncols=True, file=sys.stderr)
 
@@ -258,7 +258,7 @@ def _bench_files(specs: list[str] | None) -> dict[str, str]:
 
 def cmd_eval(args) -> int:
     from regroup.eval.runner import EVAL_SECTIONS, run_config_path  # heavy (torch): only this command
-    from regroup.train.run_config import check_readable
+    from regroup.train.run_config import check_readable  # lazy: help and parsing import no torch
 
     if not Path(args.model).is_dir():
         raise ConfigError(f"--model: no such model folder: {args.model}")
@@ -279,7 +279,7 @@ def cmd_eval(args) -> int:
 
 
 def _run_eval(args) -> int:
-    from regroup.eval.benchmarks import DECODING, Decoding, parse_bench_list
+    from regroup.eval.benchmarks import DECODING, Decoding, parse_bench_list  # lazy: help and parsing import no torch
     from regroup.eval.runner import format_table, run_bench_cli, run_eval_cli  # heavy (torch): this command only
 
     prompt = {
@@ -346,7 +346,7 @@ def _run_eval(args) -> int:
 
 # ------------------------------------------------------------------------------------ data, model
 def cmd_data_prepare(args) -> int:
-    from regroup.data.prepare import prepare
+    from regroup.data.prepare import prepare  # lazy: help and parsing import no torch
 
     try:
         summary = prepare(args.name, args.out, source=args.source, limit=args.limit)
@@ -359,7 +359,7 @@ def cmd_data_prepare(args) -> int:
 
 def cmd_model_fetch(args) -> int:
     from regroup.models.load import convert_gguf  # heavy (torch): this command only
-    from regroup.models.smollm import smollm2_gguf
+    from regroup.models.smollm import smollm2_gguf  # lazy: help and parsing import no torch
 
     try:
         gguf = smollm2_gguf()
@@ -398,7 +398,7 @@ def cmd_vllm_serve(args) -> int:
 
 # ------------------------------------------------------------------------------------------ rephrase
 def cmd_rephrase(args) -> int:
-    from regroup.rephrase.run import run_rephrase
+    from regroup.rephrase.run import run_rephrase  # lazy: help and parsing import no torch
 
     try:
         summary = run_rephrase(
@@ -448,9 +448,9 @@ def cmd_report(args) -> int:
 
 def cmd_config(args) -> int:
     if args.stages:
-        from regroup.tasks import get_task
+        from regroup.tasks import get_task  # lazy: help and parsing import no torch
         from regroup.train.recipes import build_recipe, describe  # heavy (torch): --stages only
-        from regroup.train.run_config import load_config
+        from regroup.train.run_config import load_config  # lazy: help and parsing import no torch
 
         cfg = load_config(args.config, args.overrides)
         with tempfile.TemporaryDirectory() as scratch:  # a judge or rewriter would put its cache here
@@ -780,7 +780,7 @@ def user_error(exc: BaseException) -> str | None:
     if isinstance(exc, RunDirError):
         return f"error: {exc}"
     from regroup.runtime.checkpoint import CheckpointError, is_disk_full  # heavy (torch): past the common errors
-    from regroup.train.preflight import collective_timeout_line
+    from regroup.train.preflight import collective_timeout_line  # lazy: help and parsing import no torch
 
     if isinstance(exc, CheckpointError):
         return f"checkpoint error: {exc}"

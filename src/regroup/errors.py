@@ -10,8 +10,8 @@ def import_hint(exc: ImportError, module_name: str) -> str:
     """What to add to "No module named X" when X is the module a config names (`X:obj`), not one it imports:
     the installed `regroup` command does not put the current folder on Python's import path (`python -m`
     does), so a module sitting beside the user is not found unless PYTHONPATH names its folder."""
-    import os
-    import sys
+    import os  # only to word this hint
+    import sys  # only to word this hint
 
     missing = getattr(exc, "name", None)
     if not isinstance(exc, ModuleNotFoundError) or not missing or module_name.split(".")[0] != missing.split(".")[0]:

@@ -54,9 +54,9 @@ QUICK = DemoSettings(
 
 def recipe_overrides(recipe: str, settings: DemoSettings) -> list[str]:
     """Prompts per step so that every recipe generates `samples_per_step` samples."""
-    from regroup.stages.groups import samples_per_question
-    from regroup.train.recipes import features
-    from regroup.train.run_config import load_config
+    from regroup.stages.groups import samples_per_question  # lazy: heavy, only when this runs
+    from regroup.train.recipes import features  # lazy: heavy, only when this runs
+    from regroup.train.run_config import load_config  # lazy: heavy, only when this runs
 
     cfg = load_config(CONFIG_DIR / f"{recipe}.yaml")
     on = features(cfg)
@@ -78,9 +78,9 @@ def evaluate_model(
     """pass@1 / pass@k / mean@n / greedy / by difficulty of a saved model on `problems` (`ks`: default 1, 4, n)."""
     from transformers import AutoModelForCausalLM  # heavy (transformers): only when a model is loaded
 
-    from regroup.eval.runner import evaluate
-    from regroup.models.load import load_tokenizer
-    from regroup.tasks import get_task
+    from regroup.eval.runner import evaluate  # lazy: heavy, only when this runs
+    from regroup.models.load import load_tokenizer  # lazy: heavy, only when this runs
+    from regroup.tasks import get_task  # lazy: heavy, only when this runs
 
     task = get_task("arithmetic")
     model = AutoModelForCausalLM.from_pretrained(model_path)
@@ -140,13 +140,13 @@ def run_demo(
 ) -> Path:
     from tqdm.auto import tqdm  # the heavy imports below: only when a demo runs (see RECIPES)
 
-    from regroup.data.heldout import heldout_problems
-    from regroup.report import build_report
-    from regroup.runtime.checkpoint import list_checkpoints
-    from regroup.tasks import get_task
-    from regroup.train.build import build_trainer
-    from regroup.train.run_config import load_config
-    from regroup.train.warmup import differences, read_finished, warmup
+    from regroup.data.heldout import heldout_problems  # lazy: heavy, only when this runs
+    from regroup.report import build_report  # lazy: heavy, only when this runs
+    from regroup.runtime.checkpoint import list_checkpoints  # lazy: heavy, only when this runs
+    from regroup.tasks import get_task  # lazy: heavy, only when this runs
+    from regroup.train.build import build_trainer  # lazy: heavy, only when this runs
+    from regroup.train.run_config import load_config  # lazy: heavy, only when this runs
+    from regroup.train.warmup import differences, read_finished, warmup  # lazy: heavy, only when this runs
 
     settings = settings or (QUICK if quick else DemoSettings())
     names = recipes.split(",") if recipes else RECIPES
