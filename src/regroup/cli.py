@@ -178,7 +178,7 @@ def cmd_train(args) -> int:
         if _is_main_process():
             _log(_interrupted_line(run_dir, trainer))
         return 130
-    if trainer.is_main:
+    if trainer is not None and trainer.is_main:
         _log(f"run folder: {run_dir}")
     return 0
 

@@ -219,9 +219,9 @@ def test_decoding_presets_and_the_eval_protocol_flag(monkeypatch, tmp_path, tiny
     assert (DECODING["t1"].temperature, DECODING["dagrpo"].temperature, DECODING["ta_grpo"].top_p) == (1.0, 0.6, 0.95)
     assert protocol(BENCHMARKS["aime24"], "ta_grpo").n == 128  # the authors' test.py: n = 128
     seen = []
-    monkeypatch.setattr("regroup.cli.run_eval_cli", lambda *a, **kw: seen.append(("data", kw)) or [])
-    monkeypatch.setattr("regroup.cli.run_bench_cli", lambda *a, **kw: seen.append(("bench", kw)) or [])
-    monkeypatch.setattr("regroup.cli.format_table", lambda rows: "")
+    monkeypatch.setattr("regroup.eval.runner.run_eval_cli", lambda *a, **kw: seen.append(("data", kw)) or [])
+    monkeypatch.setattr("regroup.eval.runner.run_bench_cli", lambda *a, **kw: seen.append(("bench", kw)) or [])
+    monkeypatch.setattr("regroup.eval.runner.format_table", lambda rows: "")
     data = tmp_path / "d.jsonl"
     data.write_text('{"question": "1+1", "answer": "2"}\n')
     for flag in ([], ["--protocol", "t1"], ["--protocol", "dagrpo"], ["--protocol", "ta_grpo"]):

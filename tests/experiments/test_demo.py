@@ -37,9 +37,16 @@ def test_demo_runs_two_recipes_over_two_seeds_and_reports(tiny_model_dir, tmp_pa
             "grpo.num_generations=2",
         ],
     )
+    logged: list[str] = []
     html = run_demo(
-        seeds=2, out_root=str(tmp_path / "runs"), recipes="grpo,ta_grpo", log=lambda m: None, settings=settings
+        quick=True,  # with these toy settings: the quick demo's report must say it is a smoke run
+        seeds=2,
+        out_root=str(tmp_path / "runs"),
+        recipes="grpo,ta_grpo",
+        log=logged.append,
+        settings=settings,
     )
+    assert f"using the cached warmed-up model in {warm}" in logged  # "{}" records no settings to differ
     demo_dir = html.parent
     runs = sorted(p.name for p in demo_dir.iterdir() if p.is_dir() and p.name not in ("plots", "start"))
     assert runs == ["grpo-s0", "grpo-s1", "ta_grpo-s0", "ta_grpo-s1"]
@@ -49,4 +56,12 @@ def test_demo_runs_two_recipes_over_two_seeds_and_reports(tiny_model_dir, tmp_pa
         assert summary["num_problems"] == before["num_problems"] == 4
     text = (demo_dir / "report.md").read_text()
     assert "grpo" in text and "ta_grpo" in text and (demo_dir / "report.html").exists()
+    first = text.split("## What the results show")[0]  # said before any number
+    assert "(smoke run)" in first
+    assert (
+        f"> **A smoke run (regroup demo --quick): 1 RL step of 8 samples per recipe from the warm-up in {warm}, "
+        "evaluated on 4 problems × 2 samples. It shows that every recipe trains, evaluates and reports; its "
+        "numbers do not compare the recipes"
+    ) in first
+    assert "A smoke run" in (demo_dir / "report.html").read_text()
     assert json.loads((demo_dir / "demo.json").read_text())["seeds"] == 2

@@ -58,6 +58,9 @@ def test_a_fresh_run_into_a_used_folder_is_refused_and_overwrite_discards_it(tin
 def test_resume_of_a_folder_that_is_not_a_run_is_one_line(tmp_path, capsys):
     assert main(["train", "--resume", str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no such run folder" in err[0]  # the folder itself is missing
+    assert main(["train", "--resume", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no config.yaml" in err[0]
 
 

@@ -5,7 +5,16 @@ import json
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from regroup.models.tiny import TinyModelConfig
-from regroup.train.warmup import BAND, WarmupConfig, ensure_warm_model, in_band, warmup
+from regroup.train.warmup import (
+    BAND,
+    WarmupConfig,
+    band_advice,
+    differences,
+    ensure_warm_model,
+    in_band,
+    read_finished,
+    warmup,
+)
 
 
 def test_warmup_writes_an_hf_model_and_its_metrics(tmp_path):
@@ -19,7 +28,13 @@ def test_warmup_writes_an_hf_model_and_its_metrics(tmp_path):
         max_new_tokens=8,
         model=TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64),
     )
-    metrics = warmup(tmp_path / "w", cfg, log=lambda m: None)
+    logged: list[str] = []
+    metrics = warmup(tmp_path / "w", cfg, log=logged.append)
+    # 4 steps from a random start: far below the band, and the warning says what to change
+    assert not metrics["in_band"] and logged[-1].startswith("warning: the warmed-up model is outside the band")
+    assert logged[-1].endswith(
+        "; the start is too weak: warm up for more steps (regroup warmup --steps N --out DIR, N above the steps used)"
+    )
     saved = json.loads((tmp_path / "w" / "warmup_metrics.json").read_text())
     for key in [
         "heldout_pass1",
@@ -41,6 +56,40 @@ def test_warmup_writes_an_hf_model_and_its_metrics(tmp_path):
     stamp = (tmp_path / "w" / "warmup_metrics.json").stat().st_mtime_ns
     assert ensure_warm_model(tmp_path / "w", log=lambda m: None) == str(tmp_path / "w")
     assert (tmp_path / "w" / "warmup_metrics.json").stat().st_mtime_ns == stamp
+    # what `regroup warmup` and the demo compare before reusing it
+    assert read_finished(tmp_path / "w") == saved
+    assert differences(saved, cfg) == []
+    assert differences(saved, WarmupConfig(**{**cfg.__dict__, "threads": 7})) == []  # speed, not what it trains
+    assert differences(saved, WarmupConfig(**{**cfg.__dict__, "steps": 5})) == ["steps 4 (asked 5)"]
+    assert differences({"heldout_pass1": 0.5}, cfg) == []  # metrics that do not record their settings
+
+
+def test_a_warmup_outside_the_band_on_purpose_says_so_instead(tmp_path):
+    cfg = WarmupConfig(
+        steps=1,
+        schedule_steps=10,
+        batch_size=4,
+        num_train=16,
+        num_eval=2,
+        eval_samples=1,
+        max_new_tokens=4,
+        model=TinyModelConfig(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32),
+    )
+    logged: list[str] = []
+    warmup(tmp_path / "w", cfg, log=logged.append, out_of_band_note="expected with --quick")
+    assert logged[-1].endswith("; expected with --quick") and "too weak" not in logged[-1]
+
+
+def test_band_advice_points_the_way_back_into_the_band():
+    ok = {"heldout_pass1": 0.45, "group_mixed": 0.6, "group_all_correct": 0.2, "group_all_wrong": 0.2}
+    weak, strong = "the start is too weak", "the start is too strong"
+    assert band_advice({**ok, "heldout_pass1": 0.1}).startswith(weak)
+    assert band_advice({**ok, "group_all_correct": 0.01}).startswith(weak)  # nothing all right: more SFT
+    assert band_advice({**ok, "heldout_pass1": 0.8}).startswith(strong)
+    assert band_advice({**ok, "group_all_wrong": 0.01}).startswith(strong)  # nothing all wrong: less SFT
+    # mixed groups too few, pass@1 in the band: away from the larger uniform side
+    assert band_advice({**ok, "group_mixed": 0.2, "group_all_wrong": 0.5, "group_all_correct": 0.3}).startswith(weak)
+    assert band_advice({**ok, "group_mixed": 0.2, "group_all_wrong": 0.3, "group_all_correct": 0.5}).startswith(strong)
 
 
 def test_band_check():

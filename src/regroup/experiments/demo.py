@@ -108,12 +108,15 @@ def evaluate_model(
 
 def smoke_note(settings: DemoSettings) -> str:
     """What the quick demo's report says first: it is a smoke run, and what would be a comparison."""
+    steps = f"{settings.steps} RL step{'' if settings.steps == 1 else 's'}"
+    start = (
+        f"a {settings.warmup_steps}-step warm-up" if settings.warmup_steps else f"the warm-up in {settings.warmup_dir}"
+    )
     return (
-        f"A smoke run (regroup demo --quick): {settings.steps} steps of {settings.samples_per_step} samples per "
-        f"recipe from a {settings.warmup_steps or 'full'}-step warm-up, evaluated on {settings.eval_problems} "
-        f"problems × {settings.eval_samples} samples. It shows that every recipe trains, evaluates and reports; "
-        "its numbers do not compare the recipes (changes this small are within noise, often exactly 0). "
-        "`regroup demo` is the comparison."
+        f"A smoke run (regroup demo --quick): {steps} of {settings.samples_per_step} samples per recipe from "
+        f"{start}, evaluated on {settings.eval_problems} problems × {settings.eval_samples} samples. It shows "
+        "that every recipe trains, evaluates and reports; its numbers do not compare the recipes (changes this "
+        "small are within noise, often exactly 0). `regroup demo` is the comparison."
     )
 
 

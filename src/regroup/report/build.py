@@ -40,8 +40,9 @@ def build_report(
     os.makedirs(out_dir, exist_ok=True)
     outcomes = make_plots(groups, rows, os.path.join(out_dir, "plots"), colors)
     found = findings(rows, baseline)
-    for line in eval_set_warnings(rows) if warn is not None else ():
-        warn(line)
+    if warn is not None:
+        for line in eval_set_warnings(rows):
+            warn(line)
     generated = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     dirs = [str(d) for d in run_dirs]
     html_path = os.path.join(out_dir, "report.html")
