@@ -1,26 +1,23 @@
 """A remote service cannot hold a request past its deadline nor flood memory: a server trickling one
-byte every 0.5 s (on a new connection or on a reused keep-alive one), one that never answers, replies of
-8 MB (announced or not), and a Retry-After of 100 s. Each ends in a counted, typed failure; retries and
-capped waits are reported, in the client, the judge's stats and the `regroup rephrase` summary.
+byte every 0.5 s, one that never answers, replies of 8 MB (announced or not), and a Retry-After of
+100 s. Each ends in a counted, typed failure; retries and capped waits are reported, in the client,
+the judge's stats and the `regroup rephrase` summary.
 
 Elapsed times are only bounded by wide margins (a trickled reply would take minutes): what is
 asserted exactly are the counts."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from fake_openai import FakeOpenAI, Hang, Huge, RateLimit, Status, Trickle, completion_json
+from fake_openai import FakeOpenAI, Hang, Huge, RateLimit, Status, Trickle
 
 from regroup.net import ChatClient
 from regroup.rephrase import OpenAIRephraser
@@ -97,61 +94,6 @@ def test_a_hung_server_costs_one_deadline_per_request_in_a_batch(server):
     assert elapsed < WIDE  # ~1 s concurrently; never the 300 s the server hangs
 
 
-class KeepAliveThenTrickle(BaseHTTPRequestHandler):
-    """HTTP/1.1 with keep-alive: the first request on a connection is answered at once, every later one on
-    the same connection trickles its reply one byte every 0.5 s. Records each request's client port."""
-
-    protocol_version = "HTTP/1.1"
-    ports: list[int] = []
-    stop = threading.Event()
-
-    def log_message(self, *args):
-        return
-
-    def do_POST(self):  # http.server's name
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        first_here = self.client_address[1] not in KeepAliveThenTrickle.ports
-        KeepAliveThenTrickle.ports.append(self.client_address[1])
-        body = completion_json("first" if first_here else "late")
-        head = f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-        reply = head.encode() + body
-        try:
-            if first_here:
-                self.wfile.write(reply)
-                return
-            for i in range(len(reply)):
-                if KeepAliveThenTrickle.stop.wait(0.5):
-                    break
-                self.wfile.write(reply[i : i + 1])
-        except OSError:
-            pass  # the client gave up
-        self.close_connection = True
-
-
-def test_a_reused_keep_alive_connection_is_held_to_the_same_deadline():
-    """The pool keeps connections open between calls; the deadline must hold on a reused one too (it ends
-    the task, whatever socket it waits on)."""
-    KeepAliveThenTrickle.ports, KeepAliveThenTrickle.stop = [], threading.Event()
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), KeepAliveThenTrickle)
-    srv.daemon_threads = True
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
-        client = ChatClient(f"http://127.0.0.1:{srv.server_address[1]}/v1", "m", api_key_env=None, timeout_s=1.0)
-        assert client.complete(MSG).text == "first"
-        t0 = time.monotonic()
-        r = client.complete(MSG)
-        elapsed = time.monotonic() - t0
-    finally:
-        KeepAliveThenTrickle.stop.set()
-        srv.shutdown()
-        srv.server_close()
-    assert (r.ok, r.error_kind, r.attempts) == (False, "deadline", 1)
-    ports = KeepAliveThenTrickle.ports
-    assert len(ports) == 2 and ports[0] == ports[1]  # the second call went over the first call's connection
-    assert client.stats["requests"] == 2 and client.stats["deadline_hits"] == 1
-    assert elapsed < WIDE  # ~1 s; the trickled reply would take ~150 s
-
-
 @pytest.mark.parametrize("announce", [True, False])
 def test_an_oversized_reply_is_refused_and_not_retried(server, announce):
     server.queue(Huge(8 * 1024 * 1024, announce=announce))
@@ -182,14 +124,9 @@ def test_retry_after_100_is_capped_counted_and_reported(server):
 def test_a_retry_after_past_the_deadline_ends_the_call_at_once(server, monkeypatch):
     server.queue(RateLimit(100))
     client = client_for(server, timeout_s=1.0, max_backoff_s=20.0)  # a 20 s wait cannot fit in 1 s
-    slept: list[float] = []  # every wait on the network loop (retries' included): the event, not the wall clock
-    real_sleep = asyncio.sleep
-
-    async def recorded_sleep(seconds, *args, **kwargs):
-        slept.append(seconds)
-        return await real_sleep(min(seconds, 0.01), *args, **kwargs)
-
-    monkeypatch.setattr("regroup.net.client.asyncio.sleep", recorded_sleep)
+    slept: list[float] = []  # every sleep the client asks for: the event, not the wall clock
+    real_sleep = time.sleep
+    monkeypatch.setattr("regroup.net.client.time.sleep", lambda s: (slept.append(s), real_sleep(min(s, 0.01))))
     r = client.complete(MSG)
     assert (r.ok, r.error_kind, r.attempts) == (False, "deadline", 1)
     assert r.error.startswith("HTTP 429") and "no time left to retry" in r.error

@@ -1,19 +1,13 @@
-"""A small OpenAI-compatible chat-completions client on httpx2, shared by judge and rewriter.
-
-httpx2, not classic httpx: it is httpx's next major line and the core install already brings it
-(huggingface_hub requires it), so the project carries one HTTP stack, not two. Retries are tenacity's.
+"""A small OpenAI-compatible chat-completions client, standard library only, shared by judge and rewriter.
 
 Retries with capped exponential backoff and jitter on connection errors, timeouts, HTTP 5xx / 408 /
 429 (honouring `Retry-After`, capped), malformed JSON and partial bodies; other 4xx are final. A call
 that still fails returns a failed `Result` instead of raising, so a batch of thousands goes on.
 
 Bounds: `timeout_s` is ONE deadline for the whole call (every attempt, backoff and Retry-After wait
-included). Each attempt is a task on the network loop (`regroup.net.loop`), cancelled when its deadline
-passes wherever it waits (a free connection, connect, TLS, headers, body), so a server trickling one byte
-at a time cannot hold a call longer; httpx's own timeouts bound each read, not a call, and are off.
-`attempt_timeout_s` (default: the same) caps a single attempt, so a hung attempt can leave time for a
-retry. Redirects are not followed. A reply over `max_response_bytes` is refused unread (hand-written:
-httpx has no size cap; `Accept-Encoding: identity`, so what is counted is what is parsed).
+included); a watchdog shuts the socket down when it passes, so a server trickling one byte at a time
+cannot hold a call longer. `attempt_timeout_s` (default: the same) caps a single attempt, so a hung
+attempt can leave time for a retry. A reply over `max_response_bytes` is refused unread.
 
 The API key is read from the environment variable *named* in the config at each call, and is never
 kept on the object: it cannot end up in a repr, a pickle or a config dump. Everything a server sends
@@ -22,25 +16,22 @@ back (reply text, error bodies) passes through `regroup.net.redact` before anyon
 
 from __future__ import annotations
 
-import asyncio
-import functools
+import http.client
 import json
 import logging
 import os
 import random
-import ssl
+import socket
 import threading
 import time
-import weakref
+import urllib.error
+import urllib.request
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-import httpx2
-import tenacity
-
-from regroup.net.loop import run_sync
 from regroup.net.redact import check_key_env_name, clip, redact, remember_secret
 
 log = logging.getLogger(__name__)
@@ -64,8 +55,6 @@ EVENT_COUNTS = (
 ERROR_BODY_BYTES = 64 * 1024  # read this much of an error body (then redact, then cut to ERROR_CHARS)
 ERROR_CHARS = 300
 SNIPPET_CHARS = 80
-# Sent with every request: no compressed reply, so the size cap counts the bytes that are parsed.
-BASE_HEADERS = {"Accept": "application/json", "Accept-Encoding": "identity"}
 
 
 class MissingAPIKeyError(RuntimeError):
@@ -97,10 +86,6 @@ class _AttemptError(Exception):
         return self.kind in RETRYABLE_KINDS
 
 
-def _retryable(exc: BaseException) -> bool:
-    return isinstance(exc, _AttemptError) and exc.retryable
-
-
 def parse_retry_after(value: str | None) -> float | None:
     """Seconds to wait from a `Retry-After` header given in seconds; None when absent or not a number.
 
@@ -127,134 +112,98 @@ def backoff_delay(attempt: int, base_s: float, cap_s: float, rng: random.Random)
     return rng.uniform(delay / 2.0, delay)
 
 
-# -- one HTTP exchange, shared by ChatClient and request_json ------------------------------------------
+# -- the watchdog behind the total deadline -----------------------------------------------------------
 
 
-@functools.cache
-def _tls() -> ssl.SSLContext:
-    """One TLS context per process for every pool: building one loads the system's certificates (~0.2 s)."""
-    return httpx2.create_ssl_context()
+class _Expiry:
+    """Shuts down the sockets of one attempt when its deadline passes.
+
+    A socket timeout only bounds each read; a server sending a byte every half second never trips it.
+    Shutting the socket down from a timer wakes the blocked read wherever it is (connect, TLS, headers,
+    body), and `expired` tells the attempt that the deadline, not the server, ended it.
+    """
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
+        self.expired = False
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._timer: threading.Timer | None = None
+        self._done = False
+
+    def watch(self, sock: socket.socket) -> socket.socket:
+        with self._lock:
+            if self._done:
+                return sock
+            self._sockets.append(sock)
+            if self._timer is None:
+                self._timer = threading.Timer(max(0.0, self.deadline - time.monotonic()), self._fire)
+                self._timer.daemon = True
+                self._timer.start()
+        return sock
+
+    def _fire(self) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self.expired = True
+            for sock in self._sockets:
+                try:
+                    # the plain socket's method, also for TLS sockets: no TLS close handshake
+                    socket.socket.shutdown(sock, socket.SHUT_RDWR)
+                except OSError:
+                    pass  # already closed (or a raw socket handed over to TLS)
+
+    def cancel(self) -> None:
+        with self._lock:
+            self._done = True
+            if self._timer is not None:
+                self._timer.cancel()
 
 
-def _new_http(max_connections: int | None = None) -> httpx2.AsyncClient:
-    """A connection pool that follows no redirect (a POST's key would go along to another address) and has
-    no timeout of its own: the caller's deadline cancels the request. Used on the network loop only."""
-    limits = httpx2.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-    return httpx2.AsyncClient(verify=_tls(), timeout=None, follow_redirects=False, limits=limits)
+def _watched(connection_class: type, expiry: _Expiry) -> Callable[..., http.client.HTTPConnection]:
+    """`connection_class` whose sockets `expiry` watches: the raw one as created (TCP connect, TLS
+    handshake, plain HTTP) and, for HTTPS, the TLS socket that replaces it."""
+
+    class Watched(connection_class):  # a subclass: it sets the private socket factory from inside the class
+        def __init__(self, host: str, **kwargs: Any):
+            super().__init__(host, **kwargs)
+            create = self._create_connection
+            self._create_connection = lambda *a, **k: expiry.watch(create(*a, **k))
+
+        def connect(self) -> None:
+            super().connect()
+            expiry.watch(self.sock)
+
+    return Watched
 
 
-def _close_later(http: httpx2.AsyncClient, loop: asyncio.AbstractEventLoop, pid: int) -> None:
-    """Close a pool that is no longer used, on the loop it was made on (not in a forked child)."""
-    if os.getpid() == pid and loop.is_running():
-        asyncio.run_coroutine_threadsafe(http.aclose(), loop)
+class _WatchedHTTPHandler(urllib.request.HTTPHandler):
+    def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(_watched(http.client.HTTPConnection, req.regroup_expiry), req)
 
 
-def redirect_refusal(status: int, location: str, key: str | None, fix: str) -> str:
-    """The one line for a 3xx, which is never followed: the status, the new address (redacted, cut), why it
-    is not followed, and `fix` (what to set instead)."""
-    where = clip(location, ERROR_CHARS, [key])
+class _WatchedHTTPSHandler(urllib.request.HTTPSHandler):
+    def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(_watched(http.client.HTTPSConnection, req.regroup_expiry), req, context=self._context)
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """Redirects are not followed: a POST would lose its deadline watch (and its body), and the API key
+    would go along to another address. The 3xx surfaces as an HTTP error naming the new address."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # urllib's signature
+        return None
+
+
+def redirect_refusal(exc: urllib.error.HTTPError, key: str | None, fix: str) -> str:
+    """The one line for a 3xx that `_NoRedirect` did not follow: the status, the new address (redacted,
+    cut), why it is not followed, and `fix` (what to set instead)."""
+    where = clip(str(exc.headers.get("Location", "")) if exc.headers else "", ERROR_CHARS, [key])
     return (
-        f"HTTP {status} redirect to {where or 'another address'}: redirects are not followed "
+        f"HTTP {exc.code} redirect to {where or 'another address'}: redirects are not followed "
         f"(the API key would go along); {fix}"
     )
-
-
-async def _status_error(response: httpx2.Response, key: str | None, fix: str) -> _AttemptError:
-    """The error for a reply that is not 2xx: its status, the start of its body (redacted), Retry-After."""
-    status = response.status_code
-    if 300 <= status < 400:
-        return _AttemptError("http_4xx", redirect_refusal(status, response.headers.get("Location", ""), key, fix))
-    raw = b""
-    try:
-        async for chunk in response.aiter_raw():
-            raw += chunk
-            if len(raw) >= ERROR_BODY_BYTES:
-                break
-    except httpx2.HTTPError:  # the error body itself may be cut short; the status is what matters
-        pass
-    detail = clip(" ".join(raw[:ERROR_BODY_BYTES].decode("utf-8", "replace").split()), ERROR_CHARS, [key])
-    message = f"HTTP {status}" + (f": {detail}" if detail else "")
-    retry_after = parse_retry_after(response.headers.get("Retry-After"))
-    if status == 429:
-        return _AttemptError("http_429", message, retry_after)
-    if status == 408:
-        return _AttemptError("http_408", message, retry_after)
-    if status >= 500:
-        return _AttemptError("http_5xx", message, retry_after)
-    return _AttemptError("http_4xx", message)
-
-
-async def _read_capped(response: httpx2.Response, cap: int) -> bytes:
-    """The whole body, refusing one over `cap` bytes (announced or actually sent)."""
-    announced = response.headers.get("Content-Length", "").strip()
-    expected = int(announced) if announced.isdigit() else None
-    if expected is not None and expected > cap:
-        raise _AttemptError("oversize", f"reply of {expected} bytes is over the {cap}-byte limit")
-    chunks: list[bytes] = []
-    got = 0
-    cut = False
-    try:
-        async for chunk in response.aiter_raw():
-            got += len(chunk)
-            if got > cap:
-                raise _AttemptError("oversize", f"reply is over the {cap}-byte limit")
-            chunks.append(chunk)
-    except httpx2.TransportError:  # the connection ended inside the body
-        cut = True
-    if cut or (expected is not None and got < expected):
-        of = f" of {expected}" if expected is not None else ""
-        raise _AttemptError("partial", f"partial body: got {got}{of} bytes before the connection ended")
-    return b"".join(chunks)
-
-
-async def _exchange(
-    http: httpx2.AsyncClient,
-    method: str,
-    url: str,
-    data: bytes | None,
-    headers: dict[str, str],
-    key: str | None,
-    cap: int,
-    fix: str,
-) -> bytes:
-    """One request and its whole 2xx body; every failure is an `_AttemptError` of its kind."""
-    try:
-        async with http.stream(method, url, content=data, headers=headers) as response:
-            if not response.is_success:
-                raise await _status_error(response, key, fix)
-            return await _read_capped(response, cap)
-    except httpx2.HTTPError as exc:  # refused, dropped before a reply, protocol garbage: never a crash
-        raise _AttemptError("connection", f"connection failed: {redact(_reason(exc), [key])}") from None
-
-
-def _reason(exc: BaseException) -> str:
-    """What went wrong, with the innermost cause httpx wrapped: "All connection attempts failed" alone does
-    not say that the connection was refused."""
-    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    root = exc
-    for _ in range(8):  # httpx -> httpcore -> anyio -> the OS error, chained as cause or context
-        inner = root.__cause__ or root.__context__
-        if inner is None:
-            break
-        root = inner
-    if getattr(root, "exceptions", None):  # an exception group: one failure per address tried
-        root = root.exceptions[0]  # type: ignore[attr-defined]
-    return text if root is exc or str(root) in text else f"{text} ({type(root).__name__}: {root})"
-
-
-def _parse_body(body: bytes, key: str | None) -> str:
-    try:
-        data = json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        snippet = clip(body.decode("utf-8", "replace"), SNIPPET_CHARS, [key])  # redacted before it is cut
-        raise _AttemptError("malformed", f"response is not valid JSON ({len(body)} bytes): {snippet!r}") from None
-    try:
-        content = data["choices"][0]["message"]["content"]
-    except (KeyError, IndexError, TypeError):
-        raise _AttemptError("malformed", "response JSON has no choices[0].message.content") from None
-    if not isinstance(content, str):
-        raise _AttemptError("malformed", f"choices[0].message.content is {type(content).__name__}, not a string")
-    return redact(content, [key])  # a reply quoting the key must not carry it into a cache
 
 
 class ChatClient:
@@ -294,6 +243,7 @@ class ChatClient:
             raise ValueError("model must be a non-empty model name")
         api_key_env = api_key_env or None  # "" like None: a server without authentication, no header sent
         check_key_env_name(api_key_env, "api_key_env")
+        api_key_env = api_key_env or None  # "" means no authentication, as None does
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         if attempt_timeout_s is not None and not attempt_timeout_s > 0:
@@ -330,9 +280,8 @@ class ChatClient:
         self._url = (
             self.base_url if self.base_url.endswith("/chat/completions") else self.base_url + "/chat/completions"
         )
-        self._http = _new_http(self.concurrency)  # made here, not on the loop (where it is used): no wait there
-        self._http_pid = os.getpid()
-        self._http_closer: weakref.finalize | None = None
+        self._opener = urllib.request.build_opener(_WatchedHTTPHandler, _WatchedHTTPSHandler, _NoRedirect)
+        self._slots = threading.BoundedSemaphore(self.concurrency)  # bound across all callers
         self._rng = random.Random()
         self._stats_lock = threading.Lock()
         self._counts: Counter[str] = Counter()
@@ -424,95 +373,117 @@ class ChatClient:
             self._counts[name] += n
             self._since_pop[name] += n
 
-    # -- one call: attempts retried by tenacity within the deadline ---------------------------------
-    def _http_client(self) -> httpx2.AsyncClient:
-        """This client's connection pool, `concurrency` connections at most across all callers (on the network
-        loop; a forked child makes its own: the parent's connections are not its to use)."""
-        if self._http_pid != os.getpid():
-            self._http, self._http_pid, self._http_closer = _new_http(self.concurrency), os.getpid(), None
-        if self._http_closer is None:
-            loop = asyncio.get_running_loop()
-            self._http_closer = weakref.finalize(self, _close_later, self._http, loop, os.getpid())
-            self._http_closer.atexit = False
-        return self._http
-
-    async def _call(self, payload: bytes) -> Result:
-        self._count("calls")
-        deadline = time.monotonic() + self.timeout_s
-        retrying = tenacity.AsyncRetrying(
-            retry=tenacity.retry_if_exception(_retryable),
-            stop=tenacity.stop_after_attempt(self.max_retries + 1) | tenacity.stop_before_delay(self.timeout_s),
-            wait=self._wait,
-            before_sleep=self._before_sleep,
-            reraise=True,
-        )
-        try:
-            text: str = await retrying(self._attempt, payload, deadline)
-        except _AttemptError as err:  # final: not retryable, no retry left, or no time left to wait for one
-            attempts = retrying.statistics["attempt_number"]
-            kind, message = err.kind, err.message
-            if err.retryable and attempts <= self.max_retries:
-                kind = "deadline"
-                message = f"{err.message}; no time left to retry within the {self.timeout_s:g} s deadline"
-            if kind == "deadline":
-                self._count("deadline_hits")
-            return self._fail(kind, message, attempts)
-        self._count("ok")
-        return Result(True, text, None, retrying.statistics["attempt_number"])
-
-    def _wait(self, state: tenacity.RetryCallState) -> float:
-        """Seconds before the next attempt: the server's Retry-After (capped at max_backoff_s, counted), else
-        the jittered backoff. tenacity asks before it checks the deadline, as the counts expect."""
-        err = state.outcome.exception() if state.outcome is not None else None
-        if state.attempt_number > self.max_retries or not isinstance(err, _AttemptError):
-            return 0.0  # no retry follows: nothing to wait for, nothing to count
-        if err.retry_after is not None:
-            self._count("retry_after_waits")
-            if err.retry_after > self.max_backoff_s:
-                self._count("retry_after_capped")
-            return min(err.retry_after, self.max_backoff_s)
-        return backoff_delay(state.attempt_number, self.backoff_s, self.max_backoff_s, self._rng)
-
-    def _before_sleep(self, state: tenacity.RetryCallState) -> None:
-        self._count("retries")
-        err = state.outcome.exception() if state.outcome is not None else None
-        log.debug("chat attempt %d failed (%s); retrying in %.2f s", state.attempt_number, err, state.upcoming_sleep)
-
-    async def _attempt(self, payload: bytes, deadline: float) -> str:
-        """One HTTP attempt within its own limit and the call's deadline; every failure counted by kind."""
-        try:
-            return await self._timed_attempt(payload, deadline)
-        except _AttemptError as err:
-            with self._stats_lock:
-                self._errors[err.kind] += 1
-            if err.kind == "oversize":
-                self._count("oversize")
-            raise
-
-    async def _timed_attempt(self, payload: bytes, deadline: float) -> str:
+    # -- one HTTP attempt --------------------------------------------------------------------------
+    def _attempt(self, payload: bytes, deadline: float) -> str:
         key = self._api_key()
         now = time.monotonic()
         if now >= deadline:
             raise _AttemptError("deadline", f"no complete answer within the {self.timeout_s:g} s deadline")
         per_attempt = self.attempt_timeout_s if self.attempt_timeout_s is not None else self.timeout_s
         attempt_deadline = min(deadline, now + per_attempt)
-        headers = {**BASE_HEADERS, "Content-Type": "application/json"}
+        ends_call = attempt_deadline >= deadline  # cut by the call's deadline, not just this attempt's
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if key:
             headers["Authorization"] = f"Bearer {key}"
-        self._count("requests")
-        fix = "set base_url to the final address"
-        exchange = _exchange(
-            self._http_client(), "POST", self._url, payload, headers, key, self.max_response_bytes, fix
-        )
+        request = urllib.request.Request(self._url, data=payload, headers=headers, method="POST")
+        expiry = _Expiry(attempt_deadline)
+        request.regroup_expiry = expiry  # read by the watched handlers above
+        if not self._slots.acquire(timeout=attempt_deadline - now):
+            raise self._expired(ends_call, per_attempt, "waiting for a free connection")
         try:
-            body = await asyncio.wait_for(exchange, attempt_deadline - now)
-        except asyncio.TimeoutError:
-            if attempt_deadline >= deadline:  # cut by the call's deadline, not just this attempt's
-                raise _AttemptError(
-                    "deadline", f"no complete answer within the {self.timeout_s:g} s deadline"
-                ) from None
-            raise _AttemptError("timeout", f"no complete answer within {per_attempt:g} s") from None
-        return _parse_body(body, key)
+            self._count("requests")
+            with self._opener.open(request, timeout=max(1e-3, attempt_deadline - time.monotonic())) as response:
+                body = self._read_capped(response)
+        except urllib.error.HTTPError as exc:
+            error = self._http_error(exc, key)
+            if expiry.expired:
+                raise self._expired(ends_call, per_attempt) from None
+            raise error from None
+        except _AttemptError as err:  # oversize, or a body cut short: by the server, or by the watchdog
+            if expiry.expired:
+                raise self._expired(ends_call, per_attempt) from None
+            raise err from None
+        except Exception as exc:  # every transport failure becomes a kind, never a crash
+            if expiry.expired or _is_timeout(exc):
+                raise self._expired(ends_call, per_attempt) from None
+            raise self._transport_error(exc, key) from None
+        finally:
+            expiry.cancel()
+            self._slots.release()
+        if expiry.expired:  # the watchdog fired between the last byte and its cancel
+            raise self._expired(ends_call, per_attempt)
+        return self._parse_body(body, key)
+
+    def _expired(self, ends_call: bool, per_attempt: float, where: str = "") -> _AttemptError:
+        during = f" ({where})" if where else ""
+        if ends_call:
+            return _AttemptError("deadline", f"no complete answer within the {self.timeout_s:g} s deadline{during}")
+        return _AttemptError("timeout", f"no complete answer within {per_attempt:g} s{during}")
+
+    def _read_capped(self, response: http.client.HTTPResponse) -> bytes:
+        """The whole body, refusing one over `max_response_bytes` (announced or actually sent)."""
+        cap = self.max_response_bytes
+        announced = response.headers.get("Content-Length")
+        expected = int(announced) if announced and announced.strip().isdigit() else None
+        if expected is not None and expected > cap:
+            raise _AttemptError("oversize", f"reply of {expected} bytes is over the {cap}-byte limit")
+        chunks: list[bytes] = []
+        got = 0
+        while True:
+            chunk = response.read(min(65536, cap + 1 - got))
+            if not chunk:
+                break
+            got += len(chunk)
+            if got > cap:
+                raise _AttemptError("oversize", f"reply is over the {cap}-byte limit")
+            chunks.append(chunk)
+        if expected is not None and got < expected:
+            raise _AttemptError("partial", f"partial body: got {got} of {expected} bytes before the connection ended")
+        return b"".join(chunks)
+
+    @staticmethod
+    def _transport_error(exc: BaseException, key: str | None) -> _AttemptError:
+        if isinstance(exc, http.client.IncompleteRead):
+            return _AttemptError("partial", f"partial body: got {len(exc.partial)} bytes before the connection ended")
+        if isinstance(exc, urllib.error.URLError):
+            return _AttemptError("connection", f"connection failed: {redact(str(exc.reason), [key])}")
+        # Dropped connections (RemoteDisconnected, resets) and protocol garbage.
+        return _AttemptError("connection", f"connection failed: {type(exc).__name__}: {redact(str(exc), [key])}")
+
+    def _http_error(self, exc: urllib.error.HTTPError, key: str | None) -> _AttemptError:
+        status = exc.code
+        try:
+            detail = exc.read(ERROR_BODY_BYTES).decode("utf-8", "replace")
+        except Exception:  # the error body itself may be cut short; the status is what matters
+            detail = ""
+        retry_after = parse_retry_after(exc.headers.get("Retry-After") if exc.headers else None)
+        exc.close()
+        detail = clip(" ".join(detail.split()), ERROR_CHARS, [key])  # redacted before it is cut
+        message = f"HTTP {status}" + (f": {detail}" if detail else "")
+        if 300 <= status < 400:
+            message = redirect_refusal(exc, key, "set base_url to the final address")
+        if status == 429:
+            return _AttemptError("http_429", message, retry_after)
+        if status == 408:
+            return _AttemptError("http_408", message, retry_after)
+        if status >= 500:
+            return _AttemptError("http_5xx", message, retry_after)
+        return _AttemptError("http_4xx", message)
+
+    @staticmethod
+    def _parse_body(body: bytes, key: str | None) -> str:
+        try:
+            data = json.loads(body.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            snippet = clip(body.decode("utf-8", "replace"), SNIPPET_CHARS, [key])  # redacted before it is cut
+            raise _AttemptError("malformed", f"response is not valid JSON ({len(body)} bytes): {snippet!r}") from None
+        try:
+            content = data["choices"][0]["message"]["content"]
+        except (KeyError, IndexError, TypeError):
+            raise _AttemptError("malformed", "response JSON has no choices[0].message.content") from None
+        if not isinstance(content, str):
+            raise _AttemptError("malformed", f"choices[0].message.content is {type(content).__name__}, not a string")
+        return redact(content, [key])  # a reply quoting the key must not carry it into a cache
 
     # -- public calls ------------------------------------------------------------------------------
     def _payload(
@@ -551,7 +522,7 @@ class ChatClient:
         """Send one chat request, retrying transient faults within `timeout_s` in all; returns the reply
         text or a failure record. `extra_body` adds request fields for this call (over the client's own).
         Raises only for caller errors (malformed `messages`, missing API key)."""
-        return run_sync(self._call(self._payload(messages, temperature, max_tokens, extra_body)))
+        return self._run(self._payload(messages, temperature, max_tokens, extra_body))
 
     def _fail(self, kind: str, message: str, attempts: int) -> Result:
         with self._stats_lock:
@@ -560,6 +531,43 @@ class ChatClient:
             self._final_failures[kind] += 1
         log.debug("chat call failed after %d attempt(s): %s", attempts, message)
         return Result(False, None, message, attempts, kind)
+
+    def _run(self, payload: bytes) -> Result:
+        self._count("calls")
+        deadline = time.monotonic() + self.timeout_s
+        attempts = 0
+        while True:
+            attempts += 1
+            try:
+                text = self._attempt(payload, deadline)
+            except _AttemptError as err:
+                with self._stats_lock:
+                    self._errors[err.kind] += 1
+                if err.kind == "deadline":
+                    self._count("deadline_hits")
+                    return self._fail(err.kind, err.message, attempts)
+                if err.kind == "oversize":
+                    self._count("oversize")
+                if not err.retryable or attempts > self.max_retries:
+                    return self._fail(err.kind, err.message, attempts)
+                if err.retry_after is not None:
+                    # Honour the server's Retry-After, capped so one bad header cannot stall a run.
+                    delay = min(err.retry_after, self.max_backoff_s)
+                    self._count("retry_after_waits")
+                    if err.retry_after > self.max_backoff_s:
+                        self._count("retry_after_capped")
+                else:
+                    delay = backoff_delay(attempts, self.backoff_s, self.max_backoff_s, self._rng)
+                if time.monotonic() + delay >= deadline:
+                    self._count("deadline_hits")
+                    message = f"{err.message}; no time left to retry within the {self.timeout_s:g} s deadline"
+                    return self._fail("deadline", message, attempts)
+                self._count("retries")
+                log.debug("chat attempt %d failed (%s: %s); retrying in %.2f s", attempts, err.kind, err.message, delay)
+                time.sleep(delay)
+                continue
+            self._count("ok")
+            return Result(True, text, None, attempts)
 
     def complete_many(
         self,
@@ -570,9 +578,8 @@ class ChatClient:
         on_result: Callable[[int, Result], None] | None = None,
         extra_body: Mapping[str, Any] | None = None,
     ) -> list[Result]:
-        """Run `complete` over every message list, `concurrency` at a time (a call's deadline starts when it
-        does); results keep the order of `requests`. `on_result(index, result)` is called as each finishes
-        (e.g. a progress bar).
+        """Run `complete` over every message list on a pool of `concurrency` threads; results keep the
+        order of `requests`. `on_result(index, result)` is called as each finishes (e.g. a progress bar).
         """
         self._api_key()  # a missing key is a setup error: say so once, before any request is sent
         payloads: list[bytes] = []
@@ -583,50 +590,25 @@ class ChatClient:
         if not payloads:
             return []
 
-        return run_sync(self._call_many(payloads, on_result))
+        def run(i: int) -> Result:
+            result = self._run(payloads[i])
+            if on_result is not None:
+                on_result(i, result)
+            return result
 
-    async def _call_many(self, payloads: list[bytes], on_result: Callable[[int, Result], None] | None) -> list[Result]:
-        """`concurrency` workers on the network loop, each taking the next request when its call ends."""
-        results: list[tuple[int, Result]] = []
-        todo = iter(range(len(payloads)))
+        workers = min(self.concurrency, len(requests))
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="regroup-chat") as pool:
+            return list(pool.map(run, range(len(requests))))
 
-        async def worker() -> None:
-            for i in todo:  # one iterator shared by the workers: each request is taken once
-                result = await self._call(payloads[i])
-                results.append((i, result))
-                if on_result is not None:
-                    on_result(i, result)
 
-        await asyncio.gather(*(worker() for _ in range(min(self.concurrency, len(payloads)))))
-        return [result for _, result in sorted(results, key=lambda pair: pair[0])]
+def _is_timeout(exc: BaseException) -> bool:
+    return isinstance(exc, TimeoutError) or (
+        isinstance(exc, urllib.error.URLError) and isinstance(exc.reason, TimeoutError)
+    )
 
 
 class RequestError(RuntimeError):
     """One JSON request (`request_json`) failed: the server is down, answered an error, or ran past the deadline."""
-
-
-_shared_http: tuple[int, httpx2.AsyncClient] | None = None  # request_json's pool: (pid, pool)
-
-
-def _request_http() -> httpx2.AsyncClient:
-    """request_json's connection pool, one per process (used on the network loop)."""
-    global _shared_http
-    if _shared_http is None or _shared_http[0] != os.getpid():
-        _shared_http = (os.getpid(), _new_http())
-    return _shared_http[1]
-
-
-async def _request(
-    url: str, data: bytes | None, headers: dict[str, str], key: str | None, timeout_s: float, cap: int
-) -> bytes:
-    method = "GET" if data is None else "POST"
-    exchange = _exchange(_request_http(), method, url, data, headers, key, cap, "use the final address")
-    try:
-        return await asyncio.wait_for(exchange, timeout_s)
-    except asyncio.TimeoutError:
-        raise RequestError(f"{url}: no complete answer within the {timeout_s:g} s deadline") from None
-    except _AttemptError as err:
-        raise RequestError(f"{url}: {err.message}") from None
 
 
 def request_json(
@@ -638,23 +620,47 @@ def request_json(
     max_response_bytes: int = 64 * 1024 * 1024,
 ) -> Any:
     """POST `body` as JSON to `url` (GET when `body` is None) and return the decoded JSON reply (None for an
-    empty one), within ONE deadline of `timeout_s` kept as `ChatClient` keeps it (a server that trickles
-    bytes cannot hold it longer). No retries: the caller (a rollout step) fails fast.
+    empty one), within ONE deadline of `timeout_s` enforced by the same watchdog as `ChatClient` (a server
+    that trickles bytes cannot hold it longer). No retries: the caller (a rollout step) fails fast.
 
     Raises `RequestError` with one line naming the URL and what went wrong (connection refused, HTTP
-    status with the server's detail, deadline, bad JSON, a reply over `max_response_bytes`); the key is
-    redacted from anything quoted. Redirects are refused, as `ChatClient` refuses them: the key is never
-    sent to the new address.
+    status with the server's detail, deadline, bad JSON); the key is redacted from anything quoted.
+    Redirects are refused, as `ChatClient` refuses them: the key is never sent to the new address.
     """
     data = None if body is None else json.dumps(body).encode("utf-8")
-    headers = dict(BASE_HEADERS)
+    headers = {"Accept": "application/json"}
     if data is not None:
         headers["Content-Type"] = "application/json"
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
         remember_secret(api_key)
-    _request_http()  # made here on first use, not on the loop
-    raw = run_sync(_request(url, data, headers, api_key, timeout_s, max_response_bytes))
+    request = urllib.request.Request(url, data=data, headers=headers, method="GET" if data is None else "POST")
+    expiry = _Expiry(time.monotonic() + timeout_s)
+    request.regroup_expiry = expiry
+    # Redirects are refused as the chat client refuses them: never the key (or the body) to a new address.
+    opener = urllib.request.build_opener(_WatchedHTTPHandler, _WatchedHTTPSHandler, _NoRedirect)
+    try:
+        with opener.open(request, timeout=timeout_s) as response:
+            raw = response.read(max_response_bytes + 1)
+    except urllib.error.HTTPError as exc:
+        if 300 <= exc.code < 400:
+            exc.close()
+            raise RequestError(f"{url}: {redirect_refusal(exc, api_key, 'use the final address')}") from None
+        detail = exc.read(ERROR_BODY_BYTES).decode("utf-8", "replace") if exc.fp else ""
+        exc.close()
+        detail = clip(" ".join(detail.split()), ERROR_CHARS, [api_key])
+        raise RequestError(f"{url}: HTTP {exc.code}" + (f": {detail}" if detail else "")) from None
+    except Exception as exc:  # every transport failure becomes one line
+        if expiry.expired or _is_timeout(exc):
+            raise RequestError(f"{url}: no complete answer within the {timeout_s:g} s deadline") from None
+        reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+        raise RequestError(f"{url}: connection failed: {redact(str(reason), [api_key])}") from None
+    finally:
+        expiry.cancel()
+    if expiry.expired:
+        raise RequestError(f"{url}: no complete answer within the {timeout_s:g} s deadline")
+    if len(raw) > max_response_bytes:
+        raise RequestError(f"{url}: reply is over the {max_response_bytes}-byte limit")
     if not raw.strip():
         return None
     try:
