@@ -660,6 +660,8 @@ RESUME_OVERRIDABLE = (
     "rollout.vllm_server_api_key_env",
     "rollout.vllm_server_timeout_s",
     "rollout.vllm_server_sync_dir",
+    # how long the learner waits for the async engine: a deadline, no part of the saved in-flight batches
+    "rollout.async_timeout_s",
     # where the judge and the rewriter are, and which variable holds their key: like the vLLM server's, a
     # server's address is no part of what the run learned (the judge's scores are cached by model and text)
     "mask.scorer.base_url",
