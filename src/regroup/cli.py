@@ -232,10 +232,23 @@ def _check_resume_config(run_dir: Path, cfg) -> str | None:
     """Refuse a resume whose config.yaml was edited outside RESUME_OVERRIDABLE since the newest checkpoint
     (the trainer checks again against the checkpoint it actually loads). Returns the line saying what a
     changed `train.steps` does to the lr schedule (None: nothing changes)."""
-    from regroup.runtime.checkpoint import check_resume_config, checkpoint_step, newest_run_config  # heavy (torch)
+    from regroup.runtime.checkpoint import (  # heavy (torch)
+        check_resume_config,
+        check_resume_length,
+        checkpoint_step,
+        newest_run_config,
+    )
 
+    if not cfg.train.epochs:  # train.epochs: the length depends on the data, checked once it is read
+        check_resume_length(run_dir, cfg.train.steps)
     found = newest_run_config(run_dir)
-    if found is None or found[1] is None:
+    if found is None:
+        return None
+    if cfg.rollout.async_steps:
+        from regroup.rollout.inflight import check_checkpoint_inflight  # torch: only a resume of an async run
+
+        check_checkpoint_inflight(found[0], cfg.rollout.async_steps)
+    if found[1] is None:
         return None
     check_resume_config(found[0], found[1], cfg.to_dict(), str(run_dir / "config.yaml"))
     old_steps = (found[1].get("train") or {}).get("steps")

@@ -105,8 +105,9 @@ def install_probe(phase_file: str | os.PathLike) -> Callable[[str], None]:
 
     def p_resume(self):
         mark("resume")
-        resume(self)
+        out = resume(self)  # the line saying where the run goes on from, logged by __init__
         mark(f"resumed {self.step}")
+        return out
 
     def p_save(run_dir, step, *a, **k):
         mark(f"checkpoint {step}")

@@ -4,7 +4,9 @@ boundary; faults are one line within the deadline and nothing partial is handed 
 
 from __future__ import annotations
 
+import math
 import random
+import re
 import threading
 import time
 
@@ -12,9 +14,11 @@ import pytest
 import torch
 
 from regroup.batch import Sample
+from regroup.errors import ConfigError
 from regroup.rollout.base import Completion, SamplingParams
 from regroup.rollout.producer import AsyncProducer, batch_version
 from regroup.rollout.versions import AsyncRolloutError, VersionedEngine
+from regroup.runtime.checkpoint import CheckpointError
 from regroup.stages.base import StepBatch
 
 PARAMS = SamplingParams(1.0, 1.0, max_new_tokens=4, n=1)
@@ -83,6 +87,7 @@ def make(lag, total, *, delay=0.0, timeout_s=60.0, fault=None):
                     policy_version=c.policy_version,
                 )
             )
+        batch.advantages = torch.zeros(len(batch.samples))  # [B] the trainer's stages always set them
         return batch, {"tokens/generated": 2.0}
 
     return AsyncProducer(collect, versioned, lag, total, timeout_s=timeout_s), versioned, engine
@@ -200,7 +205,7 @@ def test_checkpoint_pause_holds_exactly_the_batches_versions_older_than_the_chec
     assert all(b["version"] == batch_version(b["batch"]["step"], lag) for b in state["batches"])
 
     resumed, _, _ = make(lag, total)
-    resumed.load_state_dict(state)
+    resumed.load_state_dict(state, 3)
     model = Model()
     model.value = 3  # the checkpoint's weights are version 3
     try:
@@ -280,7 +285,105 @@ def test_inflight_state_is_plain_and_loads_with_weights_only(tmp_path):
     torch.save(state, tmp_path / "s.pt")
     back = torch.load(tmp_path / "s.pt", weights_only=True)
     again, _, _ = make(1, 4)
-    again.load_state_dict(back)
+    again.load_state_dict(back, 2)
     batch, metrics = again.take(2, model)  # handed over without the engine drawing anything
     assert [s.response_ids for s in batch.samples] == [[1], [1]] and metrics["rollout/policy_version"] == 1
     again.close()
+
+
+@pytest.mark.parametrize("lag", [1, 2, 3])
+def test_a_resume_with_more_steps_from_a_checkpoint_near_the_end_goes_on(lag):
+    """A checkpoint at, or within k of, the end holds no batch past the end; resumed with more steps, the
+    producer draws those with the checkpoint's weights (the older versions are gone), the rest at lag k.
+    Before, it waited for version t − k, which no one publishes after a resume, until async_timeout_s."""
+    total, more = 5, 8
+    for at in range(total - lag, total + 1):  # the checkpoint at `at`, k steps from the end or nearer
+        producer, _, _ = make(lag, total)
+        model = Model()
+        states = {}
+
+        def checkpoint(step, producer=producer, states=states, at=at):
+            if step == at:
+                with producer.paused(step):
+                    states[step] = producer.state_dict()
+
+        try:
+            learn(producer, model, total, on_step=checkpoint)
+        finally:
+            producer.close()
+        state = states[at]
+        held = [b["batch"]["step"] for b in state["batches"]]
+        assert held == list(range(at, total))  # nothing past the old end was drawn
+
+        resumed, _, _ = make(lag, more, timeout_s=30.0)
+        resumed.load_state_dict(state, at)
+        model = Model()
+        model.value = at  # the checkpoint's weights are version `at`
+        try:
+            seen = learn(resumed, model, more, start=at)
+        finally:
+            resumed.close()
+        assert [step for step, _, _ in seen] == list(range(at, more))  # every step trained, counted
+        versions = {step: tokens[0] for step, tokens, _ in seen}
+        for step in range(at, more):
+            expected = max(0, step - lag) if step < total else max(at, step - lag)
+            assert versions[step] == expected, (at, step, versions)
+        assert resumed.drawn == [(t, max(at, t - lag)) for t in range(total, more)]
+
+
+def test_taking_a_batch_the_producer_is_past_is_one_line_at_once():
+    producer, _, _ = make(1, 4, timeout_s=600.0)
+    model = Model()
+    try:
+        producer.take(0, model)
+        with pytest.raises(AsyncRolloutError, match="no rollout batch for step 1: the producer is past it"):
+            producer.take(0, model)  # not a wait of async_timeout_s: the batch will never come
+    finally:
+        producer.close()
+
+
+def _held_state():
+    """The in-flight state of a checkpoint at step 2 of a lag-1 run: batch 2 (0-based), drawn by version 1."""
+    producer, _, _ = make(1, 4)
+    model = Model()
+    try:
+        learn(producer, model, 2)
+        with producer.paused(2):
+            return producer.state_dict()
+    finally:
+        producer.close()
+
+
+def _sample(state):
+    return state["batches"][0]["batch"]["samples"][0]
+
+
+@pytest.mark.parametrize(
+    "edit, words",
+    [
+        (lambda s: _sample(s).update(response_ids=torch.tensor([-3])), "response_ids holds token id -3"),
+        (
+            lambda s: _sample(s).update(response_ids=torch.tensor([99])),
+            "token id 99, outside the model's vocabulary of 50",
+        ),
+        (lambda s: _sample(s).update(problem=-1), "problem is -1, not an index into the batch's 0 problems"),
+        (lambda s: _sample(s).update(behaviour_logps=torch.tensor([math.inf])), "holds a log-prob of +inf"),
+        (lambda s: _sample(s).update(behaviour_logps=torch.tensor([-1.0, -1.0])), "has 2 log-probs for 1 tokens"),
+        (lambda s: _sample(s).update(reward="high"), "reward is a str"),
+        (lambda s: _sample(s).pop("group_id"), "samples[0] has no group_id"),
+        (lambda s: _sample(s).update(policy_version=0), "holds samples drawn by version 0, not 1"),
+        (lambda s: s["batches"][0]["metrics"].update(x="y"), "batches[0].metrics are not numbers by name"),
+        (lambda s: s.update(next_step=9), "next_step is 9, not 2..3 (a checkpoint at step 2)"),
+        (lambda s: s["batches"].append(s["batches"][0]), "holds 2 batches, not the 1 its next_step (3) says"),
+        (lambda s: s.update(format=7), "have format 7, not 1"),
+        (lambda s: s.update(lag=2), "were drawn with rollout.async_steps=2, not 1"),
+    ],
+)
+def test_hand_edited_inflight_state_is_refused_in_one_line(edit, words):
+    state = _held_state()
+    edit(state)
+    fresh, _, _ = make(1, 4)
+    with pytest.raises((CheckpointError, ConfigError), match=re.escape(words)) as refused:
+        fresh.load_state_dict(state, 2, vocab_size=50)
+    assert "\n" not in str(refused.value)
+    fresh.close()

@@ -128,7 +128,7 @@ class RolloutConfig(Section):
     """pi_old of the loss under async_steps: decoupled (AReaL): the learner's own log-probs before the update (the
     proximal policy) clip the ratio, and tis_cap / is_mode / is_min weigh pi_prox/pi_behaviour; behaviour: the
     engine's log-probs are pi_old (PPO ratio against the sampler itself; tis_cap must be 0)."""
-    async_timeout_s: float = F(1800.0, gt=0.0, le=86400.0)
+    async_timeout_s: float = F(1800.0, gt=0.0, le=86400.0, resume=True)
     """Async: the longest the learner waits for the engine's next batch (or a checkpoint for it) before it stops with
     one line."""
     logprob_gap_warn: float = F(1.0, gt=0.0, le=1000.0)

@@ -5,8 +5,9 @@ its thread and hands complete `StepBatch`es, each stamped with the policy versio
 same trainer loop, which only updates.
 
 Schedule (verl's one-step-off, NeMo-RL's `max_trajectory_age_steps`): batch t is drawn by policy version
-`max(0, t − k)` EXACTLY, version v being the weights after v updates. The lag is fixed, not "whatever
-is newest", so a run is deterministic given its seeds however fast the engine or the learner is:
+`max(r, t − k)` EXACTLY, version v being the weights after v updates and r the step the process started
+from (0, or the checkpoint's step at a resume). The lag is fixed, not "whatever is newest", so a run is
+deterministic given its seeds however fast the engine or the learner is:
 
 ```
 learner   update(0)      update(1)      update(2) ...        k = 1
@@ -22,7 +23,10 @@ producer  draw(1) by v0 │ load v1, draw(2) │ load v2, draw(3) ...
   after batch in order, so it is the same sequence of states as in a synchronous run.
 - Checkpoints (`paused` + `state_dict`): the producer is held at a batch boundary once it has drawn every
   batch whose version is older than the checkpoint's, so the resumed run needs no weights but the
-  checkpoint's; the drawn batches not yet trained on are saved whole (`rollout.inflight`).
+  checkpoint's; the drawn batches not yet trained on are saved whole (`rollout.inflight`). A checkpoint
+  within k steps of the run's end holds no batch past the end, so a resume with more `train.steps` draws
+  the batches up to step r + k − 1 it lacks with the checkpoint's weights (version r, a lag under k): the
+  versions older than r are gone, and r is the floor of the schedule for that reason.
 - Faults: an engine error, a malformed reply or no batch within `rollout.async_timeout_s` is one line
   (`AsyncRolloutError`, exit 2) on the learner's thread; a failed batch is never handed over, so nothing
   partial is trained on and no checkpoint is written after it.
@@ -72,9 +76,10 @@ def check_async_config(cfg, *, ratio_on_original: bool) -> None:
         )
 
 
-def batch_version(step: int, lag: int) -> int:
-    """The policy version that draws batch `step` under a lag of `lag` updates."""
-    return max(0, step - lag)
+def batch_version(step: int, lag: int, start: int = 0) -> int:
+    """The policy version that draws batch `step` under a lag of `lag` updates, in a process that started
+    (or resumed) at step `start`: no version older than `start` exists there."""
+    return max(start, step - lag)
 
 
 class AsyncProducer:
@@ -105,6 +110,8 @@ class AsyncProducer:
         self._snapshots: dict[int, WeightSnapshot] = {}
         self._ready: dict[int, tuple] = {}  # step -> (batch, metrics, version)
         self._next = 0
+        self._start = 0
+        """The step this process started from: the oldest version it ever publishes (`batch_version`)."""
         self._allowed = -1
         """The last batch the producer may draw: the step last taken + k (see `take`)."""
         self._busy = False
@@ -132,6 +139,7 @@ class AsyncProducer:
             return
         self.publish(step, model)
         with self._cv:
+            self._start = step
             self._next = max(self._next, step)
         self._thread = threading.Thread(target=self._run, name="regroup-rollout-producer", daemon=True)
         self._thread.start()
@@ -148,6 +156,10 @@ class AsyncProducer:
             self._cv.notify_all()
             while step not in self._ready:
                 self._raise_if_failed()
+                if step < self._next:  # drawn and handed over already, or never held: waiting cannot help
+                    raise AsyncRolloutError(
+                        f"no rollout batch for step {step + 1}: the producer is past it (at step {self._next + 1})"
+                    )
                 waited = time.monotonic() - t0
                 if waited >= self.timeout_s:
                     raise AsyncRolloutError(
@@ -227,14 +239,11 @@ class AsyncProducer:
             ready = [self._ready[s] for s in sorted(self._ready)]
             return inflight_state(self.lag, self._next, ready)
 
-    def load_state_dict(self, state: dict | None) -> None:
-        if not state:
+    def load_state_dict(self, state: dict | None, step: int, vocab_size: int | None = None) -> None:
+        """The in-flight batches of a checkpoint at `step` (checked: `rollout.inflight.load_inflight`)."""
+        if state is None:
             return
-        lag, next_step, ready = load_inflight(state)
-        if lag != self.lag:
-            raise ConfigError(
-                f"the checkpoint's in-flight batches were drawn with rollout.async_steps={lag}, not {self.lag}"
-            )
+        next_step, ready = load_inflight(state, step=step, lag=self.lag, vocab_size=vocab_size)
         with self._cv:
             self._next = next_step
             self._ready = {batch.step: (batch, metrics, version) for batch, metrics, version in ready}
@@ -248,7 +257,7 @@ class AsyncProducer:
                     if self._stop:
                         return
                     if self._next < self.total_steps and self._next <= self._allowed and not self._paused:
-                        need = batch_version(self._next, self.lag)
+                        need = batch_version(self._next, self.lag, self._start)
                         if need in self._snapshots:
                             break
                     self._cv.wait()

@@ -154,10 +154,16 @@ class DiskFullError(OSError):
 
 
 def is_disk_full(exc: BaseException) -> bool:
-    """True for the ways a full disk reaches Python: ENOSPC / EDQUOT, torch's `[enforce fail at
-    inline_container.cc...]` (its zip writer) and safetensors' `StorageFull` / `os error 28`."""
-    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return True
+    """True for the ways a full disk reaches Python: ENOSPC / EDQUOT (also as the cause or context of
+    another error: torch's zip writer re-raises the OSError of a Python file it writes to), torch's
+    `[enforce fail at inline_container.cc...]` and safetensors' `StorageFull` / `os error 28`."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # a short chain: an error raised while handling another
+        if seen is None:
+            break
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        seen = seen.__cause__ or seen.__context__
     text = str(exc)
     return any(
         s in text
@@ -219,7 +225,8 @@ def save_checkpoint(
             model.save_pretrained(tmp, safe_serialization=True)
             if tokenizer is not None:
                 tokenizer.save_pretrained(tmp)
-        torch.save(trainer_state, tmp / STATE)
+        with open(tmp / STATE, "wb") as f:  # a Python file: a full disk is an OSError (ENOSPC), not torch's
+            torch.save(trainer_state, f)  # "basic_ios::clear: iostream error" of a write to a path
         if config is not None:
             (tmp / RUN_CONFIG).write_text(json.dumps(config, indent=1, default=list))
         files = {p.relative_to(tmp).as_posix(): _sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
@@ -355,12 +362,14 @@ def latest_valid_checkpoint(run_dir, warn=print) -> Path | None:
     return None
 
 
-def load_trainer_state(path: Path) -> dict:
+def load_trainer_state(path: Path, mmap: bool = False) -> dict:
     """The trainer state of a verified checkpoint, read with `weights_only=True`: tensors and plain values
-    only; anything else (a pickled object, whatever its `__reduce__`) is refused before it is built."""
-    with _open_file(path / STATE) as f:
+    only; anything else (a pickled object, whatever its `__reduce__`) is refused before it is built.
+    `mmap`: tensors stay in the file until read (a check that reads a small part of a large state)."""
+    with _open_file(path / STATE) as f:  # refuses a link
         try:
-            state = torch.load(f, map_location="cpu", weights_only=True)
+            source = str(path / STATE) if mmap else f  # torch maps a file by its name only
+            state = torch.load(source, map_location="cpu", weights_only=True, mmap=mmap)
         except pickle.UnpicklingError as e:
             first = str(e).strip().splitlines()
             why = next((line.strip() for line in first if "Unsupported" in line or "global" in line.lower()), "")
@@ -371,6 +380,21 @@ def load_trainer_state(path: Path) -> dict:
     if not isinstance(state, dict):
         raise CheckpointRefused(f"{path / STATE} is not a trainer state (a {type(state).__name__})")
     return state
+
+
+def matching_trainer_state(path: Path) -> dict | None:
+    """The trainer state of checkpoint `path` (its tensors mapped, not read) when trainer_state.pt matches
+    the manifest, else None (the resume reports a corrupt checkpoint and falls back): a check before any
+    model loads."""
+    try:
+        digest = check_listing(path).get(STATE)
+        if digest is None or _sha256(path / STATE) != digest:
+            return None
+        return load_trainer_state(path, mmap=True)
+    except CheckpointRefused:
+        raise
+    except (CheckpointError, OSError, RuntimeError):  # RuntimeError: torch's reader on a damaged zip
+        return None
 
 
 def load_run_config(path: Path) -> dict | None:
@@ -433,6 +457,30 @@ def check_resume_config(checkpoint: Path, saved: dict | None, current: dict, whe
             f"restored optimizer, scheduler, data and RNG states go on with the saved value, so a "
             f"resume may change only {', '.join(RESUME_OVERRIDABLE)}: put it back, or start a new run"
         )
+
+
+def check_resume_steps(checkpoint: Path, total_steps: int, key: str = "train.steps") -> None:
+    """Refuse (ConfigError) a resume to fewer steps than `checkpoint` has trained: nothing would train, and
+    config.yaml would claim a shorter run than its metrics.jsonl records. `key`: what set the length."""
+    step = checkpoint_step(checkpoint)
+    if step is not None and total_steps < step:
+        raise ConfigError(
+            f"{key} ends the run at step {total_steps}, but it has trained {step} steps ({checkpoint.name}); a resume "
+            f"goes on from there: give {key} at least {step} to train more, or start a new run"
+        )
+
+
+def check_resume_length(run_dir, total_steps: int, key: str = "train.steps") -> None:
+    """`check_resume_steps` before any model loads, on the checkpoint the resume will load: only when the
+    newest one is past `total_steps` are the checkpoints verified (hashed) to find it, as the resume does
+    (every one corrupt: it starts from step 0, and any length will do)."""
+    found = list_checkpoints(run_dir)
+    newest = checkpoint_step(found[-1]) if found else None
+    if newest is None or newest <= total_steps:
+        return
+    path = latest_valid_checkpoint(run_dir, warn=lambda line: None)  # the resume reports the skipped ones
+    if path is not None:
+        check_resume_steps(path, total_steps, key)
 
 
 def _listed_weight_files(path: Path) -> list[Path]:

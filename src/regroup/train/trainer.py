@@ -34,8 +34,11 @@ from regroup.models.prompting import encode_prompt, encode_response
 from regroup.rollout.base import SamplingParams
 from regroup.rollout.producer import build_producer
 from regroup.runtime.checkpoint import (
+    CheckpointError,
     CheckpointRefused,
     check_resume_config,
+    check_resume_steps,
+    checkpoint_step,
     latest_valid_checkpoint,
     load_model_weights,
     load_run_config,
@@ -101,7 +104,6 @@ class Trainer:
         self.step = 0
         if self.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            save_config(cfg, self.run_dir / "config.yaml")
         self.logger = MetricsLogger(
             self.run_dir,
             cfg.to_dict(),
@@ -113,8 +115,11 @@ class Trainer:
         self.sample_log = SampleLog(
             self.run_dir, cfg.train.sample_every, enabled=self.is_main, tb_writer=self.logger.tensorboard_writer()
         )
-        if resume:
-            self._resume()
+        resumed = self._resume() if resume else None
+        if self.is_main:  # after the resume's checks: a refused resume leaves the folder's config.yaml as it was
+            save_config(cfg, self.run_dir / "config.yaml")
+        if resumed:
+            self.log(resumed)
 
     # ------------------------------------------------------------------------------------------ context
     def _encode(self, text: str) -> list[int]:
@@ -546,20 +551,31 @@ class Trainer:
         self.acc.wait_for_everyone()
         return path
 
-    def _resume(self) -> None:
+    def _resume(self) -> str:
+        """Restore the newest valid checkpoint; returns the line saying where the run goes on from."""
         path = latest_valid_checkpoint(self.run_dir, warn=self.log)
         if path is None:
-            self.log(f"no checkpoint in {self.run_dir}; starting from step 0")
             self.logger.truncate_after(0)  # steps logged before the crash are logged again
             self.sample_log.truncate_after(0)
-            return
+            return f"no checkpoint in {self.run_dir}; starting from step 0"
         check_resume_config(path, load_run_config(path), self.cfg.to_dict(), f"{self.run_dir / 'config.yaml'}")
+        check_resume_steps(path, self.total_steps, "train.epochs" if self.cfg.train.epochs else "train.steps")
         state = load_trainer_state(path)
         if "stages" not in state or "hooks" not in state:
             raise CheckpointRefused(
                 f"{path} was written by an older regroup (its trainer state has no stage and hook states); a resume "
                 "needs a checkpoint written by this version (its weights are safe to use: model.path=PATH)"
             )
+        if state.get("step") != checkpoint_step(path) or isinstance(state.get("step"), bool):
+            raise CheckpointError(
+                f"{path}: its trainer state is of step {state.get('step')!r}, not {checkpoint_step(path)}"
+            )
+        if self.producer is not None:  # checked before any state is restored: a refusal leaves the run as it was
+            vocab = self.acc.unwrap_model(self.model).get_input_embeddings().num_embeddings
+            try:
+                self.producer.load_state_dict(state.get("async"), state["step"], vocab)
+            except CheckpointError as e:
+                raise CheckpointError(f"{path}: {e}") from None
         if state.get("optimizer") is None:  # a sharded run's checkpoint: weights and optimizer shards
             load_training_state(self.acc, path)
         else:
@@ -571,10 +587,8 @@ class Trainer:
         load_hook_states(self.update_hooks, state["hooks"])
         set_rng_state(state["rng"])
         self.step = state["step"]
-        if self.producer is not None:
-            self.producer.load_state_dict(state.get("async"))  # the engine loads this step's weights first
-        else:
+        if self.producer is None:  # async: the engine loads this step's weights before its first batch
             self.sampler.sync_weights(self.acc.unwrap_model(self.model))
         self.logger.truncate_after(self.step)
         self.sample_log.truncate_after(self.step)
-        self.log(f"resumed from {path} at step {self.step}")
+        return f"resumed from {path} at step {self.step}"
