@@ -111,3 +111,18 @@ def test_anchor_tokens_are_shaped_and_a_masked_row_gets_no_gradient():
     assert torch.allclose(grad[1], torch.full((2,), 1.0 / scale), atol=1e-7)
     assert torch.equal(grad[2], torch.zeros(2))  # weight 0: masked
     assert m["n_anchor_tokens"].item() == 2
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [(["anchors.mode=add"], "anchors.mode=add"), (["dynamic_sampling.enabled=true"], "dynamic_sampling.enabled")],
+)
+def test_verls_fixed_shape_batch_refuses_growing_or_refilling_groups(overrides, key, tmp_path):
+    from regroup.tasks import get_task
+    from regroup.train.recipes import build_recipe
+
+    cfg = load_config("dagrpo", overrides)
+    recipe = build_recipe(cfg, get_task("arithmetic"), lambda text: list(text.encode()), tmp_path)
+    recipe.check_front_end("native")
+    with pytest.raises(ConfigError, match=rf"{key}.*the verl batch.*not supported by the verl front-end"):
+        recipe.check_front_end("verl")

@@ -51,7 +51,7 @@ def direct_logps(model_dir: Path, prompt: list[int], response: list[int]) -> tor
     """log π(response | prompt) per token, by a plain forward of the HF model in float32."""
     from transformers import AutoModelForCausalLM
 
-    model = _MODELS.get(model_dir) or AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+    model = _MODELS.get(model_dir) or AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     _MODELS[model_dir] = model.eval()
     ids = torch.tensor([prompt + response])
     logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()  # [T, V]
@@ -195,15 +195,17 @@ def test_pair_masks_act(verl_out):
 
 
 def test_weights_sync_after_a_real_update(verl_out):
-    """DaGRPO's anchors give a non-zero gradient from step 1 on. At step 2 the actor has moved away from the
-    initial model, and the rollout's log-probs (vLLM, after verl's weight sync) follow the actor's: they are
-    much closer to the updated actor's π_old than to the initial model's on the same tokens."""
-    out = run("dagrpo", verl_out)
-    second = losses(out)[1]
+    """DaGRPO + TA-GRPO's anchors (kept by the pair mask) give a gradient at step 1. At step 2 the actor has
+    moved away from the initial model, and the rollout's log-probs (vLLM, after verl's weight sync) follow
+    the actor's: on q0's own samples (drawn on the prompt the actor scores) they are much closer to the
+    updated actor's π_old than the actor is to the initial model on the same tokens."""
+    out = run("dagrpo_ta", verl_out)
+    first, second = losses(out)[:2]
+    assert first["grad"].abs().sum().item() > 0  # a real update at step 1
     f = second["fields"]
-    sampled = ~f["regroup_is_anchor"].bool()
+    on_q0 = ~f["regroup_is_anchor"].bool() & f["regroup_variant"].eq(0)
     moved, lag = [], []
-    for k in torch.nonzero(sampled)[:, 0].tolist():
+    for k in torch.nonzero(on_q0)[:, 0].tolist():
         prompt, response = second["prompts"][k], second["responses"][k]
         initial = direct_logps(out / "model", prompt, response)  # [T]
         actor = f["old_log_probs"][k, : len(response)]

@@ -280,7 +280,8 @@ class RegroupTrainer(PPOTrainerSync):
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["response_mask"])
         mask = data["response_mask"]
         padded = mask.to_padded_tensor(0) if mask.is_nested else mask  # [B, T]
-        per_token = self._advantages[:, None].to(torch.float32) * padded.to(torch.float32)  # [B, T]
+        advantages = torch.tensor([self._advantage_of[key] for key in batch.keys])  # [B] by key: rows may move
+        per_token = advantages[:, None] * padded.to(torch.float32)  # [B, T]
         out = TensorDict(
             {"advantages": response_to_nested(per_token, mask), "returns": response_to_nested(per_token, mask)},
             batch_size=len(batch),
@@ -335,6 +336,7 @@ class RegroupTrainer(PPOTrainerSync):
         held = [step.samples[j] for j in rows]
         n = len(held)
         self._advantages = step.advantages[rows].to(torch.float32)  # [B]
+        self._advantage_of = dict(zip(batch.keys, self._advantages.tolist(), strict=True))
         weights = step.weights[rows] if step.weights is not None else torch.ones(n)
         out = TensorDict(
             {
