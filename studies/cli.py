@@ -56,6 +56,13 @@ def build_parser() -> argparse.ArgumentParser:
         "pass@1 in 150 steps (studies/gate.py)",
     )
     p.add_argument(
+        "--gated",
+        metavar="STUDY_DIR",
+        default=None,
+        help="the miniature study behind a gate (studies/gated.py) in STUDY_DIR: with --rates, the gate's runs; "
+        "else the primaries' runs (--first-seed/--seeds/--arms), refused until the gate is met",
+    )
+    p.add_argument(
         "--rates",
         default=None,
         help="--gate: the learning rates this process runs, comma-separated (default: all; one process per rate)",
@@ -109,6 +116,8 @@ def run(args) -> int:
             raise ConfigError(f"--summarize: no such study folder {missing}")
     if args.gate:
         return _gate(args)
+    if args.gated is not None:
+        return _gated(args, arms)
     if args.real:
         return _real(args, arms)
     if args.length is not None:
@@ -232,6 +241,51 @@ def _gate(args) -> int:
         print(json.dumps(gate_plan(g, real), indent=2, default=str))
         return 0
     print(f"gate: {run_gate(g, real, rates, args.out, log=_log)}")
+    return 0
+
+
+def _gated(args, arms) -> int:
+    from studies import gated
+
+    g = gated.GatedSettings()
+    study = Path(args.gated)
+    if args.dry_run:
+        print(json.dumps(gated.gated_plan(g), indent=2))
+        return 0
+    if args.summarize:  # the study folder, or its kept records (plan.json + runs.jsonl)
+        from studies.table import TABLE, read_table
+
+        kept = study / TABLE
+        rows = read_table(kept) if kept.is_file() else gated.gated_rows(study, g)
+        if args.keep is not None:
+            gated.keep(study, Path(args.keep), g)
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        body = gated.summarize(rows, g, json.loads((study / "plan.json").read_text()), out)
+        (out / "gated.md").write_text(body + "\n")
+        print(body)
+        return 0
+    unknown = [a for a in arms or () if a not in g.arms]
+    if unknown:
+        raise ConfigError(f"--arms: {unknown} are not this study's arms ({', '.join(g.arms)})")
+    gated.start_study(study, g)
+    if args.rates:
+        try:
+            rates = tuple(float(r) for r in args.rates.split(","))
+        except ValueError:
+            raise ConfigError(f"--rates: expected comma-separated numbers, got {args.rates!r}") from None
+        if any(r not in g.rates for r in rates):
+            raise ConfigError(
+                f"--rates: {args.rates} are not the gate's rates ({', '.join(f'{r:g}' for r in g.rates)})"
+            )
+        gated.run_gate(g, study, rates, log=_log)
+        return 0
+    lr = gated.gate_met(study, g)
+    first = args.first_seed or 0
+    count = args.seeds if args.seeds is not None else g.seeds - first
+    if first + count > g.seeds:
+        raise ConfigError(f"--first-seed {first} --seeds {count}: past the {g.seeds} registered seeds")
+    gated.run_primaries(g, study, lr, list(range(first, first + count)), list(arms or g.arms), log=_log)
     return 0
 
 

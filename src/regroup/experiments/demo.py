@@ -73,9 +73,16 @@ def recipe_overrides(recipe: str, settings: DemoSettings) -> list[str]:
 
 
 def evaluate_model(
-    model_path: str, problems, out_dir: Path, settings: DemoSettings, seed: int, ks: list[int] | None = None
+    model_path: str,
+    problems,
+    out_dir: Path,
+    settings: DemoSettings,
+    seed: int,
+    ks: list[int] | None = None,
+    device: str | None = None,
 ) -> dict:
-    """pass@1 / pass@k / mean@n / greedy / by difficulty of a saved model on `problems` (`ks`: default 1, 4, n)."""
+    """pass@1 / pass@k / mean@n / greedy / by difficulty of a saved model on `problems` (`ks`: default 1, 4, n;
+    `device`: where the model samples, default the CPU)."""
     from transformers import AutoModelForCausalLM  # heavy (transformers): only when a model is loaded
 
     from regroup.eval.runner import evaluate  # lazy: heavy, only when this runs
@@ -84,6 +91,8 @@ def evaluate_model(
 
     task = get_task("arithmetic")
     model = AutoModelForCausalLM.from_pretrained(model_path)
+    if device is not None:
+        model = model.to(device)
     tokenizer = load_tokenizer(model_path)
     ks = ks or sorted({1, settings.eval_samples} | ({4} if settings.eval_samples >= 4 else set()))
     result = evaluate(

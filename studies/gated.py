@@ -1,0 +1,546 @@
+"""`python -m studies --gated`: the miniature study behind a gate, where GRPO itself learns.
+
+The 2026-12-03 miniature study judged the papers in a sparse regime where GRPO did not move (9.14 % → 9.13 %
+pass@1 in 16 steps), so its verdicts could not say whether a variant helps learning. This study keeps that
+regime (3-4-step problems from the warm-up stopped at SFT step 420: over half of GRPO's step-0 groups all
+wrong) and gives RL six times the steps. Everything below is registered in `gated_plan` (plan.json) before
+any model trains, and the run order enforces it:
+
+1. **The gate.** Plain GRPO, seed 0, `steps` steps at each rate of `rates`, evaluated on the held-out problems
+   at every checkpoint of `eval_at`. The gate: the better rate (larger final gain; ties: the smaller) gains at
+   least `min_gain` of pass@1 at the last checkpoint over the start. Its CI is paired over the problems (one
+   seed: a description, not a test). If it fails, the study stops there and the page says that RL does not
+   learn at this budget, so the comparisons are uninformative.
+2. **The primaries**, only if the gate is met, at the gate's rate, over `seeds` seeds: TA-GRPO − matched
+   sampling (pass@32 from 64 samples) and DaGRPO's anchors − Dr. GRPO (pass@1: every problem here is a hard
+   3-4-step one, the stratum where anchors act). Each paper has one primary, so Holm is the raw p.
+3. **Learning curves**: every arm evaluated at every checkpoint of `eval_at` (pass@1 from `curve_samples`
+   samples), and an area-under-the-curve endpoint per paper (exploratory; TA-GRPO claims sample efficiency,
+   DaGRPO faster emergence).
+
+Evaluation: the same held-out problems for every arm; a different sampler seed per seed (`eval_seed`), the
+start evaluated under every seed's stream, so the evaluation noise enters the seed-to-seed variance.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from regroup.experiments.demo import evaluate_model
+from regroup.io import write_atomic
+from regroup.runtime.checkpoint import list_checkpoints
+from regroup.runtime.rundir import claim_run_dir
+from regroup.train.build import build_trainer
+from regroup.train.run_config import load_config
+from studies.claims import ALPHA, T1, Claim, confidence_interval, judge_all, verdict_label
+from studies.miniature import (
+    ARMS_BY_NAME,
+    CONFIG_DIR,
+    Arm,
+    Regime,
+    StudySettings,
+    _eval_settings,
+    arm_overrides,
+    choose_regime,
+    heldout_for,
+    plan,
+    run_row,
+)
+from studies.stats import paired_t_power, seeds_for_power, t_ppf, t_sf
+from studies.table import START, TABLE, arm_results, counts_of, read_per_problem, row, write_table
+
+REGIME = "sparse"
+GATE = "gate"
+
+ARMS = {
+    **ARMS_BY_NAME,
+    "dagrpo_anchor_nc": Arm(
+        "dagrpo_anchor_nc",
+        "dagrpo.yaml",
+        "equal samples",
+        ("mask.enabled=false", "anchors.when=no_correct"),
+        description="DaGRPO anchors only, injected into groups with no correct sample",
+    ),
+}
+"""The miniature study's arms and the anchors-only arm of this study's DaGRPO primary (`no_correct`)."""
+
+
+@dataclass(frozen=True)
+class GatedSettings:
+    """The registered design (fixed before any model trains; `gated_plan` writes it)."""
+
+    questions: int = 384
+    """Distinct training questions; with 2 epochs of 8 questions per step: 96 optimizer steps (the 2026-12-03
+    study: 64 questions, 16 steps)."""
+    rates: tuple[float, ...] = (1e-4, 3e-4)
+    """The gate's learning rates: the recipe's 1e-4 and three times it."""
+    eval_at: tuple[int, ...] = (24, 48, 72, 96)
+    curve_samples: int = 16
+    """Samples per problem at the checkpoints before the last (pass@1 for the curves)."""
+    min_gain: float = 0.03
+    """The gate: +3 points of held-out pass@1 for the better rate at the last checkpoint."""
+    seeds: int = 10
+    arms: tuple[str, ...] = ("grpo", "grpo_drgrpo", "dagrpo_anchor_nc", "grpo_matched", "ta_grpo")
+    """The primaries' arms, and plain GRPO: the gate's arm, rerun over every seed."""
+
+    def study(self) -> StudySettings:
+        return StudySettings(seeds=self.seeds, questions=self.questions, regimes=(REGIME,))
+
+
+PRIMARIES = [
+    Claim(
+        "TA-GRPO",
+        "Higher pass@32 than matched sampling ((N+1)·G of q0): the gain is the rephrasing",
+        "ta_grpo",
+        "grpo_matched",
+        "pass@32",
+        primary=True,
+        regime=REGIME,
+        effect=0.0686,
+        effect_source="TA-GRPO vs matched sampling, pass@32 on AIME24: +6.86 (the paper's AIME24 table)",
+    ),
+    Claim(
+        "DaGRPO",
+        "Anchors (no_correct) beat Dr. GRPO (pass@1; every problem is a hard 3-4-step one)",
+        "dagrpo_anchor_nc",
+        "grpo_drgrpo",
+        "pass@1",
+        primary=True,
+        regime=REGIME,
+        effect=0.029,
+        effect_source="the anchors' share of DaGRPO's gain: 48.8 (masks + anchors) − 45.9 (masks alone), SPEC §6",
+    ),
+]
+EXPLORATORY = [
+    Claim("TA-GRPO", "Higher pass@1 than matched sampling", "ta_grpo", "grpo_matched", "pass@1"),
+    Claim("TA-GRPO", "Higher pass@32 than GRPO (equal questions)", "ta_grpo", "grpo", "pass@32"),
+    Claim("DaGRPO", "Anchors beat GRPO (pass@1)", "dagrpo_anchor_nc", "grpo", "pass@1"),
+    Claim(
+        "study control", "Dr. GRPO's advantages and normaliser beat GRPO's (pass@1)", "grpo_drgrpo", "grpo", "pass@1"
+    ),
+]
+
+# The per-seed sd of each primary's difference in the 2026-12-03 study's kept table (25 seeds, 16 steps:
+# SE × √25; its anchors arm injected always), doubled because 6x the steps can only let the seeds drift further
+# apart (an assumption). Power only; the run's own spread is reported beside it, never used to resize the study.
+PILOT_SD = {"ta_grpo": 2 * 0.0041959 * 5, "dagrpo_anchor_nc": 2 * 0.0010216 * 5}
+
+
+def _device() -> str | None:
+    """Where evaluations sample: the GPU where there is one (training picks it by itself), else the CPU."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else None
+
+
+def eval_seed(seed: int) -> int:
+    """The evaluation sampler's seed of every run of `seed` and of the start evaluated for it."""
+    return 10_000 + seed
+
+
+def rate_arm(lr: float) -> str:
+    return f"grpo_lr{lr:g}"
+
+
+def gated_plan(g: GatedSettings) -> dict:
+    s = g.study()
+    power = []
+    for c in PRIMARIES:
+        sd = PILOT_SD[c.arm]
+        power.append(
+            {
+                "paper": c.paper,
+                "endpoint": c.text,
+                "difference": f"{c.arm} − {c.against}",
+                "measure": c.measure,
+                "effect": c.effect,
+                "effect_source": c.effect_source,
+                "pilot_sd_per_seed": sd,
+                "seeds": g.seeds,
+                "power": round(paired_t_power(c.effect, sd, g.seeds, ALPHA), 4),  # type: ignore[arg-type]
+                "seeds_for_power": seeds_for_power(c.effect, sd, ALPHA, 0.8),  # type: ignore[arg-type]
+            }
+        )
+    return {
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "what": "the miniature study behind a gate: RL must move held-out pass@1 before any comparison",
+        "design": {**asdict(g), "steps": s.steps, "prompts_per_step": s.prompts_per_step, "G": s.num_generations},
+        "gate": f"plain GRPO, seed 0, {s.steps} steps at each rate of {list(g.rates)}; the better rate (larger final "
+        f"gain; ties: the smaller) gains >= {100 * g.min_gain:g} points of held-out pass@1 ({s.eval_problems} "
+        f"problems x {s.pass1_eval_samples} samples at T = 1) at step {max(g.eval_at)} over the start",
+        "if_the_gate_fails": "stop: publish 'RL does not learn at this budget, so the comparisons are uninformative'",
+        "primaries": power,
+        "holm": "one primary per paper: m = 1, Holm's p is the raw p",
+        "exploratory": [asdict(c) for c in EXPLORATORY]
+        + [{"text": "area under the pass@1 curve (start and every checkpoint), same pairs as the primaries"}],
+        "evaluation": f"the regime's {s.eval_problems} held-out problems (unseen questions from the training "
+        f"generator) for every arm; pass@32 from {s.eval_samples} samples for the TA arms, pass@1 from "
+        f"{s.pass1_eval_samples} for the others at the last step, {g.curve_samples} at the earlier checkpoints; "
+        "sampler seed 10000 + seed, the start evaluated under every seed's stream",
+        "budgets": {a: asdict(plan(ARMS[a], s)) for a in g.arms},
+    }
+
+
+# ----------------------------------------------------------------------------------------------- running
+def _overrides(arm: str, g: GatedSettings, regime: Regime, seed: int, run_dir: Path, lr: float) -> list[str]:
+    s = g.study()
+    every = math.gcd(*g.eval_at)
+    return arm_overrides(ARMS[arm], s, regime, seed, run_dir) + [
+        f"optim.lr={lr}",
+        f"train.checkpoint_every={every}",
+        f"train.keep_checkpoints={max(g.eval_at) // every}",
+    ]
+
+
+def _evaluate(model_dir: str, problems, dest: Path, s: StudySettings, n: int, seed: int) -> dict:
+    """n samples per problem at T = 1 under seed's evaluation stream (out: summary.json, per_problem.jsonl)."""
+    settings, ks = _eval_settings(s, n), [k for k in s.ks if k <= n]
+    return evaluate_model(model_dir, problems, dest, settings, seed=eval_seed(seed), ks=ks, device=_device())
+
+
+def train_and_evaluate(
+    arm: str, name: str, g: GatedSettings, regime: Regime, seed: int, lr: float, problems, out: Path, log
+) -> Path:
+    """One run: train, evaluate every checkpoint of `eval_at` (eval_step<N>/, the last also as eval/), drop the
+    checkpoints."""
+    s = g.study()
+    run_dir = out / f"{name}-s{seed}"
+    cfg = load_config(CONFIG_DIR / ARMS[arm].config, _overrides(arm, g, regime, seed, run_dir, lr))
+    t0 = time.perf_counter()
+    with claim_run_dir(run_dir, "fresh", log=log):
+        build_trainer(cfg, run_dir, log=log).train()
+    train_seconds = time.perf_counter() - t0
+    last = max(g.eval_at)
+    for checkpoint in list_checkpoints(run_dir):
+        step = int(checkpoint.name.rpartition("-")[2])
+        if step not in g.eval_at:
+            continue
+        n = s.arm_eval_samples(arm, REGIME) if step == last else g.curve_samples
+        dest = run_dir / ("eval" if step == last else f"eval_step{step}")
+        summary = _evaluate(str(checkpoint), problems, dest, s, n, seed)
+        log(f"{name} seed {seed} step {step}: pass@1 {summary['mean@n']:.4f}")
+    write_atomic(
+        run_dir / "timing.json",
+        json.dumps({"train_seconds": train_seconds, "eval_seconds": time.perf_counter() - t0 - train_seconds}),
+    )
+    for checkpoint in list_checkpoints(run_dir):  # evaluated: the study keeps metrics and evaluations only
+        for f in sorted(checkpoint.rglob("*"), reverse=True):
+            f.unlink() if f.is_file() else f.rmdir()
+        checkpoint.rmdir()
+    return run_dir
+
+
+def evaluate_start(g: GatedSettings, regime: Regime, seed: int, problems, out: Path) -> None:
+    """The start under seed's evaluation stream: every sample count an arm of that seed uses."""
+    s = g.study()
+    for n in sorted({g.curve_samples, s.pass1_eval_samples, s.eval_samples}):
+        dest = out / f"start-s{seed}" / f"eval_n{n}"
+        if not (dest / "per_problem.jsonl").is_file():
+            _evaluate(regime.warm_dir, problems, dest, s, n, seed)
+
+
+def setup(g: GatedSettings, study_dir: Path, log) -> tuple[Regime, list]:
+    """The sparse regime (chosen once, by its probes; later processes read regime.json) and its held-out
+    problems."""
+    s = g.study()
+    path = study_dir / "regime.json"
+    if path.is_file():
+        regime = Regime(**json.loads(path.read_text()))
+    else:
+        regime = choose_regime(REGIME, s, log)
+        write_atomic(path, json.dumps(asdict(regime), indent=2))
+    return regime, heldout_for(regime, s)
+
+
+def run_gate(g: GatedSettings, study_dir: Path, rates: tuple[float, ...], log=print) -> None:
+    regime, problems = setup(g, study_dir, log)
+    evaluate_start(g, regime, 0, problems, study_dir / GATE)
+    for lr in rates:
+        train_and_evaluate("grpo", rate_arm(lr), g, regime, 0, lr, problems, study_dir / GATE, log)
+
+
+def run_primaries(g: GatedSettings, study_dir: Path, lr: float, seeds: list[int], arms: list[str], log=print) -> None:
+    regime, problems = setup(g, study_dir, log)
+    for seed in seeds:
+        if g.arms[0] in arms:  # the process of each seed's first arm evaluates its start
+            evaluate_start(g, regime, seed, problems, study_dir / REGIME)
+        for arm in arms:
+            if not (study_dir / REGIME / f"{arm}-s{seed}" / "timing.json").is_file():
+                train_and_evaluate(arm, arm, g, regime, seed, lr, problems, study_dir / REGIME, log)
+
+
+# ------------------------------------------------------------------------------------------- the table
+def _start_rows(folder: Path, regime: str, g: GatedSettings) -> list[dict]:
+    """The start of each seed, as an arm: its last-step evaluations under that seed's stream (n of the
+    pass@1 arms as T1, of the pass@32 arms as "n64") and its curve evaluation (step0)."""
+    s = g.study()
+    rows = []
+    for d in sorted(folder.glob("start-s*")):
+        evals = {}
+        for n, key in ((s.pass1_eval_samples, T1), (s.eval_samples, f"n{s.eval_samples}"), (g.curve_samples, "step0")):
+            f = d / f"eval_n{n}" / "per_problem.jsonl"
+            if f.is_file():
+                evals[key] = read_per_problem(f)
+        if evals:
+            rows.append(row(regime, START, int(d.name[len("start-s") :]), evals))
+    return rows
+
+
+def gated_rows(study_dir: Path, g: GatedSettings) -> list[dict]:
+    rows = _start_rows(study_dir / GATE, GATE, g) + _start_rows(study_dir / REGIME, REGIME, g)
+    for regime in (GATE, REGIME):
+        for run_dir in sorted((study_dir / regime).glob("*-s*")):
+            if run_dir.name.startswith("start-") or not (run_dir / "timing.json").is_file():
+                continue
+            rows.append(run_row(regime, run_dir.name.rpartition("-s")[0], run_dir))
+    return rows
+
+
+def keep(study_dir: Path, dest: Path, g: GatedSettings) -> Path:
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in ("plan.json", "regime.json"):
+        write_atomic(dest / name, (study_dir / name).read_bytes())
+    return write_table(gated_rows(study_dir, g), dest / TABLE)
+
+
+# -------------------------------------------------------------------------------------------- verdicts
+def _mean_pass1(entry) -> dict[str, float]:
+    return {i: c / n for i, (c, n) in counts_of(entry).items()}
+
+
+def gate_verdict(rows: list[dict], g: GatedSettings) -> dict:
+    """Each rate's curve and final gain over the start (CI paired over the problems), and the gate."""
+    start = next(r for r in rows if r["regime"] == GATE and r["arm"] == START)
+    out = []
+    for r in rows:
+        if r["regime"] != GATE or r["arm"] == START:
+            continue
+        base, final = _mean_pass1(start["evals"][T1]), _mean_pass1(r["evals"][T1])
+        diffs = [final[i] - base[i] for i in base]
+        gain = sum(diffs) / len(diffs)
+        se = math.sqrt(sum((d - gain) ** 2 for d in diffs) / (len(diffs) - 1) / len(diffs))
+        half = t_ppf(0.975, len(diffs) - 1) * se
+        curve = curve_of(r, start, max(g.eval_at))
+        out.append({"arm": r["arm"], "curve": curve, "gain": gain, "ci": (gain - half, gain + half)})
+    best = max(out, key=lambda r: (r["gain"], -float(r["arm"][len("grpo_lr") :])))
+    return {"rates": out, "best": best, "met": best["gain"] >= g.min_gain}
+
+
+def curve_of(run: dict, start: dict, last: int) -> dict[int, float]:
+    """step -> mean pass@1: the start (step 0, its curve evaluation), the checkpoints, the last step's T1."""
+    points = {0: _mean(start["evals"]["step0"]), last: _mean(run["evals"][T1])}
+    for key, entry in run["evals"].items():
+        if key.startswith("step"):
+            points[int(key[4:])] = _mean(entry)
+    return dict(sorted(points.items()))
+
+
+def auc(points: dict[int, float]) -> float:
+    """Area under the pass@1 curve by the trapezoid rule, divided by the last step: the mean pass@1 over
+    training (the start included)."""
+    steps = sorted(points)
+    area = sum((b - a) * (points[a] + points[b]) / 2 for a, b in zip(steps, steps[1:]))
+    return area / steps[-1]
+
+
+def _mean(entry) -> float:
+    values = _mean_pass1(entry)
+    return sum(values.values()) / len(values)
+
+
+def _paired(values: dict[int, float], against: dict[int, float]) -> dict | None:
+    """Mean of the per-seed differences with its 95 % CI and two-sided p (paired t over the seeds both have)."""
+    seeds = sorted(set(values) & set(against))
+    diffs = [values[s] - against[s] for s in seeds]
+    if len(diffs) < 2:
+        return None
+    mean = sum(diffs) / len(diffs)
+    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1))
+    se = sd / math.sqrt(len(diffs))
+    half = t_ppf(0.975, len(diffs) - 1) * se
+    p = 1.0 if se == 0 else 2 * t_sf(abs(mean) / se, len(diffs) - 1)
+    return {"delta": mean, "ci": (mean - half, mean + half), "p": p, "sd": sd, "seeds": len(diffs)}
+
+
+def curves(rows: list[dict], g: GatedSettings) -> dict[str, dict[int, dict[int, float]]]:
+    """arm -> seed -> step -> pass@1, every run against the start evaluated under its seed's stream."""
+    starts = {r["seed"]: r for r in rows if r["regime"] == REGIME and r["arm"] == START}
+    out: dict[str, dict[int, dict[int, float]]] = {}
+    for r in rows:
+        if r["regime"] == REGIME and r["arm"] != START and r["seed"] in starts:
+            out.setdefault(r["arm"], {})[r["seed"]] = curve_of(r, starts[r["seed"]], max(g.eval_at))
+    return out
+
+
+def _band(values: list[float]) -> tuple[float, float, float]:
+    mean = sum(values) / len(values)
+    if len(values) < 2:
+        return mean, mean, mean
+    half = t_ppf(0.975, len(values) - 1) * math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+    half /= math.sqrt(len(values))
+    return mean, mean - half, mean + half
+
+
+def plot_curves(per_arm: dict[str, dict[int, dict[int, float]]], path: Path, samples_per_step: dict[str, int]):
+    """Mean pass@1 against step and against training samples seen, with the 95 % band over seeds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for arm, seeds in per_arm.items():
+        steps = sorted(next(iter(seeds.values())))
+        bands = [_band([seeds[s][t] for s in seeds if t in seeds[s]]) for t in steps]
+        for ax, xs in ((axes[0], steps), (axes[1], [t * samples_per_step[arm] for t in steps])):
+            ax.plot(xs, [100 * b[0] for b in bands], marker="o", label=f"{arm} ({len(seeds)} seeds)")
+            ax.fill_between(xs, [100 * b[1] for b in bands], [100 * b[2] for b in bands], alpha=0.2)
+    axes[0].set_xlabel("optimizer step")
+    axes[1].set_xlabel("training samples generated")
+    axes[0].set_ylabel("held-out pass@1 (%)")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def summarize(rows: list[dict], g: GatedSettings, plan_json: dict, out_dir: Path | None = None) -> str:
+    """The page's body: the gate, then (where it is met) the primaries, the exploratory rows and the curves."""
+    v = gate_verdict(rows, g)
+    steps = [0, *g.eval_at]
+    lines = [
+        "## The gate",
+        "",
+        f"Plain GRPO, seed 0, {g.study().steps} steps; held-out pass@1 at each checkpoint (the start: step 0).",
+        "",
+        "| rate | " + " | ".join(f"step {t}" for t in steps) + " | gain at the last step [95 % CI] |",
+        "|---|" + "---|" * (len(steps) + 1),
+    ]
+    for r in v["rates"]:
+        cells = [f"{100 * r['curve'][t]:.1f} %" if t in r["curve"] else "—" for t in steps]
+        lo, hi = r["ci"]
+        lines.append(
+            f"| {r['arm']} | " + " | ".join(cells) + f" | {100 * r['gain']:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}] |"
+        )
+    best = v["best"]
+    if not v["met"]:
+        lines += [
+            "",
+            f"Gate: **failed** ({best['arm']} gains {100 * best['gain']:+.1f} points; the gate asks "
+            f"{100 * g.min_gain:+.0f}). RL does not learn at this budget, so the comparisons are uninformative; "
+            "none was run.",
+        ]
+        return "\n".join(lines)
+    lo, hi = best["ci"]
+    lines += [
+        "",
+        f"Gate: **met**: {best['arm']} gains {100 * best['gain']:+.1f} points [{100 * lo:+.1f}, {100 * hi:+.1f}] "
+        f"(gate: {100 * g.min_gain:+.0f}; the CI is paired over the problems of one seed).",
+    ]
+    results = arm_results([r for r in rows if r["regime"] == REGIME])
+    if not results.get(REGIME):
+        return "\n".join(lines + ["", "The primaries have not run yet."])
+    verdicts = judge_all(PRIMARIES + EXPLORATORY, results)
+    registered = {p["difference"]: p for p in plan_json["primaries"]}
+    lines += [
+        "",
+        "## The primaries (registered, at the gate's rate)",
+        "",
+        "| paper | endpoint | Δ [95 % CI] | seeds | p (Holm, m = 1) | planned power at the paper's effect | verdict |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for x in verdicts:
+        if not x.claim.primary or x.comparison is None or x.comparison.delta is None:
+            continue
+        c, ci = x.comparison, x.ci or confidence_interval(x.comparison)
+        reg = registered[f"{x.claim.arm} − {x.claim.against}"]
+        cells = f"{100 * c.delta:+.2f} [{100 * ci[0]:+.2f}, {100 * ci[1]:+.2f}]" if ci else f"{100 * c.delta:+.2f}"
+        lines.append(
+            f"| {x.claim.paper} | {x.claim.text} | {cells} | {c.seeds} | "
+            f"{'—' if x.p_adjusted is None else f'{x.p_adjusted:.3g}'} | {100 * reg['power']:.0f} % | "
+            f"{verdict_label(x)} |"
+        )
+    lines += ["", "## Exploratory (raw p, never 'supported')", "", "| claim | Δ [95 % CI] | p |", "|---|---|---|"]
+    for x in verdicts:
+        if x.claim.primary or x.comparison is None or x.comparison.delta is None or x.ci is None:
+            continue
+        lines.append(
+            f"| {x.claim.text} | {100 * x.comparison.delta:+.2f} [{100 * x.ci[0]:+.2f}, {100 * x.ci[1]:+.2f}] | "
+            f"{x.p:.3g} |"
+        )
+    per_arm = curves(rows, g)
+    lines += [
+        "",
+        "## Learning curves",
+        "",
+        "Mean held-out pass@1 over seeds [95 % band], each run's start evaluated under its seed's stream.",
+        "",
+        "| arm | " + " | ".join(f"step {t}" for t in steps) + " | AUC |",
+        "|---|" + "---|" * (len(steps) + 1),
+    ]
+    for arm, seeds in per_arm.items():
+        cells = []
+        for t in steps:
+            m, lo_, hi_ = _band([seeds[s][t] for s in seeds if t in seeds[s]])
+            cells.append(f"{100 * m:.1f} [{100 * lo_:.1f}, {100 * hi_:.1f}]")
+        a = _band([auc(c) for c in seeds.values()])
+        lines.append(f"| {arm} ({len(seeds)}) | " + " | ".join(cells) + f" | {100 * a[0]:.2f} |")
+    lines += ["", "| AUC difference (exploratory) | Δ [95 % CI] | p |", "|---|---|---|"]
+    for a, b in (("ta_grpo", "grpo_matched"), ("dagrpo_anchor_nc", "grpo_drgrpo"), ("grpo", START)):
+        if a not in per_arm:
+            continue
+        if b == START:  # the gain over the start: the curve's area against a flat start
+            x = _paired({s: auc(c) for s, c in per_arm[a].items()}, {s: c[0] for s, c in per_arm[a].items()})
+        elif b in per_arm:
+            x = _paired({s: auc(c) for s, c in per_arm[a].items()}, {s: auc(c) for s, c in per_arm[b].items()})
+        else:
+            continue
+        if x is not None:
+            lines.append(
+                f"| {a} − {b} | {100 * x['delta']:+.2f} [{100 * x['ci'][0]:+.2f}, {100 * x['ci'][1]:+.2f}] | "
+                f"{x['p']:.3g} |"
+            )
+    gains = []
+    for arm, seeds in per_arm.items():
+        last = max(g.eval_at)
+        x = _paired({s: c[last] for s, c in seeds.items()}, {s: c[0] for s, c in seeds.items()})
+        if x is not None:
+            gains.append(f"{arm} {100 * x['delta']:+.1f} [{100 * x['ci'][0]:+.1f}, {100 * x['ci'][1]:+.1f}]")
+    lines += ["", "Gain of each arm over its start at the last step (pass@1, points): " + "; ".join(gains) + "."]
+    if out_dir is not None:
+        s = g.study()
+        per_step = {a: plan(ARMS[a], s).samples_per_step for a in per_arm}
+        plot_curves(per_arm, out_dir / "curves.png", per_step)
+        lines += ["", "![pass@1 against step and samples](curves.png)"]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------- the command
+def start_study(study_dir: Path, g: GatedSettings) -> None:
+    """Write plan.json before anything trains; a folder that has one must hold this same design."""
+    study_dir.mkdir(parents=True, exist_ok=True)
+    path = study_dir / "plan.json"
+    fresh = gated_plan(g)
+    if path.is_file():
+        kept = json.loads(path.read_text())
+        if {k: v for k, v in kept.items() if k != "created"} != json.loads(
+            json.dumps({k: v for k, v in fresh.items() if k != "created"})
+        ):
+            raise ValueError(f"{path}: another design than this code registers; start a new study folder")
+        return
+    write_atomic(path, json.dumps(fresh, indent=2))
+
+
+def gate_met(study_dir: Path, g: GatedSettings) -> float:
+    """The gate's rate, or ValueError naming why the primaries may not run."""
+    rows = gated_rows(study_dir, g)
+    if sum(r["regime"] == GATE and r["arm"] != START for r in rows) < len(g.rates):
+        raise ValueError(f"{study_dir}: the gate has not finished (every rate of {list(g.rates)} must run first)")
+    v = gate_verdict(rows, g)
+    if not v["met"]:
+        raise ValueError(f"the gate failed ({v['best']['arm']}: {100 * v['best']['gain']:+.1f} points): no primaries")
+    return float(v["best"]["arm"][len("grpo_lr") :])
