@@ -16,7 +16,7 @@ from pathlib import Path
 
 # Only light modules here: `regroup --help` and argument parsing must not import torch or transformers
 # (seconds on a loaded machine); each command imports what it needs when it runs.
-from regroup.config.fields import check_value, read_yaml
+from regroup.config.fields import Bounds, check_value, read_yaml
 from regroup.config.registry import STAGES, did_you_mean
 from regroup.config.schema import (
     apply_overrides,
@@ -281,9 +281,9 @@ def cmd_eval(args) -> int:
     for path in args.data or []:  # before the model loads
         if not str(path).startswith("hf:"):
             check_readable("--data", path)
-    if args.prompt_config is None and run_config_path(args.model):  # a checkpoint's run: its config must read
-        path = run_config_path(args.model)  # only what eval reads of it: nothing it names is imported
-        _saved_config(Path(path), lambda data: read_sections(data, path, *EVAL_SECTIONS))
+    saved = run_config_path(args.model) if args.prompt_config is None else None  # a checkpoint's run: its config
+    if saved:  # must read, only what eval reads of it: nothing it names is imported
+        _saved_config(Path(saved), lambda data: read_sections(data, saved, *EVAL_SECTIONS))
     lock = claim_eval_dir(args.out, overwrite=args.overwrite, log=_log)  # refuses earlier results unless --overwrite
     try:
         return _run_eval(args)
@@ -498,11 +498,11 @@ def _positive_ints(text: str) -> list[int]:
 def _number(kind, rule_text: str):
     """An argparse type: an int or float within bounds, checked as a config setting's ("count", "fraction", ...)."""
     limits = {
-        "count": dict(ge=1),
-        "zero_or_more": dict(ge=0),
-        "positive": dict(gt=0.0),
-        "zero_or_positive": dict(ge=0.0),
-        "fraction": dict(gt=0.0, le=1.0),
+        "count": Bounds(ge=1),
+        "zero_or_more": Bounds(ge=0),
+        "positive": Bounds(gt=0.0),
+        "zero_or_positive": Bounds(ge=0.0),
+        "fraction": Bounds(gt=0.0, le=1.0),
     }[rule_text]
 
     def parse(text: str):
@@ -553,7 +553,7 @@ def _recipe_list(text: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     common.add_argument(
         "--debug", action="store_true", default=argparse.SUPPRESS, help="show the full traceback of an error"
     )

@@ -356,23 +356,3 @@ def test_knobs_and_sections_are_checked_alike():
         parse_args(PieceKnobs, {"flg": True}, "k", "piece")
     with pytest.raises(ConfigError, match=r"^unknown config key k.flg \(did you mean 'flag'\?\)"):
         check(Settings, {"flg": True}, "k.")
-
-
-def test_a_dataclass_of_knobs_the_older_form_is_checked_the_same_way():
-    """A user's `Args` written as a frozen dataclass of `knob(...)` fields keeps its defaults when built directly,
-    and is checked by the same mechanism when parsed."""
-    import dataclasses
-
-    from regroup.config.registry import knob, parse_args
-
-    @dataclasses.dataclass(frozen=True)
-    class OldArgs:
-        cap: float = knob(2.0, "The cap.", gt=0.0, le=100.0)
-        on: bool = knob(False, "A switch.")
-
-    assert OldArgs() == OldArgs(2.0, False)
-    assert parse_args(OldArgs, {"cap": 3, "on": "yes"}, "k", "p") == OldArgs(3.0, True)
-    with pytest.raises(ConfigError, match=r"^k.cap must be a finite number > 0 and <= 100, got 0.0$"):
-        parse_args(OldArgs, {"cap": 0}, "k", "p")
-    with pytest.raises(ConfigError, match=r"^k: unknown knob 'cup' of p \(did you mean 'cap'\?\)"):
-        parse_args(OldArgs, {"cup": 1.0}, "k", "p")

@@ -157,6 +157,11 @@ def test_arithmetic_heldout_is_disjoint_from_default_training(tmp_path):
     assert not any(p.question in train for p in held)
 
 
+def test_arithmetic_heldout_without_a_limit_writes_the_documented_256(tmp_path):
+    """No `--limit`: 256 problems, as the target's help says (it read a setting DataConfig does not have)."""
+    assert prepare("arithmetic_heldout", str(tmp_path / "h.jsonl"))["written"] == 256
+
+
 def test_parse_hub_spec():
     assert parse_hub_spec("data/train.jsonl") is None
     assert parse_hub_spec("hf:HuggingFaceH4/MATH-500@test") == HubSpec("HuggingFaceH4/MATH-500", None, "test")

@@ -267,18 +267,18 @@ def _knob_cases():
     advantage estimator (the run config's float keys are NUMERIC_CASES above)."""
     import regroup.algo  # noqa: F401  (registers the built-in pieces)
     from regroup.config.fields import leaves
-    from regroup.config.registry import ADV_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES, args_class, knob_model
+    from regroup.config.registry import ADV_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES, args_class
 
     cases = []
     for registry, key in ((POLICY_LOSSES, "grpo.policy_loss"), (KL_ESTIMATORS, "grpo.kl_estimator")):
         for name in registry.names():
             args = args_class(registry.get(name))
-            for knob, _, hint in leaves(knob_model(args)) if args else ():
+            for knob, _, hint in leaves(args) if args else ():
                 if hint is float or float in typing.get_args(hint):
                     cases.append(([f"{key}={name}"], f"{key}_args.{knob}"))
     for name in ADV_ESTIMATORS.names():
         args = args_class(ADV_ESTIMATORS.get(name))
-        for knob, _, hint in leaves(knob_model(args)) if args else ():
+        for knob, _, hint in leaves(args) if args else ():
             if hint is float or float in typing.get_args(hint):
                 cases.append(([f"grpo.advantage_estimator={name}"], f"grpo.advantage_estimator_args.{knob}"))
     return cases

@@ -566,7 +566,7 @@ def test_resume_with_more_steps_does_not_raise_the_lr_and_says_so(run_copy, caps
 @pytest.mark.parametrize(
     "override, words",
     [
-        ("optim.lr=" + "[" * 30000, "nested too deeply"),
+        ("optim.lr=" + "[" * 30000, "nested more than 32 levels"),
         ("optim.lr=" + "9" * 5000, "out of range"),
         ("optim.lr=" + "9" * 4000, "optim.lr: a 4000-digit number is out of range"),
         ("train.steps=" + "9" * 4000, "train.steps: a 4000-digit integer is out of range"),
@@ -582,7 +582,7 @@ def test_hostile_overrides_are_one_line(override, words, tmp_path, capsys, no_co
 @pytest.mark.parametrize(
     "text, words",
     [
-        ("recipe: grpo\noptim: " + "[" * 30000 + "\n", "nested too deeply"),
+        ("recipe: grpo\noptim: " + "[" * 30000 + "\n", "nested more than 32 levels"),
         ("recipe: grpo\nseed: " + "9" * 5000 + "\n", "out of range"),
         (
             "recipe: grpo\noptim:\n  lr: 1.0e-4\ntrain:\n  steps: 2\noptim:\n  lr: 0.5\n",

@@ -209,17 +209,15 @@ def reinforce(logps, old_logps, advantages, mask, spec):
 
 
 # ---- pieces with their own knobs: one module, no registration ----
-from dataclasses import dataclass
-
-from regroup.config.registry import knob, takes
+from regroup.config.fields import F, Knobs
+from regroup.config.registry import takes
 
 SEEN = []  # the knobs each call received, for the test to read
 
 
-@dataclass(frozen=True)
-class CappedArgs:
-    cap: float = knob(2.0, "The cap on the detached ratio weight.", gt=0.0, le=100.0)
-    floor: float = knob(0.0, "The floor on it.", ge=0.0, le=1.0)
+class CappedArgs(Knobs):
+    cap: float = F(2.0, "The cap on the detached ratio weight.", gt=0.0, le=100.0)
+    floor: float = F(0.0, "The floor on it.", ge=0.0, le=1.0)
 
 
 @takes(CappedArgs)
@@ -232,9 +230,8 @@ def capped_reinforce(logps, old_logps, advantages, mask, spec, args):
     return loss, none, none
 
 
-@dataclass(frozen=True)
-class RankArgs:
-    spread: float = knob(1.0, "Advantage of the best response minus the worst's.", gt=0.0, le=10.0)
+class RankArgs(Knobs):
+    spread: float = F(1.0, "Advantage of the best response minus the worst's.", gt=0.0, le=10.0)
 
 
 @takes(RankArgs)
@@ -251,9 +248,8 @@ def rank_advantages(rewards, group_ids, args):
     return adv
 
 
-@dataclass(frozen=True)
-class ScaleArgs:
-    scale: float = knob(1.0, "Multiplies the KL estimate.", gt=0.0, le=10.0)
+class ScaleArgs(Knobs):
+    scale: float = F(1.0, "Multiplies the KL estimate.", gt=0.0, le=10.0)
 
 
 @takes(ScaleArgs)

@@ -1,39 +1,21 @@
-"""Pluggable pieces by name: a built-in name, or a user's "package.module:object" (class, factory or
-ready instance).
+"""Pluggable pieces by name: a built-in name, or a user's "package.module:object" (class, factory or instance).
 
-One `Registry` per kind of piece (verl's `register_policy_loss` / `register_adv_est` pattern). A built-in
-registers where it is defined, with `@POLICY_LOSSES.register("cispo", args=CISPOArgs)`; a user's piece needs
-no registration: its name is the dotted path `"package.module:object"`, which `Registry.get` imports. The
-registries below are the single source of piece names: config validation, `regroup config --stages` and
-the docs read them.
-
-A piece with knobs declares them as a `Knobs` model whose fields are `F(default, "help", ge=/gt=/le=/lt=)`, the
-run config's own kind of setting (`regroup.config.fields`), and attaches it as the piece's `Args` attribute
-(`register(..., args=)` or `@takes(Args)`, which a user's piece uses too; a frozen dataclass of `knob` fields, the
-older form, is checked the same way). `parse_args(Args, mapping, key)` builds it from the user's mapping (e.g.
-`grpo.policy_loss_args`): an unknown knob, a wrong type or a value out of bounds is one ConfigError naming the
-key. The piece is then called with the built knobs as its `args=` keyword.
+One `Registry` per kind of piece (verl's `register_policy_loss` pattern): a built-in registers where it is defined,
+`@POLICY_LOSSES.register("cispo", args=CISPOArgs)`; a user's piece is named by its dotted path, which `get` imports.
+The registries are the single source of piece names: config validation, `regroup config --stages` and the docs read
+them. A piece's knobs are a `Knobs` model (`regroup.config.fields`), attached as its `Args` attribute
+(`register(..., args=)`, or `@takes(Args)` on a user's piece); `parse_args` checks the user's mapping (e.g.
+`grpo.policy_loss_args`) against it, and the piece is called with the built knobs as `args=`.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import importlib
-import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, Field, create_model
-
-from regroup.config.fields import F, Knobs, check, did_you_mean
+from regroup.config.fields import Knobs, check, did_you_mean
 from regroup.errors import ConfigError, import_hint
-
-
-def knob(default: Any, help: str, **bounds: Any) -> Any:
-    """A knob of the older form of `Args`, a frozen dataclass: its default, and the setting `F(default, help,
-    **bounds)` that checks it (`knob_model`)."""
-    return dataclasses.field(default=default, metadata={"setting": F(default, help, **bounds)})
 
 
 class Registry:
@@ -141,27 +123,20 @@ def load_dotted(path: str) -> Any:
     return obj
 
 
-def build_named(
-    kind: str, name: str, builtins: Registry | dict[str, Callable[..., Any]], method: str, **kwargs: Any
-) -> Any:
-    """The `kind` called `name` built with `kwargs`: a name in `builtins` (a Registry of classes and
-    factories), or a dotted path to a class or factory (called with `kwargs`) or to a ready instance
-    (which takes no settings). The result must have a callable `method`."""
-    if ":" in name:
-        obj = load_dotted(name)
-        if hasattr(obj, method) and not isinstance(obj, type):
-            if kwargs:
-                raise TypeError(f"{name!r} is a {kind} instance; it takes no settings, got {sorted(kwargs)}")
-            built = obj
-        elif callable(obj):
-            built = obj(**kwargs)
-        else:
-            raise TypeError(f"{name!r} is neither a {kind} nor a callable that builds one")
-    elif name in builtins:
-        factory: Any = builtins.get(name)  # a Registry or a plain dict of factories
-        built = factory(**kwargs)
+def build_named(kind: str, name: str, registry: Registry, method: str, **kwargs: Any) -> Any:
+    """The `kind` called `name` built with `kwargs`: a built-in of `registry`, a dotted class or factory (called with
+    `kwargs`), or a dotted ready instance (which takes no settings). The result must have a callable `method`."""
+    if name not in registry and ":" not in name:
+        raise ValueError(f"unknown {kind} {name!r}; known: {sorted(registry)} or 'package.module:object'")
+    obj = registry.get(name)
+    if ":" in name and hasattr(obj, method) and not isinstance(obj, type):
+        if kwargs:
+            raise TypeError(f"{name!r} is a {kind} instance; it takes no settings, got {sorted(kwargs)}")
+        built = obj
+    elif callable(obj):
+        built = obj(**kwargs)
     else:
-        raise ValueError(f"unknown {kind} {name!r}; known: {sorted(builtins)} or 'package.module:object'")
+        raise TypeError(f"{name!r} is neither a {kind} nor a callable that builds one")
     if not callable(getattr(built, method, None)):
         raise TypeError(f"{kind} {name!r} has no {method}(...) method")
     return built
@@ -182,33 +157,15 @@ def takes(args: type):
 
 
 def check_args_class(args: Any, what: str) -> None:
-    """A piece's `Args`: a `Knobs` model (or a dataclass) whose knobs all have defaults (the knobs are optional)."""
-    if not (isinstance(args, type) and (issubclass(args, Knobs) or dataclasses.is_dataclass(args))):
+    """A piece's `Args`: a `Knobs` model whose knobs all have defaults (the knobs are optional)."""
+    if not (isinstance(args, type) and issubclass(args, Knobs)):
         raise ValueError(f"{what}: its Args must be a regroup.config.fields.Knobs model, got {args!r}")
-    for name, field in knob_model(args).model_fields.items():
+    for name, field in args.model_fields.items():
         if field.is_required():
             raise ValueError(f"{what}: knob {name!r} of {args.__name__} needs a default")
 
 
-@functools.cache
-def knob_model(args: Any) -> type[BaseModel]:
-    """The `Knobs` model of a piece's `Args`: itself, or one made from a dataclass's fields (their `knob` defaults
-    carry the help and bounds), so both forms are checked by the one mechanism."""
-    if issubclass(args, BaseModel):
-        return args
-    hints, missing = typing.get_type_hints(args), dataclasses.MISSING
-    made: Any = lambda f: ... if f.default_factory is missing else Field(default_factory=f.default_factory)
-    fields: Any = {
-        f.name: (hints[f.name], f.metadata.get("setting", made(f) if f.default is missing else f.default))
-        for f in dataclasses.fields(args)
-    }
-    try:
-        return create_model(args.__name__, __base__=Knobs, **fields)
-    except Exception as exc:  # a type pydantic cannot check
-        raise ValueError(f"{args.__name__}: {exc}") from None
-
-
-def args_class(obj: Any) -> type | None:
+def args_class(obj: Any) -> type[Knobs] | None:
     """The piece's `Args`, or None when it has no knobs."""
     args = getattr(obj, "Args", None)
     if args is not None:
@@ -223,23 +180,15 @@ def call_piece(piece: Any, args: Any, *inputs: Any, **extra: Any) -> Any:
     return piece(*inputs, **extra)
 
 
-def parse_args(args: type | None, given: Any, key: str, what: str) -> Any:
+def parse_args(args: type[Knobs] | None, given: Any, key: str, what: str) -> Any:
     """The knobs `args` built from the user's mapping `given` (None or {}: the defaults), or None for a piece
     without knobs. ConfigError naming `key.<knob>` for an unknown knob, a wrong type or a bound."""
-    if given is None:
-        given = {}
     if args is not None and isinstance(given, args):
         return given
-    if not isinstance(given, Mapping):
+    if not isinstance(given, Mapping | None):
         raise ConfigError(f"{key}: expected a mapping of knob: value, got {type(given).__name__} {given!r}")
     if args is None:
         if given:
             raise ConfigError(f"{key}: {what} takes no knobs, got {', '.join(map(str, given))}")
         return None
-    built = check(knob_model(args), dict(given), key + ".", owner=what)
-    if built.__class__ is args:
-        return built
-    try:  # a dataclass: built from the checked values, its own cross-knob check (__post_init__) included
-        return args(**dict(built))
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{key}: {exc}") from None
+    return check(args, dict(given or {}), key + ".", owner=what)

@@ -1,16 +1,14 @@
-"""The sections of a run config: settings with their type, default, help and bounds, and the cross-field rules.
+"""The sections of a run config and their cross-field rules.
 
-A setting is `name: type = F(default, "help", ge=/gt=/le=/lt=)` in a `Section` (`regroup.config.fields`, the one
-mechanism the pieces' knobs use too), its help in `F` when it fits on the line, else as the docstring under it:
-`regroup config` lists the help, every int / float setting has bounds (a test checks it), and choices are its
-`Literal` type. This module is a leaf: it imports only `config.fields` and
-`regroup.errors` (tests/test_structure.py), so any module may read a config. Whether the named pieces exist, and
-whether the files a run reads are there, is checked a floor up, by `regroup.train.run_config`.
-"SPEC §N" in this package means section N of docs/spec.md.
+A setting is `name: type = F(default, "help", ge=/gt=/le=/lt=)` in a `Section` (`regroup.config.fields`, as the
+pieces' knobs are), its help as the docstring under it when it does not fit on the line; every int / float setting
+has bounds (a test checks it), and choices are its `Literal` type. A leaf: it imports only `config.fields` and
+`regroup.errors` (tests/test_structure.py). "SPEC §N" in this package means section N of docs/spec.md.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -21,13 +19,13 @@ from typing import Any, Literal, Optional
 from pydantic import model_validator
 
 from regroup.config import fields
-from regroup.config.fields import F, Section, check, did_you_mean, parse_override
+from regroup.config.fields import Bounds, F, Section, check, did_you_mean, parse_override
 from regroup.errors import ConfigError
 
 INT32 = 2**31 - 1
-SEED = dict(ge=0, le=INT32)  # numpy seeds must be < 2**32, and seeds are summed (data.seed + seed)
-COUNT = dict(ge=1, le=INT32)
-EVERY = dict(ge=0, le=INT32)  # "every K steps", 0: off
+SEED = Bounds(ge=0, le=INT32)  # numpy seeds must be < 2**32, and seeds are summed (data.seed + seed)
+COUNT = Bounds(ge=1, le=INT32)
+EVERY = Bounds(ge=0, le=INT32)  # "every K steps", 0: off
 MAX_TOKENS = 131072  # longer than any model's context today; stops a typo (1e8) from allocating gigabytes
 MAX_GROUP = 1024  # samples per question; beyond it one step's batch no longer fits any accelerator
 
@@ -434,30 +432,26 @@ TRACKERS = ("tensorboard", "wandb", "trackio", "comet_ml", "aim", "mlflow", "cle
 
 
 # RunConfig's leaf settings as (dotted key, FieldInfo, type hint); the dotted keys of its int / float settings; their
-# bounds (a test checks every numeric setting has some); and (key, default, help + bounds): what `regroup config` lists.
-leaves, numeric_keys, numeric_rules, field_docs = (
-    partial(f, RunConfig) for f in (fields.leaves, fields.numeric_keys, fields.numeric_rules, fields.field_docs)
-)
+# bounds; and (key, default, help + bounds): what `regroup config` lists.
+leaves = partial(fields.leaves, RunConfig)
+numeric_keys = partial(fields.numeric_keys, RunConfig)
+numeric_rules = partial(fields.numeric_rules, RunConfig)
+field_docs = partial(fields.field_docs, RunConfig)
 
 
-def get_dotted(cfg, key: str):
+def get_dotted(cfg: Any, key: str) -> Any:
     """The value of dotted `key` in a config object."""
-    for part in key.split("."):
-        cfg = getattr(cfg, part)
-    return cfg
+    return functools.reduce(getattr, key.split("."), cfg)
 
 
 def parse_weighted(spec: str, key: str = "rewards") -> tuple[str, float]:
     """`name` or `name*weight` (spaces allowed around both; the name may be `pkg.mod:obj`) -> (name, finite
     weight): a reward of `rewards.functions`, a term of `grpo.loss_terms`. ConfigError naming `key` otherwise."""
-    name, star, weight = str(spec).partition("*")
-    name = name.strip()
+    name, star, weight = (part.strip() for part in str(spec).partition("*"))
     if not name or any(c.isspace() for c in name):
         raise ConfigError(f"{key}: {spec!r} is not 'name' or 'name*weight'")
-    if not star:
-        return name, 1.0
     try:
-        value = float(weight)
+        value = float(weight) if star else 1.0
     except ValueError:
         raise ConfigError(f"{key}: {spec!r}: the weight of {name!r} is not a number: {weight!r}") from None
     if not math.isfinite(value):
@@ -465,19 +459,16 @@ def parse_weighted(spec: str, key: str = "rewards") -> tuple[str, float]:
     return name, value
 
 
-RESUME_OVERRIDABLE = tuple(key for key, f, _ in fields.leaves(RunConfig) if (f.json_schema_extra or {}).get("resume"))
-"""Keys a `--resume` may change (`F(..., resume=True)`): each is read afresh by the resumed process: the loop's
-length and logging, where the vLLM server, the judge and the rewriter are and which variable holds their key (a
-server's address is no part of what the run learned; the judge's scores are cached by model and text), and how the
-reward is computed, not what it returns. Any other key would be written to config.yaml while the restored
-optimizer, scheduler, data and RNG states go on with the saved value. `train.steps` may change: the lr schedule
-keeps its course to the resume step, then decays over the steps left (`regroup.train.schedule`)."""
+RESUME_OVERRIDABLE = tuple(key for key, f, _ in leaves() if fields.extra(f).get("resume"))
+"""Keys a `--resume` may change (`F(..., resume=True)`): each is read afresh by the resumed process (the loop's
+length and logging, where the servers are and which variable holds their key, how the reward is computed). Any other
+key would be written to config.yaml while the restored optimizer, scheduler, data and RNG states go on with the saved
+value. `train.steps` may change: the lr schedule keeps its course, then decays over the steps left."""
 
 
 def check_resume_overrides(overrides: list[str] | tuple[str, ...]) -> None:
     """Refuse a `--resume` override of a key that would not take effect (ConfigError naming it)."""
-    for text in overrides:
-        key = ".".join(parse_override(text)[0])
+    for key in (".".join(parse_override(text)[0]) for text in overrides):
         if key not in RESUME_OVERRIDABLE:
             raise ConfigError(
                 f"--resume cannot change {key}: a resume goes on with the settings the run was trained with (its "
@@ -505,14 +496,9 @@ def resolve_config_path(path: str | os.PathLike) -> Path:
     given = Path(path)
     if given.exists():
         return given.resolve()
-    for candidate in (
-        PACKAGED_CONFIGS / given,
-        PACKAGED_CONFIGS / given.with_suffix(".yaml"),
-        PACKAGED_CONFIGS / given.name,
-        PACKAGED_CONFIGS / Path(given.name).with_suffix(".yaml"),
-    ):
-        if str(path) and candidate.is_file():
-            return candidate
+    for name in (given, given.with_suffix(".yaml"), Path(given.name), Path(given.name).with_suffix(".yaml")):
+        if str(path) and (PACKAGED_CONFIGS / name).is_file():
+            return PACKAGED_CONFIGS / name
     return given.resolve()  # reported as not found by read_yaml
 
 

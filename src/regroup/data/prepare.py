@@ -210,11 +210,15 @@ TARGETS = {
 }
 
 
+HELDOUT_DEFAULT = 256
+"""Held-out problems `regroup data prepare arithmetic_heldout` writes without `--limit` (as the warm-up's)."""
+
+
 def arithmetic_heldout(limit: int | None) -> list[Problem]:
     """The held-out problems a default run of the built-in task is evaluated on (`regroup.train.build`)."""
     data, task = DataConfig(), get_task("arithmetic")
     train = task.generate(data.num_train, seed=data.seed)
-    return heldout_problems(task, limit or data.num_eval, data.eval_seed, train)
+    return heldout_problems(task, limit or HELDOUT_DEFAULT, data.eval_seed, train)
 
 
 def boxed_solution(solution: str) -> str:

@@ -272,8 +272,7 @@ class SignalWatch:
 
         def number(key: str) -> float | None:
             value = metrics.get(key)
-            ok = isinstance(value, (int, float)) and math.isfinite(value)
-            return float(value) if ok else None
+            return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
 
         for name, (key, limit) in self.LIMITS.items():
             value = number(key)

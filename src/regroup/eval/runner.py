@@ -326,9 +326,10 @@ def average_row(rows: Sequence[dict[str, Any]], label: str = "average") -> dict[
     keys = [k for k in rows[0] if k not in ("benchmark", "num_problems", "n", "stderr")] if rows else []
     for key in keys:
         vals = [r.get(key) for r in rows]
-        out[key] = None if any(v is None for v in vals) else float(sum(vals) / len(vals))
-    ses = [r.get("stderr") for r in rows]
-    out["stderr"] = None if not rows or any(s is None for s in ses) else math.sqrt(sum(s * s for s in ses)) / len(rows)
+        known = [v for v in vals if v is not None]
+        out[key] = None if len(known) < len(vals) else float(sum(known) / len(vals))
+    ses = [r["stderr"] for r in rows if r.get("stderr") is not None]
+    out["stderr"] = None if not rows or len(ses) < len(rows) else math.sqrt(sum(s * s for s in ses)) / len(rows)
     return out
 
 
@@ -422,7 +423,11 @@ def build_eval_sampler(backend: str, model, tokenizer, batch_size: int, max_new_
     if backend not in ("hf", "vllm"):
         raise ValueError(f"--backend must be hf or vllm, got {backend!r}")
     sampler = build_sampler(
-        RolloutConfig(backend=backend, batch_size=batch_size, max_new_tokens=max_new_tokens), model, tokenizer
+        RolloutConfig(
+            backend="vllm" if backend == "vllm" else "hf", batch_size=batch_size, max_new_tokens=max_new_tokens
+        ),
+        model,
+        tokenizer,
     )
     if backend == "vllm":
         # The engine loads the folder the model came from: for a LoRA checkpoint that is the base model,
@@ -474,7 +479,8 @@ def run_eval_cli(
         raise FileNotFoundError(f"model directory not found: {model_path}")
     grader = make_grader(checker, task, answer_marker)
     try:
-        sets, taken = [], set()
+        sets: list = []
+        taken: set[str] = set()
         for path in data_files:
             loaded = load_problems(
                 path, fields=FieldMap(question=question_field, answer=answer_field), skip_bad_rows=skip_bad_rows

@@ -7,6 +7,7 @@ write `runs/demo-<time>/report.html` (and `report.md`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -217,7 +218,7 @@ def run_demo(
             overall.update(1)
             overall.set_postfix_str(f"{name} step {step} reward {m.get('reward/mean', float('nan')):.2f}")
 
-        with claim_run_dir(run_dir, "fresh", log=log):
+        with claim_run_dir(run_dir, "fresh", log=log) or contextlib.nullcontext():  # None only with lock=False
             trainer = build_trainer(cfg, run_dir, log=log)
             trainer.train(on_step=on_step)
         train_seconds = time.perf_counter() - t0

@@ -11,7 +11,7 @@ import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
@@ -217,7 +217,7 @@ def _marks(style: LineStyle, points: int, curves: int) -> tuple[int, int]:
     return style.index % every, every
 
 
-def _is_number(value: Any) -> bool:
+def _is_number(value: Any) -> TypeGuard[float]:
     """A finite int/float (bool excluded)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -228,12 +228,9 @@ def group_series(group: RunGroup, key: str) -> tuple[list[float], list[float]]:
     by_step: dict[float, list[float]] = {}
     for run in group.runs:
         for i, rec in enumerate(run.metrics):
-            value = rec.get(key)
-            if not _is_number(value):
-                continue
-            step = rec.get("step")
-            step = float(step) if _is_number(step) else float(i + 1)
-            by_step.setdefault(step, []).append(float(value))
+            value, step = rec.get(key), rec.get("step")
+            if _is_number(value):
+                by_step.setdefault(float(step) if _is_number(step) else float(i + 1), []).append(float(value))
     steps = sorted(by_step)
     return steps, [sum(by_step[s]) / len(by_step[s]) for s in steps]
 

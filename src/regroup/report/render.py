@@ -168,8 +168,8 @@ def _figures_html(outcomes: Sequence[PlotOutcome], section: str) -> str:
         # Multi-panel figures and the grouped bars by difficulty need the full width to stay readable.
         wide = ' class="wide"' if len(o.keys) > 1 or o.name == "difficulty" else ""
         parts.append(
-            f'<figure{wide}><img src="{escape(o.path)}" alt="{escape(o.title)}" loading="lazy">'
-            f"<figcaption><b>{escape(o.title)}.</b> {escape(o.description)}</figcaption></figure>"
+            f'<figure{wide}><img src="{escape(o.path or "")}" alt="{escape(o.title)}" loading="lazy">'
+            f"<figcaption><b>{escape(o.title)}.</b> {escape(o.description or '')}</figcaption></figure>"
         )
     parts.append("</div>")
     if omitted:

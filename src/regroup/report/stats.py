@@ -35,9 +35,10 @@ def group_stderr(means: Sequence[float], stderrs: Sequence[float | None]) -> flo
     None when any run has no SE.
     """
     k = len(means)
-    if k == 0 or any(s is None for s in stderrs):
+    known = [s for s in stderrs if s is not None]
+    if k == 0 or len(known) < len(stderrs):
         return None
-    eval_se = math.sqrt(sum(s * s for s in stderrs)) / k  # type: ignore[operator]
+    eval_se = math.sqrt(sum(s * s for s in known)) / k
     spread = std(means)
     seed_se = spread / math.sqrt(k) if spread is not None else 0.0
     return max(eval_se, seed_se)
@@ -57,7 +58,8 @@ def paired_diff_stderr(a: dict | None, b: dict | None) -> float | None:
     if not a or not b or set(a) != set(b) or len(a) < 2:
         return None
     diffs = [a[k] - b[k] for k in a]
-    return std(diffs) / math.sqrt(len(diffs))
+    spread = std(diffs)  # not None: two problems or more
+    return None if spread is None else spread / math.sqrt(len(diffs))
 
 
 def verdict(delta: float | None, se: float | None) -> str | None:

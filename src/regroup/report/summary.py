@@ -140,6 +140,7 @@ def summarize_groups(groups: Sequence[RunGroup], baseline: str | None = "grpo") 
             row is not base_row
             and mine is not None
             and theirs is not None
+            and base_row is not None
             and (row["eval_sets_mixed"] or base_row["eval_sets_mixed"] or not mine.same_as(theirs))
         )
         if (

@@ -41,4 +41,4 @@ class RewardCounts:
         return {"keys": self.keys}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["keys"])
+        type(self).__init__(self, state["keys"])

@@ -276,4 +276,4 @@ class DeadlineReward:
         return {k: getattr(self, k) for k in keep}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(**state)
+        type(self).__init__(self, **state)

@@ -30,6 +30,7 @@ import os
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 from regroup.errors import ConfigError
 
@@ -98,8 +99,8 @@ def code_digest(config: dict[str, str]) -> str:
             if match:
                 modules.add(match.group(1))
     for name in sorted(modules):
-        path = _module_file(name)
-        h.update(name.encode() + b"\0" + (Path(path).read_bytes() if path else b"(not found)") + b"\0")
+        source = _module_file(name)
+        h.update(name.encode() + b"\0" + (Path(source).read_bytes() if source else b"(not found)") + b"\0")
     return h.hexdigest()
 
 
@@ -149,9 +150,9 @@ def _ranks(ranks: list[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + shown
 
 
-def _by_value(values: list) -> list[tuple[object, list[int]]]:
+def _by_value(values: list) -> list[tuple[Any, list[int]]]:
     """Distinct values in order of first rank, each with the ranks holding it."""
-    groups: list[tuple[object, list[int]]] = []
+    groups: list[tuple[Any, list[int]]] = []
     for rank, value in enumerate(values):
         for seen, ranks in groups:
             if seen == value:

@@ -259,7 +259,7 @@ def _retain(checkpoints: list[Path], written: int, keep: int) -> list[Path]:
     of them verified (the newest valid checkpoint is always the one resumed from), and each is replaced
     by the re-save of its step. Counting them would delete the just-written checkpoint at once.
     """
-    older = [p for p in checkpoints if checkpoint_step(p) <= written]
+    older = [p for p in checkpoints if (checkpoint_step(p) or 0) <= written]  # every listed one has a step
     return older[:-keep] if keep > 0 else []
 
 
@@ -269,7 +269,7 @@ def list_checkpoints(run_dir) -> list[Path]:
     if not root.is_dir():
         return []
     found = [p for p in root.iterdir() if p.is_dir() and checkpoint_step(p) is not None]
-    return sorted(found, key=checkpoint_step)
+    return sorted(found, key=lambda p: checkpoint_step(p) or 0)  # each has one: filtered above
 
 
 def read_manifest(path: Path) -> dict:
@@ -411,7 +411,7 @@ def load_run_config(path: Path) -> dict | None:
     return data
 
 
-def newest_run_config(run_dir) -> tuple[Path, dict] | None:
+def newest_run_config(run_dir) -> tuple[Path, dict | None] | None:
     """(checkpoint, its run config) of the newest checkpoint whose run_config.json matches its manifest;
     reads and hashes only that small file (a check before any model loads; the resume verifies the rest)."""
     for path in reversed(list_checkpoints(run_dir)):

@@ -15,6 +15,7 @@ import json
 import math
 import os
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 
 from regroup.io import append_text, read_bytes, write_atomic
@@ -99,7 +100,7 @@ class MetricsLogger:
         enabled: bool = True,
         warn=None,
         accelerator=None,
-        trackers: list[str] = (),
+        trackers: Sequence[str] = (),
     ):
         self.path = Path(run_dir) / "metrics.jsonl"
         self.enabled = enabled
@@ -129,7 +130,7 @@ class MetricsLogger:
             warnings.warn(message, MetricsFileWarning, stacklevel=3)
 
     def _rewrite(self) -> None:
-        write_atomic(self.path, "".join(line + "\n" for line in self._lines))
+        write_atomic(self.path, "".join(line + "\n" for line in self._lines or []))
         st = os.lstat(self.path)
         self._identity = (st.st_dev, st.st_ino, st.st_size)
 
@@ -161,8 +162,9 @@ class MetricsLogger:
             now = None
         if now == self._identity:
             return
-        what = "vanished" if now is None else ("was replaced" if now[:2] != self._identity[:2] else "changed size")
-        self._warn(f"{self.path} {what} during the run; writing back the {len(self._lines)} steps logged so far")
+        moved = self._identity is None or now is not None and now[:2] != self._identity[:2]
+        what = "vanished" if now is None else ("was replaced" if moved else "changed size")
+        self._warn(f"{self.path} {what} during the run; writing back the {len(self._lines or [])} steps logged so far")
         self._rewrite()
 
     def log(self, step: int, metrics: dict) -> None:
@@ -172,6 +174,8 @@ class MetricsLogger:
         line = json.dumps(record)
         self._check_file()
         st = append_text(self.path, line + "\n")  # never through a link; a failure names the file
+        if self._lines is None:  # not so: _check_file has adopted the file's lines
+            self._lines = []
         self._lines.append(line)
         self._identity = (st.st_dev, st.st_ino, st.st_size)
         if self.accelerator is not None:

@@ -56,7 +56,7 @@ def save_model_weights(accelerator, model, tokenizer, path: str | Path) -> None:
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         unwrapped = accelerator.unwrap_model(model)
-        if sharded:
+        if state is not None:  # sharded: the full state gathered above
             write_hf_weights(unwrapped, state, path)
         else:
             unwrapped.save_pretrained(path, safe_serialization=True)
