@@ -58,9 +58,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--gated",
         metavar="STUDY_DIR",
+        nargs="?",
+        const="",
         default=None,
         help="the miniature study behind a gate (studies/gated.py) in STUDY_DIR: with --rates, the gate's runs; "
-        "else the primaries' runs (--first-seed/--seeds/--arms), refused until the gate is met",
+        "else the primaries' runs (--first-seed/--seeds/--arms), refused until the gate is met; "
+        "`--gated --summarize DIR` prints the page of a study folder or its kept records",
+    )
+    p.add_argument(
+        "--design",
+        default=None,
+        help="--gated: the registered design a new study folder starts with (studies/gated.py DESIGNS; default: "
+        "the latest); a folder with a plan.json keeps its own",
     )
     p.add_argument(
         "--rates",
@@ -247,14 +256,19 @@ def _gate(args) -> int:
 def _gated(args, arms) -> int:
     from studies import gated
 
-    g = gated.GatedSettings()
-    study = Path(args.gated)
+    design = args.design or list(gated.DESIGNS)[-1]
+    if design not in gated.DESIGNS:
+        raise ConfigError(f"--design: {design!r} is not a registered design ({', '.join(gated.DESIGNS)})")
     if args.dry_run:
-        print(json.dumps(gated.gated_plan(g), indent=2))
+        print(json.dumps(gated.gated_plan(gated.DESIGNS[design]), indent=2))
         return 0
     if args.summarize:  # the study folder, or its kept records (plan.json + runs.jsonl)
         from studies.table import TABLE, read_table
 
+        if len(args.summarize) != 1:
+            raise ConfigError("--gated --summarize: one folder (a study folder or its kept records)")
+        study = Path(args.summarize[0])
+        g = gated.open_study(study, None)
         kept = study / TABLE
         rows = read_table(kept) if kept.is_file() else gated.gated_rows(study, g)
         if args.keep is not None:
@@ -265,10 +279,13 @@ def _gated(args, arms) -> int:
         (out / "gated.md").write_text(body + "\n")
         print(body)
         return 0
+    if not args.gated:
+        raise ConfigError("--gated: name the study folder (STUDY_DIR)")
+    study = Path(args.gated)
+    g = gated.open_study(study, gated.DESIGNS[args.design] if args.design else None)
     unknown = [a for a in arms or () if a not in g.arms]
     if unknown:
         raise ConfigError(f"--arms: {unknown} are not this study's arms ({', '.join(g.arms)})")
-    gated.start_study(study, g)
     if args.rates:
         try:
             rates = tuple(float(r) for r in args.rates.split(","))

@@ -27,34 +27,44 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from regroup.experiments.demo import evaluate_model
 from regroup.io import write_atomic
 from regroup.runtime.checkpoint import list_checkpoints
 from regroup.runtime.rundir import claim_run_dir
+from regroup.tasks import get_task
 from regroup.train.build import build_trainer
 from regroup.train.run_config import load_config
 from studies.claims import ALPHA, T1, Claim, confidence_interval, judge_all, verdict_label
 from studies.miniature import (
     ARMS_BY_NAME,
     CONFIG_DIR,
+    TASK_NAMES,
     Arm,
     Regime,
     StudySettings,
+    _ensure_warm,
     _eval_settings,
     arm_overrides,
-    choose_regime,
     heldout_for,
+    measure_all_wrong,
     plan,
     run_row,
 )
 from studies.stats import paired_t_power, seeds_for_power, t_ppf, t_sf
 from studies.table import START, TABLE, arm_results, counts_of, read_per_problem, row, write_table
 
-REGIME = "sparse"
+REGIME = "hard"
+"""The primaries' regime (folder and table name): the design's start on its problems."""
 GATE = "gate"
+STARTS = {
+    "early420": ("runs/warmup-early420", "the warm-up stopped at SFT step 420"),
+    "warm": ("runs/warmup", "the warm start"),
+}
+"""The warm starts a design may name (folder, description): the warm-up stopped at SFT step 420, and the full
+warm-up (the demo's)."""
 
 ARMS = {
     **ARMS_BY_NAME,
@@ -73,6 +83,10 @@ ARMS = {
 class GatedSettings:
     """The registered design (fixed before any model trains; `gated_plan` writes it)."""
 
+    start: str = "early420"
+    """The warm start (a key of STARTS)."""
+    step_mix: str = "3-4"
+    """The training and held-out problems' step counts ("3-4" or "4")."""
     questions: int = 384
     """Distinct training questions; with 2 epochs of 8 questions per step: 96 optimizer steps (the 2026-12-03
     study: 64 questions, 16 steps)."""
@@ -89,6 +103,25 @@ class GatedSettings:
 
     def study(self) -> StudySettings:
         return StudySettings(seeds=self.seeds, questions=self.questions, regimes=(REGIME,))
+
+    @classmethod
+    def from_plan(cls, plan_json: dict) -> GatedSettings:
+        """The design a study folder registered (plan.json), whatever this code's defaults are now."""
+        known = {f.name for f in fields(cls)}
+        design = {k: tuple(v) if isinstance(v, list) else v for k, v in plan_json["design"].items() if k in known}
+        return cls(**design)
+
+
+DESIGNS = {
+    "early420-3-4": GatedSettings(),
+    "warm-4": GatedSettings(start="warm", step_mix="4"),
+}
+"""The registered designs, in the order they were registered: the first (the 2026-12-03 study's sparse regime,
+58 % all-wrong groups at step 0) failed its gate on 2026-12-04, so the second (the full warm-up on 4-step
+problems, 31 % all-wrong at step 0: harder than the 1-4-step mix, learnable from a better start) was
+registered after it, before any of its runs."""
+PASS_AT_32_ARMS = ("grpo", "grpo_matched", "ta_grpo")
+"""Arms in a pass@32 comparison: evaluated with `eval_samples` at the last step (the others `pass1_eval_samples`)."""
 
 
 PRIMARIES = [
@@ -219,7 +252,10 @@ def train_and_evaluate(
         step = int(checkpoint.name.rpartition("-")[2])
         if step not in g.eval_at:
             continue
-        n = s.arm_eval_samples(arm, REGIME) if step == last else g.curve_samples
+        if step != last:
+            n = g.curve_samples
+        else:
+            n = s.eval_samples if arm in PASS_AT_32_ARMS else s.pass1_eval_samples
         dest = run_dir / ("eval" if step == last else f"eval_step{step}")
         summary = _evaluate(str(checkpoint), problems, dest, s, n, seed)
         log(f"{name} seed {seed} step {step}: pass@1 {summary['mean@n']:.4f}")
@@ -244,14 +280,19 @@ def evaluate_start(g: GatedSettings, regime: Regime, seed: int, problems, out: P
 
 
 def setup(g: GatedSettings, study_dir: Path, log) -> tuple[Regime, list]:
-    """The sparse regime (chosen once, by its probes; later processes read regime.json) and its held-out
-    problems."""
+    """The design's regime (measured once: its start's all-wrong share at step 0; later processes read
+    regime.json) and its held-out problems."""
     s = g.study()
     path = study_dir / "regime.json"
     if path.is_file():
         regime = Regime(**json.loads(path.read_text()))
     else:
-        regime = choose_regime(REGIME, s, log)
+        folder, named = STARTS[g.start]
+        warm = _ensure_warm(folder, s, s.early_warmup_steps if g.start == "early420" else None, log)
+        probe = get_task(TASK_NAMES[(g.step_mix, False)]).generate(s.probe_problems, seed=1234)  # training's first
+        description = f"{g.step_mix}-step problems from {named}"
+        regime = Regime(REGIME, description, g.step_mix, warm, measure_all_wrong(warm, probe, s))
+        log(f"{description}: all-wrong share at step 0 = {regime.all_wrong:.2f}")
         write_atomic(path, json.dumps(asdict(regime), indent=2))
     return regime, heldout_for(regime, s)
 
@@ -520,19 +561,20 @@ def summarize(rows: list[dict], g: GatedSettings, plan_json: dict, out_dir: Path
 
 
 # ---------------------------------------------------------------------------------------- the command
-def start_study(study_dir: Path, g: GatedSettings) -> None:
-    """Write plan.json before anything trains; a folder that has one must hold this same design."""
-    study_dir.mkdir(parents=True, exist_ok=True)
+def open_study(study_dir: Path, design: GatedSettings | None) -> GatedSettings:
+    """The study folder's registered design: plan.json's, or `design` written as plan.json before anything
+    trains. A folder that has a plan refuses another design."""
     path = study_dir / "plan.json"
-    fresh = gated_plan(g)
     if path.is_file():
-        kept = json.loads(path.read_text())
-        if {k: v for k, v in kept.items() if k != "created"} != json.loads(
-            json.dumps({k: v for k, v in fresh.items() if k != "created"})
-        ):
-            raise ValueError(f"{path}: another design than this code registers; start a new study folder")
-        return
-    write_atomic(path, json.dumps(fresh, indent=2))
+        kept = GatedSettings.from_plan(json.loads(path.read_text()))
+        if design is not None and design != kept:
+            raise ValueError(f"{path}: registers another design than the one named; start a new study folder")
+        return kept
+    if design is None:
+        raise ValueError(f"{study_dir}: no plan.json; name the design to start it with (--design)")
+    study_dir.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, json.dumps(gated_plan(design), indent=2))
+    return design
 
 
 def gate_met(study_dir: Path, g: GatedSettings) -> float:

@@ -20,6 +20,7 @@ BUDGET_S=${BUDGET_S:-480}
 ARMS=${ARMS:-grpo grpo_drgrpo dagrpo_anchor_nc grpo_matched ta_grpo}
 T0=$(date +%s)
 mkdir -p "$OUT" "$STUDY/logs"
+OUT=$(cd "$OUT" && pwd)
 if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
   export PYTHONPATH=/tmp/site
@@ -33,7 +34,7 @@ export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
 pack() {  # the runs' small files (plan, metrics, evaluations, timing, logs): what the kept table is built from
   (cd "$STUDY" && find . -type f \( -name '*.json' -o -name '*.jsonl' -o -name '*.yaml' -o -name '*.log' \) \
-    ! -path '*/checkpoints/*' -print0 | tar --null -czf "$OLDPWD/$OUT/gated.tmp.tgz" -T -) \
+    ! -path '*/checkpoints/*' -print0 | tar --null -czf "$OUT/gated.tmp.tgz" -T -) \
     && mv "$OUT/gated.tmp.tgz" "$OUT/gated.tgz"
 }
 ( while sleep 20; do pack; done ) &

@@ -65,22 +65,32 @@ def test_paired_differences_over_seeds():
 
 
 def test_primaries_are_refused_until_the_gate_has_run_and_is_met(tmp_path):
-    gated.start_study(tmp_path, G)
+    gated.open_study(tmp_path, G)
     with pytest.raises(ValueError, match="has not finished"):
         gated.gate_met(tmp_path, G)
 
 
 def test_a_study_folder_keeps_the_design_it_was_started_with(tmp_path):
-    gated.start_study(tmp_path, G)
+    with pytest.raises(ValueError, match="no plan.json"):
+        gated.open_study(tmp_path, None)
+    assert gated.open_study(tmp_path, G) == G
     plan = json.loads((tmp_path / "plan.json").read_text())
     assert plan["design"]["eval_at"] == [2, 4] and plan["primaries"][0]["difference"] == "ta_grpo − grpo_matched"
-    gated.start_study(tmp_path, G)  # the same design: accepted
+    assert gated.open_study(tmp_path, G) == G and gated.open_study(tmp_path, None) == G  # plan.json decides
     with pytest.raises(ValueError, match="another design"):
-        gated.start_study(tmp_path, gated.GatedSettings(eval_at=(2, 4), seeds=3))
+        gated.open_study(tmp_path, gated.GatedSettings(eval_at=(2, 4), seeds=3))
+
+
+def test_the_first_design_reads_back_from_its_committed_plan():
+    from pathlib import Path
+
+    kept = Path(__file__).resolve().parents[2] / "docs" / "results" / "gated-2026-12-04" / "plan.json"
+    assert gated.GatedSettings.from_plan(json.loads(kept.read_text())) == gated.DESIGNS["early420-3-4"]
 
 
 def test_the_registered_plan_powers_both_primaries():
-    plan = gated.gated_plan(gated.GatedSettings())
-    assert plan["design"]["steps"] == 96
-    for p in plan["primaries"]:
-        assert p["power"] >= 0.8 and p["seeds_for_power"] <= p["seeds"]
+    for design in gated.DESIGNS.values():
+        plan = gated.gated_plan(design)
+        assert plan["design"]["steps"] == 96
+        for p in plan["primaries"]:
+            assert p["power"] >= 0.8 and p["seeds_for_power"] <= p["seeds"]
