@@ -2,7 +2,9 @@
 
 Matches TRL's `GRPOTrainer._generate_and_score_completions` (trl 1.16, `scale_rewards` group / batch /
 none) on a positional layout, but groups are taken from an explicit `group_ids` tensor, so pooled
-(TA-GRPO), anchor-augmented (DaGRPO) and out-of-order batches work unchanged.
+(TA-GRPO), anchor-augmented (DaGRPO) and out-of-order batches work unchanged: every group statistic is an
+`index_add` / `scatter_reduce` over the dense group index, never a Python loop over groups and never a
+positional `view(-1, G)` (SPEC §1: groups are identified by id).
 
 Two advantage estimators are registered on `ADV_ESTIMATORS` (`grpo.advantage_estimator`), each
 `(rewards[B], group_ids[B], args=...) -> advantages[B]`:
@@ -12,18 +14,12 @@ Two advantage estimators are registered on `ADV_ESTIMATORS` (`grpo.advantage_est
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
 from torch import Tensor
 
-from regroup.algo.stats import (
-    dense_group_index,
-    segment_amax,
-    segment_amin,
-    segment_count,
-    segment_sum,
-)
 from regroup.config.fields import F, Knobs
 from regroup.config.registry import ADV_ESTIMATORS
 
@@ -37,6 +33,8 @@ def _check_batch(rewards: Tensor, group_ids: Tensor) -> None:
         raise ValueError(
             f"group_ids shape {tuple(group_ids.shape)} does not match rewards shape {tuple(rewards.shape)}"
         )
+    if group_ids.dtype.is_floating_point or group_ids.dtype == torch.bool:
+        raise ValueError(f"group_ids must be an integer tensor, got dtype {group_ids.dtype}")
 
 
 def group_advantages(
@@ -69,13 +67,14 @@ def group_advantages(
 
     scored = ~torch.isnan(r)  # [B]
     r0 = torch.where(scored, r, torch.zeros_like(r))  # [B] unscored -> 0 so sums ignore them
-    index, num_groups = dense_group_index(group_ids)
-    n = segment_count(scored, index, num_groups)  # [G]
-    mean = segment_sum(r0, index, num_groups) / n.clamp(min=1).to(dtype)  # [G]
+    uniq, index = torch.unique(group_ids, return_inverse=True)  # index [B]: the group's rank by id value
+    num_groups = int(uniq.numel())
+    n = torch.zeros(num_groups, dtype=torch.long, device=r.device).index_add(0, index, scored.long())  # [G]
+    mean = r.new_zeros(num_groups).index_add(0, index, r0) / n.clamp(min=1).to(dtype)  # [G]
     # A group is "flat" when it carries no learning signal: < 2 scored samples or all rewards equal.
     # Detected exactly by max == min, so float rounding of the mean can never leak a nonzero value.
-    g_max = segment_amax(r, index, num_groups, scored)  # [G]
-    g_min = segment_amin(r, index, num_groups, scored)  # [G]
+    g_max = r.new_full((num_groups,), -math.inf).scatter_reduce(0, index, torch.where(scored, r, -math.inf), "amax")
+    g_min = r.new_full((num_groups,), math.inf).scatter_reduce(0, index, torch.where(scored, r, math.inf), "amin")
     flat = (n < 2) | (g_max == g_min)  # [G]
     live = scored & ~flat[index]  # [B] samples that get a nonzero advantage
     centred = torch.where(live, r0 - mean[index], torch.zeros_like(r0))  # [B]
@@ -84,7 +83,7 @@ def group_advantages(
         return centred
     if scale == "group":
         # Unbiased std per group: Σ (R − mean)² / (n − 1); flat groups have centred == 0 -> std 0.
-        var = segment_sum(centred * centred, index, num_groups) / (n - 1).clamp(min=1).to(dtype)  # [G]
+        var = r.new_zeros(num_groups).index_add(0, index, centred * centred) / (n - 1).clamp(min=1).to(dtype)  # [G]
         std = var.sqrt()[index]  # [B]
     else:  # "batch": TRL uses nanstd over every scored reward of the (gathered) batch.
         n_all = int(scored.sum())
@@ -145,10 +144,11 @@ def group_reward_stats(
         return out
     scored = ~torch.isnan(r)  # [B]
     out["frac_unscored_samples"] = int((~scored).sum()) / r.numel()
-    index, num_groups = dense_group_index(group_ids)
-    n = segment_count(scored, index, num_groups)  # [G]
-    g_max = segment_amax(r, index, num_groups, scored)  # [G]
-    g_min = segment_amin(r, index, num_groups, scored)  # [G]
+    uniq, index = torch.unique(group_ids, return_inverse=True)  # index [B]: the group's rank by id value
+    num_groups = int(uniq.numel())
+    n = torch.zeros(num_groups, dtype=torch.long, device=r.device).index_add(0, index, scored.long())  # [G]
+    g_max = r.new_full((num_groups,), -math.inf).scatter_reduce(0, index, torch.where(scored, r, -math.inf), "amax")
+    g_min = r.new_full((num_groups,), math.inf).scatter_reduce(0, index, torch.where(scored, r, math.inf), "amin")
     counted = n > 0  # [G]
     num = int(counted.sum())
     if num == 0:

@@ -21,10 +21,10 @@ and a sample whose pairs all keep (or all drop) gets the same advantage under bo
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
-
-from regroup.algo.stats import dense_group_index, segment_amax, segment_amin
 
 
 def _check_inputs(advantages: Tensor, scores: Tensor, group_ids: Tensor, delta: float) -> None:
@@ -33,6 +33,8 @@ def _check_inputs(advantages: Tensor, scores: Tensor, group_ids: Tensor, delta: 
             f"advantages {tuple(advantages.shape)}, scores {tuple(scores.shape)} and group_ids "
             f"{tuple(group_ids.shape)} must all be 1-D of the same length"
         )
+    if group_ids.dtype.is_floating_point or group_ids.dtype == torch.bool:
+        raise ValueError(f"group_ids must be an integer tensor, got dtype {group_ids.dtype}")
     if not delta >= 0:
         raise ValueError(f"delta must be >= 0, got {delta}")
 
@@ -61,9 +63,11 @@ def distinctiveness_mask(
     scored = ~torch.isnan(s)  # [B]
     pos = (advantages > 0) & scored  # [B]  NaN advantages compare False: treated as 0
     neg = (advantages < 0) & scored  # [B]
-    index, num_groups = dense_group_index(group_ids)
-    neg_max = segment_amax(s, index, num_groups, neg)  # [G]  −inf if G⁻ empty -> positives all keep
-    pos_min = segment_amin(s, index, num_groups, pos)  # [G]  +inf if G⁺ empty -> negatives all keep
+    uniq, index = torch.unique(group_ids, return_inverse=True)  # index [B]: the group's rank by id value
+    num_groups = int(uniq.numel())
+    # [G] per group: −inf if G⁻ is empty (positives all keep), +inf if G⁺ is (negatives all keep)
+    neg_max = s.new_full((num_groups,), -math.inf).scatter_reduce(0, index, torch.where(neg, s, -math.inf), "amax")
+    pos_min = s.new_full((num_groups,), math.inf).scatter_reduce(0, index, torch.where(pos, s, math.inf), "amin")
     keep_pos = (s - neg_max[index]) >= (delta - atol)  # [B]
     keep_neg = (pos_min[index] - s) >= (delta - atol)  # [B]
     keep = torch.ones_like(pos)  # [B]

@@ -36,7 +36,6 @@ from torch import Tensor
 from regroup.algo.anchors import plain_anchor_pg_loss, shaped_pg_loss
 from regroup.algo.gspo import sequence_ratio
 from regroup.algo.off_policy_mask import off_policy_mask
-from regroup.algo.ratios import per_token_advantages
 from regroup.config.registry import KL_ESTIMATORS, LOSS_TERMS, POLICY_LOSSES, args_class, parse_args
 
 AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_sum_constant")
@@ -44,15 +43,6 @@ ANCHOR_RATIOS = ("shaped", "plain")
 IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")  # `loss_inputs.sampler_is_weight`
 # regroup aggregation mode -> the TRL GRPOTrainer `loss_type` that computes the same loss.
 TRL_LOSS_TYPES = {"token_mean": "dapo", "seq_mean_token_mean": "grpo", "seq_sum_constant": "dr_grpo"}
-
-
-def _adv_per_token(advantages: Tensor, logps: Tensor) -> Tensor:
-    return per_token_advantages(advantages, logps)  # [B, 1] or [B, T]
-
-
-def ratio_level_of(policy) -> str:
-    """ "sequence" for a policy loss whose ratio is one per response (GSPO, GMPO, LUSPO), else "token"."""
-    return getattr(policy, "ratio_level", "token")
 
 
 def aggregate(
@@ -137,8 +127,17 @@ class LossSpec:
     _policy: Any = field(init=False, repr=False, compare=False)
     _kl: Any = field(init=False, repr=False, compare=False)
     _terms: Any = field(init=False, repr=False, compare=False)
+    # Facts about the pieces, settled once here (a step reads them in every micro-batch):
+    policy_ratio_level: str = field(init=False, repr=False, compare=False)
+    """ "sequence" when the policy's ratio is one per response (gspo, gmpo, luspo), else "token"."""
+    needs_entropy: bool = field(init=False, repr=False, compare=False)
+    """A term reads a differentiable entropy (`LossInputs.entropy`)."""
+    moves_every_row: bool = field(init=False, repr=False, compare=False)
+    """A term not multiplied by the advantage (β·KL, an extra term) can move a row whose advantage is 0."""
 
     def __post_init__(self):
+        if not (self.eps_low >= 0 and self.eps_high >= 0):  # checked here once, not in each micro-batch's clip
+            raise ValueError(f"clip epsilons must be >= 0, got eps_low={self.eps_low}, eps_high={self.eps_high}")
         if self.anchor_ratio not in ANCHOR_RATIOS:
             raise ValueError(f"anchor_ratio must be one of {ANCHOR_RATIOS}, got {self.anchor_ratio!r}")
         if self.agg not in AGG_MODES:
@@ -171,25 +170,13 @@ class LossSpec:
                 terms.append((name, coef, term, _knob_kwargs(term, parsed)))
         object.__setattr__(self, "term_args", tuple(term_args))
         object.__setattr__(self, "_terms", tuple(terms))
-
-    @property
-    def policy_ratio_level(self) -> str:
-        """ "sequence" when the policy's ratio is one per response (gspo, gmpo, luspo), else "token"."""
-        return ratio_level_of(self._policy[0])
+        object.__setattr__(self, "policy_ratio_level", getattr(policy, "ratio_level", "token"))
+        object.__setattr__(self, "needs_entropy", any(getattr(t, "needs_entropy", False) for _, _, t, _ in terms))
+        object.__setattr__(self, "moves_every_row", self.beta != 0.0 or any(coef for _, coef in self.terms))
 
     def args_of_term(self, name: str) -> Any:
         """The knobs of the term `name` (None when it has none)."""
         return dict(self.term_args).get(name)
-
-    @property
-    def needs_entropy(self) -> bool:
-        """A term reads a differentiable entropy (`LossInputs.entropy`)."""
-        return any(getattr(term, "needs_entropy", False) for _, _, term, _ in self._terms)
-
-    @property
-    def moves_every_row(self) -> bool:
-        """A term not multiplied by the advantage (β·KL, an extra term) can move a row whose advantage is 0."""
-        return self.beta != 0.0 or any(coef for _, coef in self.terms)
 
 
 def _knob_kwargs(piece: Any, args: Any) -> dict[str, Any]:
@@ -330,7 +317,8 @@ def policy_loss(
     if anchor.shape != mask.shape:
         raise ValueError(f"anchor_token_mask shape {tuple(anchor.shape)} does not match loss_mask {tuple(mask.shape)}")
     on_policy = mask & ~anchor  # [B, T]
-    _adv_per_token(advantages, logps)  # shape check, with the error message naming the advantages
+    if advantages.shape not in ((logps.shape[0],), logps.shape):
+        raise ValueError(f"advantages shape {tuple(advantages.shape)} must be [B] or [B, T] = {tuple(logps.shape)}")
 
     # π_old is undefined on anchor and padding tokens; use π_θ there (ratio 1) so that whatever the
     # caller stored cannot produce inf/NaN in the unselected branch (0·inf = NaN in backward).

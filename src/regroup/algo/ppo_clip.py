@@ -17,7 +17,6 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from regroup.algo.ratios import clip_ratio, importance_ratio, per_token_advantages
 from regroup.config.fields import F, Knobs
 from regroup.config.registry import POLICY_LOSSES
 
@@ -48,9 +47,14 @@ def clipped_pg_loss(
     low = `r < 1−εl and A < 0`, high = `r > 1+εh and A > 0` (the tokens whose gradient the clip removes),
     on the ratio after the `delta` cap as TRL computes them. `advantages` is [B] (one per sequence) or [B, T].
     """
-    adv = per_token_advantages(advantages, logps)  # [B, 1] or [B, T]
-    ratio = importance_ratio(logps, old_logps)  # [B, T]
-    clipped = clip_ratio(ratio, eps_low, eps_high)  # [B, T]
+    adv = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages  # [B, 1] or [B, T]
+    if logps.shape != old_logps.shape or adv.shape[0] != logps.shape[0] or adv.shape[1] not in (1, logps.shape[1]):
+        raise ValueError(
+            f"advantages {tuple(advantages.shape)} must be [B] or [B, T], and logps {tuple(logps.shape)} and "
+            f"old_logps {tuple(old_logps.shape)} the same [B, T]"
+        )
+    ratio = torch.exp(logps - old_logps)  # [B, T]
+    clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)  # [B, T]
     if delta is not None:
         ratio = torch.clamp(ratio, max=delta)  # [B, T] INTELLECT-2's upper cap on the unclipped branch
     loss = -torch.min(ratio * adv, clipped * adv)  # [B, T]

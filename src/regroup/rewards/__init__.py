@@ -16,7 +16,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from regroup.config.registry import REWARDS
-from regroup.rewards.counts import RewardCounts
 from regroup.tasks.base import Problem
 
 __all__ = ["RewardFn", "combine", "pop_counts", "score_many", "task_grader"]
@@ -101,21 +100,28 @@ def task_grader(task: Any, correct_threshold: float = 1.0) -> RewardFn:
         raise ValueError(f"task_grader: {task!r} has no grade(response, problem) method")
     extract = getattr(task, "extract_answer", None)
     keys = ("checked", "correct", "wrong", "error") + (("extracted", "no_answer") if callable(extract) else ())
-    counts = RewardCounts(keys)
+    # A plain dict, not the worker pools' locked `RewardCounts`: the reward is called and its counts popped by
+    # the one thread that collects (the trainer's, or the async producer's).
+    counts = dict.fromkeys(keys, 0)
 
     def reward(response: str, problem: Problem) -> float | None:
         value = grade(response, problem)
-        counts.add("checked")
+        counts["checked"] += 1
         if callable(extract):
-            counts.add("no_answer" if extract(response) is None else "extracted")
+            counts["no_answer" if extract(response) is None else "extracted"] += 1
         if value is None:
-            counts.add("error")
+            counts["error"] += 1
             return None
-        counts.add("correct" if float(value) >= correct_threshold else "wrong")
+        counts["correct" if float(value) >= correct_threshold else "wrong"] += 1
         return float(value)
 
+    def pop() -> dict[str, int]:
+        out = dict(counts)
+        counts.update(dict.fromkeys(keys, 0))
+        return out
+
     reward.__name__ = f"{getattr(task, 'name', _name(task))}.grade"
-    reward.pop_counts = counts.pop
+    reward.pop_counts = pop
     return reward
 
 
@@ -126,4 +132,4 @@ def build_task_reward(task: Any, *, workers: int = 1, correct_threshold: float =
     return task_grader(task, correct_threshold=correct_threshold)
 
 
-from regroup.rewards import math_verify  # noqa: E402,F401  (registers "math"; it imports this module's counts)
+from regroup.rewards import math_verify  # noqa: E402,F401  (registers "math" beside "task")

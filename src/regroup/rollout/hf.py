@@ -9,6 +9,7 @@ DynamicCache, temperature, top-p, EOS stop. `benchmarks/rollout_speed.py` measur
 from __future__ import annotations
 
 import inspect
+from typing import Any
 
 import torch
 
@@ -54,31 +55,31 @@ class HFSampler:
         shared_prefill: bool = True,
         drop_finished: bool = True,
     ):
-        self.model = model
+        self.model: Any = None  # set by sync_weights below
         self.use_fast = use_fast
         self.shared_prefill = shared_prefill
         """Prefill each distinct prompt of a chunk once and copy its KV cache to its rows."""
         self.drop_finished = drop_finished
         """Drop rows that have ended from the decode batch (same samples; `tests/rollout/test_fast_decode.py`)."""
-        self._fast = None
+        self._fast: FastDecoder | None = None
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.eos_id = tokenizer.eos_token_id
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
+        self.sync_weights(model)
 
     def sync_weights(self, model) -> None:
+        """Sample from `model`. The lean decoder is chosen here, when the model object is new, not at every
+        weight push: it holds views of the weights, which each `generate` re-reads (`FastDecoder.refresh`)."""
+        if model is not self.model:
+            self._fast = FastDecoder(model) if self.use_fast and fast_supports(model) else None
         self.model = model
-        self._fast = None
 
-    def _decoder(self):
+    def _decoder(self) -> FastDecoder | None:
         """The lean decoder over the model's own weights when it supports the architecture, else None."""
-        if not self.use_fast:
-            return None
-        if self._fast is None or (self._fast and self._fast.model is not self.model):  # False: unsupported
-            self._fast = FastDecoder(self.model) if fast_supports(self.model) else False
-        if self._fast:
+        if self._fast is not None:
             self._fast.refresh()
-        return self._fast or None
+        return self._fast
 
     def _hf_start(self, input_ids, attention, positions, prompt_of_row):
         """Prefill the distinct prompts [U, P] with the HF forward and a DynamicCache, expand it to the rows

@@ -62,7 +62,7 @@ class OwnCopyWeights:
         with torch.no_grad():
             for name, tensor in payload.items():
                 params[name].copy_(tensor)
-        self.sampler.sync_weights(self.sampler.model)  # drops cached decoder views
+        self.sampler.sync_weights(self.sampler.model)  # copied in place: the same object, its decoder kept
 
 
 class ServerWeights:
