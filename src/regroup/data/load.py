@@ -12,7 +12,7 @@ import os
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from regroup.io import write_atomic
 from regroup.tasks.base import Problem
@@ -278,7 +278,8 @@ class _Row:
             raise self.error(name, "invalid UTF-8")
         return value
 
-    def has(self, name: str | None) -> bool:
+    def has(self, name: str | None) -> TypeGuard[str]:
+        """Whether the field is mapped (`name` not None) and present with a value; True narrows `name` to str."""
         return name is not None and self.data.get(name) is not None
 
     def required_text(self, name: str) -> str:
@@ -311,12 +312,12 @@ class _Row:
     def optional_text(self, name: str | None, numbers_ok: bool = False) -> str | None:
         if not self.has(name):
             return None
-        value = self.data[name]  # type: ignore[index]
+        value = self.data[name]
         if isinstance(value, float) and math.isnan(value):
             return None
         if numbers_ok and isinstance(value, (int, float)) and not isinstance(value, bool):
             return str(value)  # difficulty labels are often numbers (a level, a step count)
-        return self.text(name, value)  # type: ignore[arg-type]
+        return self.text(name, value)
 
     def key(self, name: str) -> str:
         """An id-like value (id, index) as text."""
@@ -375,7 +376,7 @@ class _Row:
 def _problem(row: _Row, fields: FieldMap, default_id: str) -> Problem:
     question = row.required_text(fields.question)
     answer = row.answer(fields.answer)
-    pid = row.key(fields.id) if row.has(fields.id) else default_id  # type: ignore[arg-type]
+    pid = row.key(fields.id) if row.has(fields.id) else default_id
     if not pid.strip():
         raise row.error(fields.id, "empty")
     return Problem(

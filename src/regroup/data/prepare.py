@@ -85,7 +85,9 @@ def openr1_row(row: Mapping[str, Any], i: int) -> Problem | None:
     The DeepSeek-R1 trace (target) becomes `solution`: DaGRPO's off-policy anchor."""
     question = chat_content(row.get("prompt"), "user") or first_text(row, "problem", "question")
     solution = chat_content(row.get("target"), "assistant") or first_text(row, "solution")
-    reward_model = row.get("reward_model") if isinstance(row.get("reward_model"), Mapping) else {}
+    reward_model = row.get("reward_model")
+    if not isinstance(reward_model, Mapping):
+        reward_model = {}
     answer = answer_text(reward_model.get("ground_truth")) or answer_text(row.get("answer"))
     if not question or not answer:
         return None
@@ -259,10 +261,9 @@ def prepare(name: str, out: str, source: str | None = None, limit: int | None = 
         problems = arithmetic_heldout(limit) if name == "arithmetic_heldout" else arithmetic_boxed(limit)
         save_problems(problems, out)
         return {"target": name, "source": "built-in arithmetic task", "written": len(problems), "skipped": 0}
-    if name == "champ" and source is None:
-        rows, origin = champ_rows(), "champ-dataset package"
-    elif name == "champ":
-        rows, origin = champ_rows(source), source
+    if name == "champ":
+        rows = champ_rows(source)
+        origin = source if source is not None else "champ-dataset package"
     else:
         rows, origin = source_rows(name, target.hub, source, target.fields)
     if target.to_problem is None:

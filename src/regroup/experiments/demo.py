@@ -93,7 +93,7 @@ def evaluate_model(
     task = get_task("arithmetic")
     model = AutoModelForCausalLM.from_pretrained(model_path)
     if device is not None:
-        model = model.to(device)
+        model = model.to(device)  # type: ignore[arg-type]  # typeshed's functools.wraps result does not bind self
     tokenizer = load_tokenizer(model_path)
     ks = ks or sorted({1, settings.eval_samples} | ({4} if settings.eval_samples >= 4 else set()))
     result = evaluate(

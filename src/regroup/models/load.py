@@ -33,25 +33,25 @@ def load_policy(path: str, model_cfg, device: torch.device | str = "cpu", *, lor
     from transformers import AutoModelForCausalLM  # heavy (transformers): only when a model is loaded
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[model_cfg.dtype], trust_remote_code=False)
-    model.to(device)
+    model.to(device)  # type: ignore[arg-type]  # typeshed's functools.wraps result does not bind self
     if model_cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
-    if lora:
-        from peft import LoraConfig, get_peft_model  # optional (peft): LoRA only
+    if not lora:
+        return model
+    from peft import LoraConfig, get_peft_model  # optional (peft): LoRA only
 
-        adapter = model_cfg.lora
-        model = get_peft_model(
-            model,
-            LoraConfig(
-                r=adapter.r,
-                lora_alpha=adapter.alpha,
-                lora_dropout=adapter.dropout,
-                target_modules=list(adapter.target_modules),
-                task_type="CAUSAL_LM",
-            ),
-        )
-    return model
+    adapter = model_cfg.lora
+    return get_peft_model(
+        model,
+        LoraConfig(
+            r=adapter.r,
+            lora_alpha=adapter.alpha,
+            lora_dropout=adapter.dropout,
+            target_modules=list(adapter.target_modules),
+            task_type="CAUSAL_LM",
+        ),
+    )
 
 
 class ReferenceModel:
@@ -183,6 +183,6 @@ def load_for_inference(path: str, dtype: str = "float32", device: str | None = N
     else:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[dtype], trust_remote_code=False)
     if device:
-        model.to(device)
+        model.to(device)  # type: ignore[arg-type]  # typeshed's functools.wraps result does not bind self
     model.eval()
     return model, tokenizer

@@ -29,10 +29,14 @@ backward over the micro-batches of 6 steps 0.905-0.986x on the built-in task (BE
 from __future__ import annotations
 
 import inspect
+from typing import TYPE_CHECKING
 
 import torch
 
 from regroup.batch import RolloutBatch
+
+if TYPE_CHECKING:
+    from transformers import DynamicCache
 
 # Architectures whose HF forward with a DynamicCache of full-attention layers is the padded forward
 # (tested). Others (sliding-window / hybrid / recurrent caches, encoder-decoders) take the padded path.
@@ -62,15 +66,15 @@ def response_logps(
     4-D mask (outside PACKED_MASK_ATTENTION), or no prompt repeated in the micro-batch (nothing to share).
     """
     p_all, t_all = batch.input_ids.shape[1] - batch.completion_length, batch.completion_length
-    with_entropy = "grad" if entropy_grad else with_entropy  # _token_logps: "grad" keeps the graph
+    entropy_mode: bool | str = "grad" if entropy_grad else with_entropy  # _token_logps: "grad" keeps the graph
     ids, attention, positions, p, t = _trim_padding(batch, p_all, t_all)
     result = None
     if shared_prefix and t > 0 and shared_prefix_supported(model):
         lengths = batch.completion_mask[:, :t].sum(1).long().clamp(min=1)  # [B]
-        result = _shared_prefix_logps(model, ids, attention, positions, p, lengths, temperature, with_entropy)
+        result = _shared_prefix_logps(model, ids, attention, positions, p, lengths, temperature, entropy_mode)
     if result is None:
         logits = _padded_logits(model, ids, attention, positions, t)  # [B, t, V]
-        result = _token_logps(logits, ids[:, p : p + t], temperature, with_entropy)
+        result = _token_logps(logits, ids[:, p : p + t], temperature, entropy_mode)
     logps, entropy = result  # [B, t_b] each, t_b <= t
     # columns past t_b (padding in every row of the micro-batch): 0, as on any padded position
     logps = torch.nn.functional.pad(logps, (0, t_all - logps.shape[1]))  # [B, T]
@@ -255,6 +259,19 @@ def _expanded_cache(layers_kv: list[tuple[torch.Tensor, torch.Tensor]], index: t
     )
 
 
+def _prompt_kv(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each layer's (keys, values) from `cache` after the prompt forward. The shared-prefix models are
+    full attention (SHARED_PREFIX_MODEL_TYPES): every layer is a key/value layer that forward filled."""
+    from transformers.cache_utils import CacheLayerMixin  # heavy (transformers): only the shared-prefix path
+
+    layers_kv = []
+    for i, layer in enumerate(cache.layers):
+        if not isinstance(layer, CacheLayerMixin) or layer.keys is None or layer.values is None:
+            raise RuntimeError(f"shared-prefix forward: cache layer {i} ({type(layer).__name__}) holds no keys/values")
+        layers_kv.append((layer.keys, layer.values))
+    return layers_kv
+
+
 def _shared_prefix_logps(
     model, ids, attention, positions, p: int, lengths: torch.Tensor, temperature: float, with_entropy: bool | str
 ):
@@ -269,6 +286,8 @@ def _shared_prefix_logps(
     if len(first) == len(ids):
         return None
     kw = cache_kwarg(_base_model(model))
+    if kw is None:  # no KV-cache argument (shared_prefix_supported says False): the padded forward
+        return None
     cache = DynamicCache()
     prompt_logits = model(
         input_ids=ids[first, :p],
@@ -284,7 +303,7 @@ def _shared_prefix_logps(
     width = int(fed.max())
     if width == 0:
         return head
-    layers_kv = [(layer.keys, layer.values) for layer in cache.layers]  # per layer [U, kv, P, D]
+    layers_kv = _prompt_kv(cache)  # per layer [U, kv, P, D]
 
     # Pack: rows of one prompt share lines of `width` slots, so padding is what first-fit leaves over.
     place, line_prompt = pack_rows(fed.tolist(), prompt_of_row.tolist(), width)

@@ -8,7 +8,6 @@ an evaluation's check; a training step's is `train.preflight.check_train_memory`
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from regroup.models.tiny import TinyModelConfig
 
 @dataclass
 class MemoryEstimate:
-    parts: dict
+    parts: dict[str, int]
     """What -> bytes."""
 
     @property
@@ -28,7 +27,7 @@ class MemoryEstimate:
         return int(sum(self.parts.values()))
 
     def largest(self) -> str:
-        return max(self.parts, key=self.parts.get)
+        return max(self.parts, key=self.parts.__getitem__)
 
 
 def _gib(n: float) -> str:
@@ -111,7 +110,7 @@ def available_memory(device: str = "cpu") -> int | None:
             return int(torch.cuda.mem_get_info()[0])
         except Exception:
             return None
-    free = None
+    free: int | None = None
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
@@ -122,10 +121,11 @@ def available_memory(device: str = "cpu") -> int | None:
         limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
         used = int(Path("/sys/fs/cgroup/memory.current").read_text().strip())
         if limit != "max":
-            free = min(free or math.inf, int(limit) - used)
+            room = int(limit) - used
+            free = room if free is None else min(free, room)
     except (OSError, ValueError):
         pass
-    return None if free is None else int(free)
+    return free
 
 
 def check_memory(estimate: MemoryEstimate, device: str, what: str, fix: str, log=print) -> None:

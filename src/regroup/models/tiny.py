@@ -88,7 +88,9 @@ def build_model(
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=None,
-        rope_theta=10000.0,
+        # transformers >= 5 still takes rope_theta (folded into rope_parameters) but no longer declares
+        # it; < 5 (no rope_parameters) declares only rope_theta.
+        rope_theta=10000.0,  # type: ignore[call-arg]
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

@@ -166,6 +166,8 @@ def _watched(connection_class: type, expiry: _Expiry) -> Callable[..., http.clie
     handshake, plain HTTP) and, for HTTPS, the TLS socket that replaces it."""
 
     class Watched(connection_class):  # a subclass: it sets the private socket factory from inside the class
+        _create_connection: Callable[..., socket.socket]  # set by HTTPConnection.__init__ (not in typeshed)
+
         def __init__(self, host: str, **kwargs: Any):
             super().__init__(host, **kwargs)
             create = self._create_connection
@@ -178,14 +180,31 @@ def _watched(connection_class: type, expiry: _Expiry) -> Callable[..., http.clie
     return Watched
 
 
+class _WatchedRequest(urllib.request.Request):
+    """A request that carries the `_Expiry` the watched handlers below put on its sockets."""
+
+    def __init__(self, url: str, expiry: _Expiry, **kwargs: Any) -> None:
+        super().__init__(url, **kwargs)
+        self.expiry = expiry
+
+
+def _expiry_of(req: urllib.request.Request) -> _Expiry:
+    if not isinstance(req, _WatchedRequest):
+        raise TypeError(f"a watched handler needs a _WatchedRequest, got {type(req).__name__}")
+    return req.expiry
+
+
 class _WatchedHTTPHandler(urllib.request.HTTPHandler):
     def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
-        return self.do_open(_watched(http.client.HTTPConnection, req.regroup_expiry), req)
+        return self.do_open(_watched(http.client.HTTPConnection, _expiry_of(req)), req)
 
 
 class _WatchedHTTPSHandler(urllib.request.HTTPSHandler):
     def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
-        return self.do_open(_watched(http.client.HTTPSConnection, req.regroup_expiry), req, context=self._context)
+        # _context: set by HTTPSHandler.__init__ and passed on the same way by urllib's own https_open;
+        # typeshed leaves the private attribute out.
+        context = self._context  # type: ignore[attr-defined]
+        return self.do_open(_watched(http.client.HTTPSConnection, _expiry_of(req)), req, context=context)
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -385,9 +404,8 @@ class ChatClient:
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if key:
             headers["Authorization"] = f"Bearer {key}"
-        request = urllib.request.Request(self._url, data=payload, headers=headers, method="POST")
         expiry = _Expiry(attempt_deadline)
-        request.regroup_expiry = expiry  # read by the watched handlers above
+        request = _WatchedRequest(self._url, expiry, data=payload, headers=headers, method="POST")
         if not self._slots.acquire(timeout=attempt_deadline - now):
             raise self._expired(ends_call, per_attempt, "waiting for a free connection")
         try:
@@ -634,9 +652,8 @@ def request_json(
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
         remember_secret(api_key)
-    request = urllib.request.Request(url, data=data, headers=headers, method="GET" if data is None else "POST")
     expiry = _Expiry(time.monotonic() + timeout_s)
-    request.regroup_expiry = expiry
+    request = _WatchedRequest(url, expiry, data=data, headers=headers, method="GET" if data is None else "POST")
     # Redirects are refused as the chat client refuses them: never the key (or the body) to a new address.
     opener = urllib.request.build_opener(_WatchedHTTPHandler, _WatchedHTTPSHandler, _NoRedirect)
     try:

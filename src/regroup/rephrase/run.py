@@ -157,6 +157,7 @@ def run_rephrase(
     cache: DiskCache | None = None
     client: ChatClient | None = None
     if rewriter == "openai":
+        assert base_url and model  # refused with a ConfigError above, before anything was read
         client = ChatClient(
             base_url,
             model,

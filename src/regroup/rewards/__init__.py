@@ -58,35 +58,40 @@ def combine(parts: Sequence[tuple[RewardFn, float]]) -> RewardFn:
             raise ValueError(f"combine: part {i} reward function {fn!r} is not callable")
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
             raise ValueError(f"combine: part {i} weight must be a finite number, got {weight!r}")
+    return _Combined(parts)
 
-    def weighted_sum(values: Sequence[float | None]) -> float | None:
+
+class _Combined:
+    """`combine`'s reward: callable like a plain reward, with `check_many` (the batch goes on to each
+    part) and `pop_counts` (the parts' counts, summed key by key)."""
+
+    def __init__(self, parts: list[tuple[RewardFn, float]]) -> None:
+        self.parts = parts
+        self.__name__ = "combine(" + ", ".join(f"{_name(fn)}*{w}" for fn, w in parts) + ")"
+
+    def _weighted_sum(self, values: Sequence[float | None]) -> float | None:
         total, scored = 0.0, False
-        for (_, weight), value in zip(parts, values):
+        for (_, weight), value in zip(self.parts, values):
             if value is None:
                 continue
             total += float(weight) * float(value)
             scored = True
         return total if scored else None
 
-    def combined(response: str, problem: Problem) -> float | None:
-        return weighted_sum([fn(response, problem) for fn, _ in parts])
+    def __call__(self, response: str, problem: Problem) -> float | None:
+        return self._weighted_sum([fn(response, problem) for fn, _ in self.parts])
 
-    def check_many(responses: Sequence[str], problems: Sequence[Problem]) -> list[float | None]:
-        by_part = [score_many(fn, responses, problems) for fn, _ in parts]
-        return [weighted_sum(values) for values in zip(*by_part)]
+    def check_many(self, responses: Sequence[str], problems: Sequence[Problem]) -> list[float | None]:
+        by_part = [score_many(fn, responses, problems) for fn, _ in self.parts]
+        return [self._weighted_sum(values) for values in zip(*by_part)]
 
-    def combined_counts() -> dict[str, int]:
+    def pop_counts(self) -> dict[str, int]:
         """The parts' counts since the previous call, summed key by key."""
         total: dict[str, int] = {}
-        for fn, _ in parts:
+        for fn, _ in self.parts:
             for key, n in pop_counts(fn).items():
                 total[key] = total.get(key, 0) + n
         return total
-
-    combined.__name__ = "combine(" + ", ".join(f"{_name(fn)}*{w}" for fn, w in parts) + ")"
-    combined.check_many = check_many
-    combined.pop_counts = combined_counts
-    return combined
 
 
 def task_grader(task: Any, correct_threshold: float = 1.0) -> RewardFn:
@@ -98,31 +103,37 @@ def task_grader(task: Any, correct_threshold: float = 1.0) -> RewardFn:
     grade = getattr(task, "grade", None)
     if not callable(grade):
         raise ValueError(f"task_grader: {task!r} has no grade(response, problem) method")
-    extract = getattr(task, "extract_answer", None)
-    keys = ("checked", "correct", "wrong", "error") + (("extracted", "no_answer") if callable(extract) else ())
-    # A plain dict, not the worker pools' locked `RewardCounts`: the reward is called and its counts popped by
-    # the one thread that collects (the trainer's, or the async producer's).
-    counts = dict.fromkeys(keys, 0)
+    return _TaskGrader(task, grade, correct_threshold)
 
-    def reward(response: str, problem: Problem) -> float | None:
-        value = grade(response, problem)
-        counts["checked"] += 1
-        if callable(extract):
-            counts["no_answer" if extract(response) is None else "extracted"] += 1
+
+class _TaskGrader:
+    """`task_grader`'s reward: the task's grade as a float, counted."""
+
+    def __init__(self, task: Any, grade: Callable[[str, Problem], Any], correct_threshold: float) -> None:
+        extract = getattr(task, "extract_answer", None)
+        self._grade, self._correct_threshold = grade, correct_threshold
+        self._extract: Callable[[str], Any] | None = extract if callable(extract) else None
+        keys = ("checked", "correct", "wrong", "error") + (("extracted", "no_answer") if self._extract else ())
+        # A plain dict, not the worker pools' locked `RewardCounts`: the reward is called and its counts popped
+        # by the one thread that collects (the trainer's, or the async producer's).
+        self._keys = keys
+        self._counts = dict.fromkeys(keys, 0)
+        self.__name__ = f"{getattr(task, 'name', _name(task))}.grade"
+
+    def __call__(self, response: str, problem: Problem) -> float | None:
+        value = self._grade(response, problem)
+        self._counts["checked"] += 1
+        if self._extract is not None:
+            self._counts["no_answer" if self._extract(response) is None else "extracted"] += 1
         if value is None:
-            counts["error"] += 1
+            self._counts["error"] += 1
             return None
-        counts["correct" if float(value) >= correct_threshold else "wrong"] += 1
+        self._counts["correct" if float(value) >= self._correct_threshold else "wrong"] += 1
         return float(value)
 
-    def pop() -> dict[str, int]:
-        out = dict(counts)
-        counts.update(dict.fromkeys(keys, 0))
+    def pop_counts(self) -> dict[str, int]:
+        out, self._counts = self._counts, dict.fromkeys(self._keys, 0)
         return out
-
-    reward.__name__ = f"{getattr(task, 'name', _name(task))}.grade"
-    reward.pop_counts = pop
-    return reward
 
 
 @REWARDS.register("task")

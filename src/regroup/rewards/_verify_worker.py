@@ -55,6 +55,7 @@ def main() -> None:
         channel.write(json.dumps({"fatal": f"math_verify does not work: {exc!r}"}) + "\n")
         return
     channel.write(json.dumps({"ready": True}) + "\n")
+    reply: dict[str, object]
     for line in sys.stdin:
         try:
             request = json.loads(line)

@@ -95,17 +95,20 @@ class _Child:
         self.pid = os.getpid()
         self._buffer = b""
         self._finalizer = weakref.finalize(self, kill_group, self.proc)
+        stdin, stdout = self.proc.stdin, self.proc.stdout
+        assert stdin is not None and stdout is not None  # both opened as pipes above
+        self._stdin, self._stdout = stdin, stdout
 
     def send(self, obj: Any) -> None:
         data = json.dumps(obj).encode()
         try:
-            self.proc.stdin.write(struct.pack(">I", len(data)) + data)
+            self._stdin.write(struct.pack(">I", len(data)) + data)
         except (BrokenPipeError, OSError):
             pass  # the read below sees the exit
 
     def read(self, deadline: float) -> dict | None:
         """The next reply; None at the deadline; {"died": True} when the child exited."""
-        fd = self.proc.stdout.fileno()
+        fd = self._stdout.fileno()
         while True:
             if len(self._buffer) >= 4:
                 size = struct.unpack(">I", self._buffer[:4])[0]
