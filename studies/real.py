@@ -376,8 +376,11 @@ def truncation_probe(val_file: str, s: RealSettings, seed: int = 0):
     return until
 
 
-def evaluate_real(model_dir: str, s: RealSettings, data_file: str, out_dir: Path, prompt_config: str, n: int) -> dict:
-    """pass@1 / pass@k (k up to n) and the truncated share on `data_file` at T = 1, prompted as `prompt_config`."""
+def evaluate_real(
+    model_dir: str, s: RealSettings, data_file: str, out_dir: Path, prompt_config: str, n: int, seed: int = 0
+) -> dict:
+    """pass@1 / pass@k (k up to n) and the truncated share on `data_file` at T = 1, prompted as `prompt_config`,
+    with sampler seed `seed` (0: every evaluation of the 2026-12-02 study and the gate)."""
     rows = run_eval_cli(
         model_dir,
         [data_file],
@@ -390,6 +393,7 @@ def evaluate_real(model_dir: str, s: RealSettings, data_file: str, out_dir: Path
         checker="math",
         greedy=False,
         limit=s.eval_problems,
+        seed=seed,
         progress=False,
         prompt={"config_file": prompt_config},
     )
