@@ -1,8 +1,9 @@
 """The papers' claims as data, and the pure functions that give each one a verdict from measured results.
 
-An arm's result in one regime is, per seed, the per-problem (correct, n) counts of its held-out
-evaluation (at T = 1, and at each paper's decoding settings under `protocols`) and the means over
-training of its logged mechanism metrics. A claim compares two arms on one measure in a stated direction.
+An arm's result in one regime is, per seed, the per-problem (correct, n) counts of its evaluation on
+unseen questions from the training generator (at T = 1, and at each paper's decoding settings under
+`protocols`) and the means over training of its logged mechanism metrics. A claim compares two arms on
+one measure in a stated direction.
 
 Registered and exploratory claims. A claim with `primary=True` is a registered primary endpoint: it names
 its regime and the paper's effect size, is written into the study's plan before any arm trains, and only
@@ -378,18 +379,26 @@ def judge_all(
     return out
 
 
-def verdict_label(v: Verdict) -> str:
+LOW_POWER = 0.8
+"""Under this power at the paper's effect, an inconclusive verdict says "not detected", never "rules out"."""
+
+
+def verdict_label(v: Verdict, power: float | None = None, scope: str = "") -> str:
     """The verdict as the page states it: an inconclusive (or exploratory) verdict with a stated effect says
-    whether its CI rules out the paper's effect; a supported one says whether it is smaller than the paper's
-    (a gain can be real and still far short of the claim)."""
+    whether its CI rules out the paper's effect, scoped to `scope` (the model, steps and dose it holds for),
+    or, where `power` at that effect is under LOW_POWER, that the effect was "not detected"; a supported one
+    says whether it is smaller than the paper's (a gain can be real and still far short of the claim)."""
     ruled = v.rules_out_effect
     if v.verdict not in (INCONCLUSIVE, EXPLORATORY, TIE, SUPPORTED) or ruled is None:
         return v.verdict
     effect = v.claim.effect * v.claim.direction  # type: ignore[operator]
     shown = f"{100 * effect:+.1f} pts" if v.claim.measure.startswith("pass@") else f"{effect:+.3f}"
+    where = f" {scope}" if scope else ""
     if v.verdict == SUPPORTED:
-        return f"{v.verdict}, but smaller than the paper's {shown} (the CI rules it out)" if ruled else v.verdict
-    return f"{v.verdict}; the CI {'rules out' if ruled else 'includes'} the paper's {shown}"
+        return f"{v.verdict}, but smaller than the paper's {shown} (the CI rules it out{where})" if ruled else v.verdict
+    if power is not None and power < LOW_POWER:
+        return f"{v.verdict}; the paper's {shown} not detected ({100 * power:.0f} % power at it)"
+    return f"{v.verdict}; the CI {'rules out' if ruled else 'includes'} the paper's {shown}" + (where if ruled else "")
 
 
 def per_seed_mean(records: Sequence[Mapping[str, object]], key: str) -> float | None:

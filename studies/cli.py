@@ -5,6 +5,7 @@
     python -m studies --resume runs/study-...        # continue a stopped miniature study in its folder
     python -m studies --summarize runs/study-A runs/study-B --out DIR [--keep docs/results/NAME]
     python -m studies --real ...                     # the real-model study (SmolLM2-135M, LoRA): hours
+    python -m studies --real2 --dry-run              # the v2 design where RL moves the model: plan and cost
 
 User errors end in one line and exit 2 (`--debug`: the traceback), as in `regroup`.
 """
@@ -49,6 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="runs", help="the folder the study folder is made in (default: runs)")
     p.add_argument("--arms", default=None, help="comma-separated subset of the arms (default: the registered arms)")
     p.add_argument("--real", action="store_true", help="the real-model study (SmolLM2-135M, LoRA): hours")
+    p.add_argument(
+        "--real2",
+        action="store_true",
+        help="the real-model v2 study (studies/real2.py): the gate's budget, unseen-chain evaluation, curves, the "
+        "imitation control; days of one core",
+    )
     p.add_argument(
         "--gate",
         action="store_true",
@@ -127,6 +134,8 @@ def run(args) -> int:
         return _gate(args)
     if args.gated is not None:
         return _gated(args, arms)
+    if args.real2:
+        return _real2(args, arms)
     if args.real:
         return _real(args, arms)
     if args.length is not None:
@@ -303,6 +312,55 @@ def _gated(args, arms) -> int:
     if first + count > g.seeds:
         raise ConfigError(f"--first-seed {first} --seeds {count}: past the {g.seeds} registered seeds")
     gated.run_primaries(g, study, lr, list(range(first, first + count)), list(arms or g.arms), log=_log)
+
+
+def _real2(args, arms) -> int:
+    if args.resume is not None or args.length is not None:
+        raise ConfigError("--real2: no --resume or --length (continue it with --first-seed/--seeds)")
+    from studies.real2 import (
+        QUICK,
+        REAL2_ARMS_BY_NAME,
+        Real2Settings,
+        _split,
+        hard_ids,
+        keep_real2,
+        real2_plan,
+        run_real2,
+        summarize_real2,
+        table_rows,
+    )
+
+    unknown = [a for a in arms or () if a not in REAL2_ARMS_BY_NAME]
+    if unknown:
+        raise ConfigError(f"--arms: unknown v2 arm(s) {unknown}; available: {', '.join(REAL2_ARMS_BY_NAME)}")
+    s = QUICK if args.quick else Real2Settings()
+    if arms:
+        s = replace(s, arms=arms)
+    if args.summarize:
+        dirs = [Path(d) for d in args.summarize]
+        if args.keep is not None:
+            keep_real2(dirs, Path(args.keep))
+        print(summarize_real2(table_rows(dirs), set(hard_ids(_split(s), s.hard_steps)), s))
+        return 0
+    if args.seeds is not None or args.first_seed is not None:
+        first = args.first_seed or 0
+        count = args.seeds if args.seeds is not None else s.registered_seeds - first
+        if first + count > s.registered_seeds:
+            raise ConfigError(f"--first-seed {first} --seeds {count}: past the {s.registered_seeds} registered seeds")
+        s = replace(s, first_seed=first, seeds=count)
+    if args.dry_run:
+        plan = real2_plan(s)
+        print(json.dumps(plan, indent=2, default=str))
+        cost, power = plan["cost"], plan["power"]
+        _log(
+            f"v2: {power['seeds_for_80_percent']} seeds for 80 % power at +2.9 (sd {100 * power['sd_used']:.2f} pts, "
+            f"level {power['level_first_holm_step']:.4f}); registered {s.registered_seeds}; "
+            f"{cost['per_seed_core_hours']:.1f} core-hours a seed, {cost['design_core_hours']:.0f} for the design "
+            f"at the gate's load ({cost['design_core_hours_at_light_load']:.0f} at its lightest); this process "
+            f"{cost['this_process_core_hours']:.0f} (a cost model, not a measurement)"
+        )
+        return 0
+    print(f"real2: {run_real2(s, out_root=args.out, log=_log)}")
     return 0
 
 

@@ -62,10 +62,11 @@ def _effect(v: Verdict) -> str:
     return f"{100 * e:+.1f} pts" if v.claim.measure.startswith("pass@") else f"{e:+.3f}"
 
 
-def primary_rows(verdicts: Sequence[Verdict], power: Sequence[Mapping[str, Any]]) -> list[list[str]]:
+def primary_rows(verdicts: Sequence[Verdict], power: Sequence[Mapping[str, Any]], scope: str = "") -> list[list[str]]:
     """Cells of the registered-endpoint table: paper, endpoint, regime, measure, difference, the paper's
     effect, power at the registered seeds, seeds run and the power they give (pilot spread), Δ [CI], df,
-    p, p (Holm), verdict (with whether the CI rules out the paper's effect)."""
+    p, p (Holm), verdict (whether the CI rules out the paper's effect, scoped to `scope`, or "not detected"
+    where the seeds run had under 80 % power at it)."""
     by_text = {r["endpoint"]: r for r in power}
     rows = []
     for v in (v for v in verdicts if v.claim.primary):
@@ -74,11 +75,12 @@ def primary_rows(verdicts: Sequence[Verdict], power: Sequence[Mapping[str, Any]]
         percent = claim.measure.startswith("pass@")
         ran = c.seeds if c is not None else 0
         level, sd = r.get("level_first_holm_step"), r.get("pilot_sd_per_seed")
-        power_run = (
-            f"{100 * paired_t_power(claim.effect, sd, ran, level):.0f} %"  # type: ignore[arg-type]
+        power_value = (
+            paired_t_power(claim.effect, sd, ran, level)  # type: ignore[arg-type]
             if level is not None and sd is not None and ran
-            else "—"
+            else None
         )
+        power_run = "—" if power_value is None else f"{100 * power_value:.0f} %"
         rows.append(
             [
                 claim.paper,
@@ -93,7 +95,7 @@ def primary_rows(verdicts: Sequence[Verdict], power: Sequence[Mapping[str, Any]]
                 "—" if c is None or c.df is None else f"{c.df:.0f}",
                 fmt_p(v.p),
                 fmt_p(v.p_adjusted),
-                verdict_label(v),
+                verdict_label(v, power_value, scope),
             ]
         )
     return rows
@@ -346,13 +348,19 @@ def write_study_page(
     not_run = sum(1 for v in verdicts if not v.claim.primary and v.verdict == NOT_RUN)
     vrows = verdict_rows(exploratory)
     classes = [_VERDICT_CLASS.get(v.verdict) for v in exploratory]
-    prows = primary_rows(verdicts, primaries)
+    scope = (
+        f"for the tiny model at {s.steps} steps of {s.prompts_per_step} questions × G = {s.num_generations}"
+        if all(hasattr(s, k) for k in ("steps", "prompts_per_step", "num_generations"))
+        else ""
+    )
+    prows = primary_rows(verdicts, primaries, scope)
     pclasses = [_VERDICT_CLASS.get(v.verdict) for v in verdicts if v.claim.primary]
     srows = per_seed_rows(verdicts)
     intro = (
         f"{s.seeds} seeds per arm registered (the seeds each arm finished are in its tables); GRPO: "
         f"{s.questions} distinct questions × {s.epochs} epochs = {s.steps} steps "
-        f"of {s.prompts_per_step} questions × G = {s.num_generations}; held-out: {s.eval_problems} problems × "
+        f"of {s.prompts_per_step} questions × G = {s.num_generations}; evaluation: {s.eval_problems} unseen questions "
+        "from the training generator × "
         f"{s.eval_samples} samples at T = 1 for the arms of a pass@k (k > 1) endpoint, {s.pass1_eval_samples} for "
         "the others"
         + (
@@ -366,13 +374,15 @@ def write_study_page(
     note = (
         f"pass@k in % ± 1 SE over seeds. Δ in percentage points with its {100 * (1 - ALPHA):.0f} % confidence "
         "interval (t with the df shown; unadjusted). The test: the paired t-test over seeds (each seed's mean "
-        "difference over the held-out problems is one replication; S − 1 df); at a zero SE the exact sign-flip "
+        "difference over the evaluation problems is one replication; S − 1 df); at a zero SE the exact sign-flip "
         "test over seeds (p >= 2^(1−S)); Δ = 0 on every seed is a tie. p (Holm): adjusted over the registered "
         "primary endpoints of the same paper only; a primary is 'supported' or 'contradicted' only when p (Holm) "
         f"< {ALPHA}; 'inconclusive' means this study could not tell, and says whether its CI rules out the "
-        "paper's effect; 'supported' says when its CI lies below the paper's effect (a real gain, smaller than "
-        "claimed). Power: of the paired t-test at Holm's first-step level α/m, at the paper's effect, from "
-        "the pilot spread registered in plan.json (not this run's). Exploratory claims: raw p and CI only, never "
+        "paper's effect for this model, step count and dose only, or, where the seeds run had under 80 % power at "
+        "it, that the effect was not detected; 'supported' says when its CI lies below the paper's effect (a real "
+        "gain, smaller than claimed). Power: of the paired t-test at Holm's first-step level α/m, at the paper's "
+        "effect, from the pilot spread registered in plan.json (not this run's). Exploratory claims: raw p and CI "
+        "only, never "
         "'supported' ('matches' claims: twice the smaller of the non-inferiority-and-gain p and the falls-short "
         "p). Endpoints, effects, seeds and arms were fixed in code and written to plan.json before any arm trained."
     )
@@ -435,7 +445,7 @@ def write_study_page(
         html += [
             f"<h2>{escape(name)} regime</h2>",
             f"<p class=meta>{escape(regime.description)}</p>",
-            "<h3>Held-out results</h3>",
+            "<h3>Results on unseen questions from the training generator</h3>",
             _html_table(results_header(ks, s.paper_protocols, baseline), rrows, left=2),
             "<h3>Budgets per protocol</h3>",
             _html_table(BUDGET_HEADER, brows, left=2),

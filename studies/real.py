@@ -18,8 +18,9 @@ of `studies.gate` must show that RL moves the model at the budget. This study:
    the same steps with as many sequences per step (the imitation control at equal steps).
 4. **Evaluation**: the held-out test file (`arithmetic_heldout`, none a training question), `eval_samples`
    per problem at T = 1 and the study's length: pass@1 and pass@k for k up to the samples drawn, the
-   truncated share; from training, the uniform-group share; a run whose reward collapses (the mean reward
-   of its last 5 steps under half that of its first 5) is flagged, never dropped.
+   truncated share; from training, the uniform-group share. (A "collapsed" flag, the mean reward of the
+   last 5 steps under half that of the first 5, was dropped: it compared a run with other questions than
+   its own, and fired on one data order, seed 4, whose hardest questions come last.)
 5. **Registered primaries** (REAL_PRIMARIES, Holm within each paper, `studies.claims`), paired over
    seeds as in the miniature study: anchors (no_correct) vs Dr. GRPO; anchors (no_correct) vs continued SFT;
    TA-GRPO vs matched sampling (pass@k at the largest k drawn).
@@ -376,8 +377,11 @@ def truncation_probe(val_file: str, s: RealSettings, seed: int = 0):
     return until
 
 
-def evaluate_real(model_dir: str, s: RealSettings, data_file: str, out_dir: Path, prompt_config: str, n: int) -> dict:
-    """pass@1 / pass@k (k up to n) and the truncated share on `data_file` at T = 1, prompted as `prompt_config`."""
+def evaluate_real(
+    model_dir: str, s: RealSettings, data_file: str, out_dir: Path, prompt_config: str, n: int, seed: int = 0
+) -> dict:
+    """pass@1 / pass@k (k up to n) and the truncated share on `data_file` at T = 1, prompted as `prompt_config`,
+    with sampler seed `seed` (0: every evaluation of the 2026-12-02 study and the gate)."""
     rows = run_eval_cli(
         model_dir,
         [data_file],
@@ -390,6 +394,7 @@ def evaluate_real(model_dir: str, s: RealSettings, data_file: str, out_dir: Path
         checker="math",
         greedy=False,
         limit=s.eval_problems,
+        seed=seed,
         progress=False,
         prompt={"config_file": prompt_config},
     )
@@ -488,7 +493,6 @@ def real_plan(s: RealSettings, arms: list[RealArm]) -> dict:
             "seeds": s.registered_seeds,
             "detectable_effect_in_sd_of_seed_differences": detectable_effect(s.registered_seeds, 0.05 / 2),
         },
-        "collapse_flag": "mean reward of the last 5 steps < half that of the first 5",
     }
 
 
@@ -557,20 +561,9 @@ def run_real_study(s: RealSettings, out_root: str = "runs", log=print) -> Path:
 
 
 # ------------------------------------------------------------------------------------------ summary
-def collapsed(metrics_file: Path) -> bool | None:
-    """A run whose reward collapsed: the mean reward of its last 5 steps under half that of its first 5
-    (None: fewer than 10 logged steps)."""
-    records, _ = read_metrics(str(metrics_file))
-    rewards = [float(r["reward/mean"]) for r in records if isinstance(r.get("reward/mean"), (int, float))]
-    if len(rewards) < 10:
-        return None
-    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
-    return last < 0.5 * first
-
-
 def real_rows(study_dirs: list[Path]) -> list[dict]:
     """The kept table of a real-model study split over `study_dirs`: one row per finished arm run (its held-out
-    evaluation, the means of groups/uniform_frac and reward/mean, its truncated share and collapse flag) and
+    evaluation, the means of groups/uniform_frac and reward/mean and its truncated share) and
     the start's held-out evaluation (arm "start", seed 0; the start does not depend on a training seed)."""
     rows, start = [], None
     for study_dir in study_dirs:
@@ -589,7 +582,6 @@ def real_rows(study_dirs: list[Path]) -> list[dict]:
                 k: v for k in ("groups/uniform_frac", "reward/mean") if (v := per_seed_mean(records, k)) is not None
             }
             truncated = json.loads((bench / "summary.json").read_text()).get("truncated_frac")
-            flag = collapsed(metrics) if metrics.is_file() else None
             rows.append(
                 row(
                     REGIME,
@@ -598,7 +590,6 @@ def real_rows(study_dirs: list[Path]) -> list[dict]:
                     {T1: read_per_problem(per_problem)},
                     mechanisms,
                     truncated_frac=truncated,
-                    collapsed=flag,
                 )
             )
     if start is not None:
@@ -610,7 +601,7 @@ def real_rows(study_dirs: list[Path]) -> list[dict]:
 
 
 def read_real_results(rows: list[dict]) -> tuple[dict[str, ArmResult], dict[str, dict[int, dict]]]:
-    """(arm -> ArmResult on the test set, arm -> seed -> {truncated, uniform, collapsed}) from the kept table;
+    """(arm -> ArmResult on the test set, arm -> seed -> {truncated, uniform}) from the kept table;
     "start" has the start's one evaluation under every seed any arm ran."""
     arms = arm_results(r for r in rows if r["arm"] != START).get(REGIME, {})
     extra: dict[str, dict[int, dict]] = {}
@@ -619,7 +610,6 @@ def read_real_results(rows: list[dict]) -> tuple[dict[str, ArmResult], dict[str,
             extra.setdefault(r["arm"], {})[r["seed"]] = {
                 "truncated_frac": r["extra"].get("truncated_frac"),
                 "uniform_frac": r["mechanisms"].get("groups/uniform_frac"),
-                "collapsed": r["extra"].get("collapsed"),
             }
     start = next((r for r in rows if r["arm"] == START), None)
     if start is not None:
@@ -627,7 +617,7 @@ def read_real_results(rows: list[dict]) -> tuple[dict[str, ArmResult], dict[str,
         seeds = sorted({s for a in arms.values() for s in a.per_problem})
         arms["start"] = ArmResult(per_problem={s: counts for s in seeds})
         truncated = start["extra"].get("truncated_frac")
-        extra["start"] = {s: {"truncated_frac": truncated, "uniform_frac": None, "collapsed": None} for s in seeds}
+        extra["start"] = {s: {"truncated_frac": truncated, "uniform_frac": None} for s in seeds}
     return arms, extra
 
 
@@ -650,8 +640,11 @@ def _delta(c) -> str:
 
 def summarize_real(study_dirs: list[Path], k: int | None = None, against: tuple[str, ...] = ("start", "drgrpo")) -> str:
     """Markdown: per arm, seeds, pass@1 and pass@k (± SE over seeds), Δ pass@1 against each arm of `against`
-    (paired over seeds, 95 % CI), truncated share, uniform-group share, collapsed runs; the per-seed pass@1;
-    and the registered primaries' verdicts (Holm within each paper) with the exploratory claims."""
+    (paired over seeds, 95 % CI), truncated share, uniform-group share; the per-seed pass@1; and the
+    registered primaries' verdicts (Holm within each paper) with the exploratory claims. A verdict's "rules
+    out" is scoped to the model, steps and samples; under 80 % power it reads "not detected"; where an RL arm
+    of the comparison did not move from the start (its Δ vs start CI includes 0), the verdict says that it
+    does not test the paper's claim."""
     arms, extra = read_real_results(study_table(study_dirs))
     if k is None:
         k = max((n for a in arms.values() for counts in a.per_problem.values() for _, n in counts.values()), default=1)
@@ -669,7 +662,6 @@ def summarize_real(study_dirs: list[Path], k: int | None = None, against: tuple[
         *[f"Δ pass@1 vs {b}" for b in shown],
         "truncated",
         "uniform groups",
-        "collapsed",
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name in (n for n in order if n in arms):
@@ -680,10 +672,8 @@ def summarize_real(study_dirs: list[Path], k: int | None = None, against: tuple[
             cells.append("—" if name in ("start", other) else _delta(compare_pass_at_k(arms[name], arms[other], 1)))
         trunc = [v["truncated_frac"] for v in seeds.values() if v["truncated_frac"] is not None]
         uni = [v["uniform_frac"] for v in seeds.values() if v["uniform_frac"] is not None]
-        flags = [v["collapsed"] for v in seeds.values() if v["collapsed"] is not None]
         cells.append(f"{100 * sum(trunc) / len(trunc):.0f} %" if trunc else "—")
         cells.append(f"{100 * sum(uni) / len(uni):.0f} %" if uni else "—")
-        cells.append(f"{sum(flags)} of {len(flags)}" if flags else "—")
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "Per-seed pass@1 (%):", "", "| arm | " + " | ".join(f"seed {s}" for s in _all_seeds(arms)) + " |"]
     lines.append("|" + "---|" * (1 + len(_all_seeds(arms))))
@@ -695,7 +685,7 @@ def summarize_real(study_dirs: list[Path], k: int | None = None, against: tuple[
                 row.append("—")
             else:
                 value = sum(c / n for c, n in counts.values()) / len(counts)
-                row.append(f"{100 * value:.1f}" + (" (collapsed)" if extra[name][seed].get("collapsed") else ""))
+                row.append(f"{100 * value:.1f}")
         lines.append("| " + " | ".join(row) + " |")
     s = RealSettings(eval_samples=k)
     verdicts = judge_all(real_claims(s), {REGIME: arms})
@@ -706,9 +696,18 @@ def summarize_real(study_dirs: list[Path], k: int | None = None, against: tuple[
         "(these seeds' sd) | verdict |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    scope = f"for SmolLM2-135M with LoRA at {_steps_run(study_dirs)} steps × 16 samples"
     for v in verdicts:
         c = v.comparison
         ci = v.ci
+        power = _power(v, primaries_per_paper[v.claim.paper])
+        label = verdict_label(v, None if power is None else power[0], scope)
+        still = [a for a in (v.claim.arm, v.claim.against) if a in arms and _rl_did_not_move(arms, a)]
+        if v.claim.primary and still:
+            label += (
+                f"; RL did not move {' or '.join(still)} from the start (Δ vs start CI includes 0), so this does not "
+                "test the paper's claim"
+            )
         delta = (
             "—"
             if c is None or c.delta is None
@@ -720,9 +719,37 @@ def summarize_real(study_dirs: list[Path], k: int | None = None, against: tuple[
             f"| {v.claim.paper} | {v.claim.text} | {'primary' if v.claim.primary else 'exploratory'} | {delta} "
             f"| {c.seeds if c else 0} | {p} | {padj} | "
             + ("—" if v.claim.effect is None else f"{100 * v.claim.effect:+.1f} pts")
-            + f" | {observed_power(v, primaries_per_paper[v.claim.paper])} | {verdict_label(v)} |"
+            + f" | {observed_power(v, primaries_per_paper[v.claim.paper])} | {label} |"
         )
     return "\n".join(lines)
+
+
+def _steps_run(study_dirs: list[Path]) -> int:
+    """The study's optimizer steps per arm, from the first plan.json (the settings' default without one)."""
+    for d in study_dirs:
+        plan = Path(d) / "plan.json"
+        if plan.is_file():
+            return int(json.loads(plan.read_text()).get("settings", {}).get("steps", RealSettings.steps))
+    return RealSettings.steps
+
+
+def _rl_did_not_move(arms: dict[str, ArmResult], name: str) -> bool:
+    """An RL arm whose pass@1 gain over the start has a 95 % CI that includes 0 (False: SFT, the start, or no CI)."""
+    arm = REAL_ARMS_BY_NAME.get(name)
+    if arm is None or arm.sft_only or "start" not in arms:
+        return False
+    ci = confidence_interval(compare_pass_at_k(arms[name], arms["start"], 1))
+    return ci is not None and ci[0] <= 0 <= ci[1]
+
+
+def _power(v: Verdict, primaries_of_its_paper: int) -> tuple[float, float] | None:
+    """(power, sd) of `observed_power`, None where it is "—"."""
+    c = v.comparison
+    if not v.claim.primary or v.claim.effect is None or c is None or c.seeds < 2:
+        return None
+    sd = std(c.per_seed)
+    assert sd is not None
+    return paired_t_power(v.claim.effect, sd, c.seeds, ALPHA / primaries_of_its_paper), sd
 
 
 def observed_power(v: Verdict, primaries_of_its_paper: int) -> str:
@@ -730,12 +757,10 @@ def observed_power(v: Verdict, primaries_of_its_paper: int) -> str:
     first-step level α/m (m = its paper's primaries; a lower bound), with the sd of these seeds' differences.
     This start had no pilot, so the plan could only give the detectable effect in sd units; this is the
     same calculation with the spread the run measured ("—": exploratory, no effect, or under 2 seeds)."""
-    c = v.comparison
-    if not v.claim.primary or v.claim.effect is None or c is None or c.seeds < 2:
+    found = _power(v, primaries_of_its_paper)
+    if found is None:
         return "—"
-    sd = std(c.per_seed)  # with 2+ seeds, per_seed holds one mean difference per seed
-    assert sd is not None
-    power = paired_t_power(v.claim.effect, sd, c.seeds, ALPHA / primaries_of_its_paper)
+    power, sd = found
     return f"{100 * power:.0f} % (sd {100 * sd:.1f} pts)"
 
 

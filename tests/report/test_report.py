@@ -377,3 +377,47 @@ def test_legend_of_many_long_labels_stays_inside_the_figure(panels):
     fig.draw(renderer)
     legend = fig.legends[0].get_window_extent(renderer)
     assert legend.x0 >= 0 and legend.x1 <= fig.bbox.width, (legend, fig.bbox.width)
+
+
+def _write_checkpoint_evals(run: str, curve: dict[int, float]) -> None:
+    """eval_step<N>/ folders as `regroup eval --out` writes them (one benchmark)."""
+    from pathlib import Path
+
+    for step, value in curve.items():
+        folder = Path(run) / f"eval_step{step}"
+        (folder / "val").mkdir(parents=True)
+        (folder / "summary.json").write_text(json.dumps({"rows": [{"benchmark": "val", "mean@n": value}]}))
+        (folder / "val" / "summary.json").write_text(json.dumps(_summary(value, 0.03, min(1.0, value + 0.2), value)))
+
+
+def test_learning_curves_are_drawn_with_a_band_over_seeds(tmp_path):
+    from regroup.report.plots import group_curve
+    from regroup.report.runs import group_runs, samples_per_step
+
+    root = tmp_path / "runs"
+    root.mkdir()
+    cfg = {**BASE_CONFIG, "grpo": {**BASE_CONFIG["grpo"], "prompts_per_step": 2}}
+    a0 = _write_run(root, "grpo-s0", {**cfg, "seed": 0}, ["reward/mean"], 0.5)
+    a1 = _write_run(root, "grpo-s1", {**cfg, "seed": 1}, ["reward/mean"], 0.5)
+    b = _write_run(root, "dagrpo", {**cfg, "recipe": "dagrpo"}, ["reward/mean"], 0.5)
+    _write_checkpoint_evals(a0, {0: 0.40, 50: 0.50, 100: 0.60})
+    _write_checkpoint_evals(a1, {0: 0.40, 50: 0.40, 100: 0.50})
+    _write_checkpoint_evals(b, {0: 0.40, 100: 0.70})
+    runs = [load_run(d) for d in (a0, a1, b)]
+    assert runs[0].checkpoint_evals == {0: 0.40, 50: 0.50, 100: 0.60}
+    assert samples_per_step(runs[0]) == 16  # 2 questions × G = 8
+    groups = {g.label: g for g in group_runs(runs, "grpo")}
+    curve = group_curve(groups["grpo"])
+    # step 0: 0.4 twice (no spread); step 50: 0.5 and 0.4, mean 0.45, sd 0.0707, SE 0.05, t_{.975, 1} = 12.706
+    assert curve[0] == (0, pytest.approx(0.40), pytest.approx(0.40), pytest.approx(0.40))
+    assert curve[1][1] == pytest.approx(0.45) and curve[1][2] == pytest.approx(0.45 - 12.706 * 0.05)
+    assert group_curve(groups["dagrpo"])[1] == (100, 0.70, None, None)  # one seed: no band
+    out = tmp_path / "rep"
+    html_path, md_path = build_report([a0, a1, b], str(out))
+    assert (out / "plots" / "curves.png").stat().st_size > 1000
+    assert 'src="plots/curves.png"' in open(html_path).read() and "(plots/curves.png)" in open(md_path).read()
+    # runs without checkpoint evaluations: a note, no file
+    plain = _write_run(root, "plain", cfg, ["reward/mean"], 0.5)
+    html_path, _ = build_report([plain], str(tmp_path / "rep2"))
+    assert "Learning curves: no run evaluated 2 or more checkpoints" in open(html_path).read()
+    assert not (tmp_path / "rep2" / "plots" / "curves.png").exists()

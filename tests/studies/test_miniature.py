@@ -913,7 +913,7 @@ def test_real_study_end_to_end_on_a_tiny_model(tiny_model_dir, boxed_file, tmp_p
     second = run_real_study(replace(s, first_seed=1), out_root=str(out), log=lambda m: None)
     assert not (second / "start").exists()  # the start is evaluated (and made) once
     table = summarize_real([first, second])
-    assert "| anchor_no_correct | 2 |" in table and "primary" in table and "collapsed" in table
+    assert "| anchor_no_correct | 2 |" in table and "primary" in table and "collapsed" not in table
     assert table.count("| primary |") == 3
 
 
@@ -964,7 +964,7 @@ def test_real_summary_pairs_arms_over_seeds_from_split_studies(tmp_path, capsys)
     write(a / "anchor_no_correct-s0" / "eval" / "heldout", [2, 2], 0.0)
     write(b / "drgrpo-s1" / "eval" / "heldout", [0, 1], 0.5)
     write(b / "anchor_no_correct-s1" / "eval" / "heldout", [4, 2], 0.0)
-    # a collapsing run: reward 0.8 for 5 steps, then 0.1
+    # reward 0.8 for 5 steps, then 0.1: no longer flagged (the flag compared other questions than the run's own)
     (b / "drgrpo-s1" / "metrics.jsonl").write_text(
         "".join(
             json.dumps({"step": i + 1, "reward/mean": 0.8 if i < 5 else 0.1, "groups/uniform_frac": 0.5}) + "\n"
@@ -973,7 +973,7 @@ def test_real_summary_pairs_arms_over_seeds_from_split_studies(tmp_path, capsys)
     )
     arms, extra = read_real_results(real_rows([a, b]))
     assert set(arms) == {"start", "drgrpo", "anchor_no_correct"} and set(arms["start"].per_problem) == {0, 1}
-    assert extra["drgrpo"][1] == {"truncated_frac": 0.5, "uniform_frac": 0.5, "collapsed": True}
+    assert extra["drgrpo"][1] == {"truncated_frac": 0.5, "uniform_frac": 0.5}
     table = summarize_real([a, b]).splitlines()
     row = next(line for line in table if line.startswith("| anchor_no_correct"))
     # pass@1 per (seed, problem): anchor [[.5, .5], [1, .5]] mean 0.625; drgrpo [[.25, 0], [0, .25]] mean 0.125;
@@ -981,8 +981,7 @@ def test_real_summary_pairs_arms_over_seeds_from_split_studies(tmp_path, capsys)
     # sd 0.177 / √2 = 0.125; df 1, t 12.706: CI 0.5 ± 1.588
     assert "| 2 | 62.5 % |" in row and "+50.0 ± 12.5 [-108.8, +208.8]" in row and "| 0 % |" in row
     assert "+62.5 ±" in row  # vs the start's 0
-    assert next(line for line in table if line.startswith("| drgrpo")).endswith("| 1 of 1 |")  # the flag
-    assert any(line.startswith("| drgrpo | 25.0 (collapsed) |") or "(collapsed)" in line for line in table)
+    assert not any("collapsed" in line for line in table)
     primary = next(line for line in table if "Anchors on hard queries (no_correct) beat Dr. GRPO" in line)
     assert "| primary |" in primary and "inconclusive" in primary
     # its power at the paper's +2.9: the seed differences' sd 0.177 (above), 2 seeds, Holm's first step over

@@ -17,8 +17,9 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from regroup.io import write_atomic
-from regroup.report.runs import RunGroup
+from regroup.report.runs import RunGroup, samples_per_step
 from regroup.report.smoothing import ema
+from regroup.report.stats import mean_band
 
 # One colour per recipe, in table order; grey is kept for the starting model.
 PALETTE = [
@@ -171,7 +172,7 @@ TRAINING_PLOTS = [
     ),
 ]
 
-EVAL_PLOTS = {"passk": "pass@k curves", "difficulty": "Accuracy by difficulty"}
+EVAL_PLOTS = {"passk": "pass@k curves", "difficulty": "Accuracy by difficulty", "curves": "Learning curves"}
 
 
 def _save(fig, out_path: str) -> None:
@@ -472,6 +473,64 @@ def _difficulty_plot(rows: Sequence[dict[str, Any]], colors: dict[str, str], out
     return True
 
 
+def group_curve(group: RunGroup) -> list[tuple[int, float, float | None, float | None]]:
+    """[(step, mean pass@1 over the group's seeds, 95 % lo, hi)] at every evaluated checkpoint of its runs (the
+    runs that evaluated it; no band where only one did)."""
+    steps = sorted({s for run in group.runs for s in run.checkpoint_evals})
+    return [(s, *mean_band([r.checkpoint_evals[s] for r in group.runs if s in r.checkpoint_evals])) for s in steps]
+
+
+def _curves_plot(groups: Sequence[RunGroup], colors: dict[str, str], out_path: str) -> bool:
+    """pass@1 against step (and against samples seen, when every drawn recipe's config gives its samples per
+    step) for each recipe whose runs evaluated 2+ checkpoints (eval_stepN folders): the mean over seeds, a
+    95 % t band where 2+ seeds evaluated a step; False if no run did."""
+    drawn = [g for g in groups if any(len(r.checkpoint_evals) >= 2 for r in g.runs)]
+    if not drawn:
+        return False
+    per_step: dict[str, int] = {}
+    for g in drawn:
+        sizes = {samples_per_step(r) for r in g.runs}
+        size = sizes.pop() if len(sizes) == 1 else None
+        if size:
+            per_step[g.label] = size
+    panels = 2 if len(per_step) == len(drawn) else 1
+    fig, axes = _new_figure(1, panels)
+    fig.set_size_inches(6.0 * panels, 3.8)
+    styles = assign_styles([g.label for g in groups])
+    for col, ax in enumerate(axes):
+        for g in drawn:
+            points = group_curve(g)
+            scale = per_step[g.label] if col == 1 else 1
+            xs = [scale * p[0] for p in points]
+            style = styles[g.label]
+            ax.plot(
+                xs,
+                [p[1] for p in points],
+                color=colors[g.label],
+                marker=style.marker,
+                markersize=4,
+                linestyle=style.linestyle,
+                linewidth=style.linewidth,
+                label=f"{g.label} ({len(g.runs)} seed{'s' if len(g.runs) != 1 else ''})",
+            )
+            band = [(x, p) for x, p in zip(xs, points) if p[2] is not None]
+            if band:
+                ax.fill_between(
+                    [x for x, _ in band],
+                    [p[2] for _, p in band],
+                    [p[3] for _, p in band],
+                    color=colors[g.label],
+                    alpha=0.15,
+                    linewidth=0,
+                )
+        ax.set_xlabel("samples seen" if col == 1 else "step", fontsize=9)
+        ax.set_ylabel("pass@1", fontsize=9)
+        _style(ax)
+        ax.legend(fontsize=8, frameon=False)
+    _save(fig, out_path)
+    return True
+
+
 def make_plots(
     groups: Sequence[RunGroup], rows: Sequence[dict[str, Any]], plot_dir: str, colors: dict[str, str]
 ) -> list[PlotOutcome]:
@@ -517,6 +576,20 @@ def make_plots(
             out.note = f"{EVAL_PLOTS[name]}: not logged — {missing}; plot omitted."
             _remove(path)
         outcomes.append(out)
+    path = os.path.join(plot_dir, "curves.png")
+    out = PlotOutcome(
+        "curves",
+        EVAL_PLOTS["curves"],
+        "evaluation",
+        "pass@1 at each evaluated checkpoint (eval_stepN folders) against step and samples seen: the mean over seeds, "
+        "shaded: its 95 % t band over seeds.",
+    )
+    if _curves_plot(groups, colors, path):
+        out.path = f"{rel}/curves.png"
+    else:
+        out.note = f"{EVAL_PLOTS['curves']}: no run evaluated 2 or more checkpoints (eval_stepN folders); plot omitted."
+        _remove(path)
+    outcomes.append(out)
     return outcomes
 
 

@@ -166,7 +166,7 @@ def _figures_html(outcomes: Sequence[PlotOutcome], section: str) -> str:
     parts = ['<div class="grid">']
     for o in figs:
         # Multi-panel figures and the grouped bars by difficulty need the full width to stay readable.
-        wide = ' class="wide"' if len(o.keys) > 1 or o.name == "difficulty" else ""
+        wide = ' class="wide"' if len(o.keys) > 1 or o.name in ("difficulty", "curves") else ""
         parts.append(
             f'<figure{wide}><img src="{escape(o.path or "")}" alt="{escape(o.title)}" loading="lazy">'
             f"<figcaption><b>{escape(o.title)}.</b> {escape(o.description or '')}</figcaption></figure>"

@@ -2,7 +2,8 @@
 
 A run folder is what the trainer writes; the report reads only these files, never terminal output:
 `config.yaml` (resolved config, top-level `recipe` and `seed`), `metrics.jsonl` (one JSON object per
-step), `eval/summary.json` and `eval_before/summary.json` (see `regroup.eval.runner`).
+step), `eval/summary.json` and `eval_before/summary.json` (see `regroup.eval.runner`), and, where a study
+evaluated several checkpoints, `eval_step<N>/` (one evaluation folder per step N; step 0: the start).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,6 +61,8 @@ class RunData:
     """Per-problem accuracy (correct / n) by problem id from eval/per_problem.jsonl, when present."""
     per_problem_before: dict[str, float] | None = None
     """The same for the starting model (eval_before/per_problem.jsonl)."""
+    checkpoint_evals: dict[int, float] = field(default_factory=dict)
+    """step -> pass@1 (mean@n) of each evaluated checkpoint (`eval_step<N>/` folders): the learning curve."""
 
 
 def read_per_problem(path: str) -> dict[str, float] | None:
@@ -134,7 +138,40 @@ def load_run(path: str) -> RunData:
         bad_metric_lines=bad,
         **dict(zip(("eval", "per_problem"), read_eval_dir(os.path.join(path, "eval")))),
         **dict(zip(("eval_before", "per_problem_before"), read_eval_dir(os.path.join(path, "eval_before")))),
+        checkpoint_evals=read_checkpoint_evals(path),
     )
+
+
+_EVAL_STEP = re.compile(r"^eval_step(\d+)$")
+
+
+def read_checkpoint_evals(path: str) -> dict[int, float]:
+    """step -> pass@1 (the summary's mean@n, else its pass@1) of every `eval_step<N>/` folder of a run."""
+    out: dict[int, float] = {}
+    for entry in sorted(os.listdir(path)):
+        m = _EVAL_STEP.match(entry)
+        if m is None or not os.path.isdir(os.path.join(path, entry)):
+            continue
+        summary, _ = read_eval_dir(os.path.join(path, entry))
+        if summary is None:
+            continue
+        value = summary.get("mean@n")
+        if not isinstance(value, (int, float)):
+            value = (summary.get("pass@k") or {}).get("1", summary.get("pass@1"))
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            out[int(m.group(1))] = float(value)
+    return dict(sorted(out.items()))
+
+
+def samples_per_step(run: RunData) -> int | None:
+    """On-policy samples a step draws (grpo.prompts_per_step × grpo.num_generations × grpo.samples_multiplier),
+    None when the config does not say."""
+    c = run.flat_config
+    prompts, generations = c.get("grpo.prompts_per_step"), c.get("grpo.num_generations")
+    if not isinstance(prompts, int) or not isinstance(generations, int):
+        return None
+    multiplier = c.get("grpo.samples_multiplier", 1)
+    return prompts * generations * (multiplier if isinstance(multiplier, int) and multiplier > 0 else 1)
 
 
 def read_eval_dir(folder: str) -> tuple[dict[str, Any] | None, dict[str, float] | None]:

@@ -72,3 +72,27 @@ def verdict(delta: float | None, se: float | None) -> str | None:
     if abs(delta) <= 2 * se:
         return UNCLEAR
     return BETTER if delta > 0 else WORSE
+
+
+# fmt: off
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+# fmt: on
+"""Student's t 0.975-quantile for 1..30 degrees of freedom (the core has no scipy)."""
+
+
+def t975(df: int) -> float:
+    """The 0.975-quantile of Student's t with `df` >= 1 degrees of freedom (table to 30, then 1.96 + 2.4/df)."""
+    if df < 1:
+        raise ValueError(f"t975: df must be >= 1, got {df}")
+    return _T975[df - 1] if df <= len(_T975) else 1.96 + 2.4 / df
+
+
+def mean_band(values: Sequence[float]) -> tuple[float, float | None, float | None]:
+    """(mean, lo, hi): the mean and its 95 % t interval over the values (lo = hi = None for one value)."""
+    m = sum(values) / len(values)
+    sd = std(values)
+    if sd is None:
+        return m, None, None
+    half = t975(len(values) - 1) * sd / math.sqrt(len(values))
+    return m, m - half, m + half
