@@ -37,7 +37,18 @@ from regroup.runtime.rundir import claim_run_dir
 from regroup.tasks import get_task
 from regroup.train.build import build_trainer
 from regroup.train.run_config import load_config
-from studies.claims import ALPHA, T1, Claim, confidence_interval, judge_all, verdict_label
+from studies.claims import (
+    ALPHA,
+    T1,
+    ArmResult,
+    Claim,
+    compare_metric,
+    comparison_p,
+    confidence_interval,
+    judge_all,
+    verdict_label,
+)
+from studies.curves import auc, band, plot_curves
 from studies.miniature import (
     ARMS_BY_NAME,
     CONFIG_DIR,
@@ -53,7 +64,7 @@ from studies.miniature import (
     plan,
     run_row,
 )
-from studies.stats import paired_t_power, seeds_for_power, t_ppf, t_sf
+from studies.stats import paired_t_power, seeds_for_power, t_ppf
 from studies.table import START, TABLE, arm_results, counts_of, read_per_problem, row, write_table
 
 REGIME = "hard"
@@ -380,31 +391,28 @@ def curve_of(run: dict, start: dict, last: int) -> dict[int, float]:
     return dict(sorted(points.items()))
 
 
-def auc(points: dict[int, float]) -> float:
-    """Area under the pass@1 curve by the trapezoid rule, divided by the last step: the mean pass@1 over
-    training (the start included)."""
-    steps = sorted(points)
-    area = sum((b - a) * (points[a] + points[b]) / 2 for a, b in zip(steps, steps[1:]))
-    return area / steps[-1]
-
-
 def _mean(entry) -> float:
     values = _mean_pass1(entry)
     return sum(values.values()) / len(values)
 
 
 def _paired(values: dict[int, float], against: dict[int, float]) -> dict | None:
-    """Mean of the per-seed differences with its 95 % CI and two-sided p (paired t over the seeds both have)."""
-    seeds = sorted(set(values) & set(against))
-    diffs = [values[s] - against[s] for s in seeds]
-    if len(diffs) < 2:
+    """values − against over the seeds both have, by the study's paired t-test over seeds (sign-flip at a zero
+    SE): {delta, ci, p, sd, seeds}; None under 2 seeds."""
+    c = compare_metric(
+        ArmResult(mechanisms={s: {"x": v} for s, v in values.items()}),
+        ArmResult(mechanisms={s: {"x": v} for s, v in against.items()}),
+        "x",
+    )
+    if c.delta is None or c.se is None or c.seeds < 2:
         return None
-    mean = sum(diffs) / len(diffs)
-    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1))
-    se = sd / math.sqrt(len(diffs))
-    half = t_ppf(0.975, len(diffs) - 1) * se
-    p = 1.0 if se == 0 else 2 * t_sf(abs(mean) / se, len(diffs) - 1)
-    return {"delta": mean, "ci": (mean - half, mean + half), "p": p, "sd": sd, "seeds": len(diffs)}
+    return {
+        "delta": c.delta,
+        "ci": confidence_interval(c),
+        "p": comparison_p(c),
+        "sd": c.se * math.sqrt(c.seeds),
+        "seeds": c.seeds,
+    }
 
 
 def curves(rows: list[dict], g: GatedSettings) -> dict[str, dict[int, dict[int, float]]]:
@@ -417,46 +425,23 @@ def curves(rows: list[dict], g: GatedSettings) -> dict[str, dict[int, dict[int, 
     return out
 
 
-def _band(values: list[float]) -> tuple[float, float, float]:
-    mean = sum(values) / len(values)
-    if len(values) < 2:
-        return mean, mean, mean
-    half = t_ppf(0.975, len(values) - 1) * math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
-    half /= math.sqrt(len(values))
-    return mean, mean - half, mean + half
-
-
-def plot_curves(per_arm: dict[str, dict[int, dict[int, float]]], path: Path, samples_per_step: dict[str, int]):
-    """Mean pass@1 against step and against training samples seen, with the 95 % band over seeds."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-    for arm, seeds in per_arm.items():
-        steps = sorted(next(iter(seeds.values())))
-        bands = [_band([seeds[s][t] for s in seeds if t in seeds[s]]) for t in steps]
-        for ax, xs in ((axes[0], steps), (axes[1], [t * samples_per_step[arm] for t in steps])):
-            ax.plot(xs, [100 * b[0] for b in bands], marker="o", label=f"{arm} ({len(seeds)} seeds)")
-            ax.fill_between(xs, [100 * b[1] for b in bands], [100 * b[2] for b in bands], alpha=0.2)
-    axes[0].set_xlabel("optimizer step")
-    axes[1].set_xlabel("training samples generated")
-    axes[0].set_ylabel("held-out pass@1 (%)")
-    axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+def _cell(values: list[float]) -> str:
+    mean, lo, hi = band(values)
+    return f"{100 * mean:.1f}" if lo is None or hi is None else f"{100 * mean:.1f} [{100 * lo:.1f}, {100 * hi:.1f}]"
 
 
 def summarize(rows: list[dict], g: GatedSettings, plan_json: dict, out_dir: Path | None = None) -> str:
     """The page's body: the gate, then (where it is met) the primaries, the exploratory rows and the curves."""
     v = gate_verdict(rows, g)
     steps = [0, *g.eval_at]
+    study = g.study()
     lines = [
-        "## The gate",
+        f"Design: {g.step_mix}-step problems from {STARTS[g.start][1]}; {study.steps} steps of "
+        f"{study.prompts_per_step} questions × G = {study.num_generations}.",
         "",
-        f"Plain GRPO, seed 0, {g.study().steps} steps; held-out pass@1 at each checkpoint (the start: step 0).",
+        "### The gate",
+        "",
+        f"Plain GRPO, seed 0, {study.steps} steps; held-out pass@1 at each checkpoint (the start: step 0).",
         "",
         "| rate | " + " | ".join(f"step {t}" for t in steps) + " | gain at the last step [95 % CI] |",
         "|---|" + "---|" * (len(steps) + 1),
@@ -489,10 +474,11 @@ def summarize(rows: list[dict], g: GatedSettings, plan_json: dict, out_dir: Path
     registered = {p["difference"]: p for p in plan_json["primaries"]}
     lines += [
         "",
-        "## The primaries (registered, at the gate's rate)",
+        "### The primaries (registered, at the gate's rate)",
         "",
-        "| paper | endpoint | Δ [95 % CI] | seeds | p (Holm, m = 1) | planned power at the paper's effect | verdict |",
-        "|---|---|---|---|---|---|---|",
+        "| paper | endpoint | Δ [95 % CI] | seeds run (registered) | p (Holm, m = 1) | power at the paper's effect, "
+        "seeds run (pilot sd) | per-seed sd: pilot, measured | verdict |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for x in verdicts:
         if not x.claim.primary or x.comparison is None or x.comparison.delta is None:
@@ -500,12 +486,14 @@ def summarize(rows: list[dict], g: GatedSettings, plan_json: dict, out_dir: Path
         c, ci = x.comparison, x.ci or confidence_interval(x.comparison)
         reg = registered[f"{x.claim.arm} − {x.claim.against}"]
         cells = f"{100 * c.delta:+.2f} [{100 * ci[0]:+.2f}, {100 * ci[1]:+.2f}]" if ci else f"{100 * c.delta:+.2f}"
+        power = paired_t_power(reg["effect"], reg["pilot_sd_per_seed"], c.seeds, ALPHA)
+        sd = "—" if c.se is None else f"{100 * c.se * math.sqrt(c.seeds):.2f}"
         lines.append(
-            f"| {x.claim.paper} | {x.claim.text} | {cells} | {c.seeds} | "
-            f"{'—' if x.p_adjusted is None else f'{x.p_adjusted:.3g}'} | {100 * reg['power']:.0f} % | "
-            f"{verdict_label(x)} |"
+            f"| {x.claim.paper} | {x.claim.text} | {cells} | {c.seeds} ({reg['seeds']}) | "
+            f"{'—' if x.p_adjusted is None else f'{x.p_adjusted:.3g}'} | {100 * power:.0f} % | "
+            f"{100 * reg['pilot_sd_per_seed']:.2f}, {sd} | {verdict_label(x)} |"
         )
-    lines += ["", "## Exploratory (raw p, never 'supported')", "", "| claim | Δ [95 % CI] | p |", "|---|---|---|"]
+    lines += ["", "### Exploratory (raw p, never 'supported')", "", "| claim | Δ [95 % CI] | p |", "|---|---|---|"]
     for x in verdicts:
         if x.claim.primary or x.comparison is None or x.comparison.delta is None or x.ci is None:
             continue
@@ -513,10 +501,10 @@ def summarize(rows: list[dict], g: GatedSettings, plan_json: dict, out_dir: Path
             f"| {x.claim.text} | {100 * x.comparison.delta:+.2f} [{100 * x.ci[0]:+.2f}, {100 * x.ci[1]:+.2f}] | "
             f"{x.p:.3g} |"
         )
-    per_arm = curves(rows, g)
+    per_arm, last = curves(rows, g), max(g.eval_at)
     lines += [
         "",
-        "## Learning curves",
+        "### Learning curves",
         "",
         "Mean held-out pass@1 over seeds [95 % band], each run's start evaluated under its seed's stream.",
         "",
@@ -526,18 +514,23 @@ def summarize(rows: list[dict], g: GatedSettings, plan_json: dict, out_dir: Path
     for arm, seeds in per_arm.items():
         cells = []
         for t in steps:
-            m, lo_, hi_ = _band([seeds[s][t] for s in seeds if t in seeds[s]])
-            cells.append(f"{100 * m:.1f} [{100 * lo_:.1f}, {100 * hi_:.1f}]")
-        a = _band([auc(c) for c in seeds.values()])
-        lines.append(f"| {arm} ({len(seeds)}) | " + " | ".join(cells) + f" | {100 * a[0]:.2f} |")
+            cells.append(_cell([seeds[s][t] for s in seeds if t in seeds[s]]))
+        cells.append(_cell([auc(c, last) for c in seeds.values()]))
+        lines.append(f"| {arm} ({len(seeds)}) | " + " | ".join(cells) + " |")
     lines += ["", "| AUC difference (exploratory) | Δ [95 % CI] | p |", "|---|---|---|"]
+
+    def aucs(arm: str) -> dict[int, float]:
+        return {s: auc(c, last) for s, c in per_arm[arm].items()}
+
     for a, b in (("ta_grpo", "grpo_matched"), ("dagrpo_anchor_nc", "grpo_drgrpo"), ("grpo", START)):
         if a not in per_arm:
             continue
         if b == START:  # the gain over the start: the curve's area against a flat start
-            x = _paired({s: auc(c) for s, c in per_arm[a].items()}, {s: c[0] for s, c in per_arm[a].items()})
+            x = _paired({s: auc(c, last) for s, c in per_arm[a].items()}, {s: c[0] for s, c in per_arm[a].items()})
         elif b in per_arm:
-            x = _paired({s: auc(c) for s, c in per_arm[a].items()}, {s: auc(c) for s, c in per_arm[b].items()})
+            x = _paired(
+                {s: auc(c, last) for s, c in per_arm[a].items()}, {s: auc(c, last) for s, c in per_arm[b].items()}
+            )
         else:
             continue
         if x is not None:
@@ -553,9 +546,12 @@ def summarize(rows: list[dict], g: GatedSettings, plan_json: dict, out_dir: Path
             gains.append(f"{arm} {100 * x['delta']:+.1f} [{100 * x['ci'][0]:+.1f}, {100 * x['ci'][1]:+.1f}]")
     lines += ["", "Gain of each arm over its start at the last step (pass@1, points): " + "; ".join(gains) + "."]
     if out_dir is not None:
-        s = g.study()
-        per_step = {a: plan(ARMS[a], s).samples_per_step for a in per_arm}
-        plot_curves(per_arm, out_dir / "curves.png", per_step)
+        per_step = {a: plan(ARMS[a], study).samples_per_step for a in per_arm}
+        points = {
+            arm: [(t, *band([seeds[s][t] for s in seeds if t in seeds[s]])) for t in steps]
+            for arm, seeds in per_arm.items()
+        }
+        plot_curves(points, out_dir / "curves.png", per_step, title="held-out pass@1")
         lines += ["", "![pass@1 against step and samples](curves.png)"]
     return "\n".join(lines)
 

@@ -50,11 +50,6 @@ def test_ties_go_to_the_smaller_rate():
     assert v["best"]["arm"] == "grpo_lr0.0001"
 
 
-def test_auc_is_the_trapezoid_mean_over_training():
-    assert gated.auc({0: 0.1, 2: 0.3, 4: 0.3}) == pytest.approx((2 * 0.2 + 2 * 0.3) / 4)
-    assert gated.auc({0: 0.5, 10: 0.5}) == pytest.approx(0.5)
-
-
 def test_paired_differences_over_seeds():
     x = gated._paired({0: 0.3, 1: 0.5, 2: 0.4}, {0: 0.1, 1: 0.2, 2: 0.3, 3: 0.9})
     diffs = [0.2, 0.3, 0.1]

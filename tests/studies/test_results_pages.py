@@ -33,13 +33,30 @@ def test_the_real_model_study_page_is_its_kept_table_summarized():
     _block_in_page(generated, (RESULTS / "real-study-2026-12-02.md").read_text())
 
 
-@pytest.mark.parametrize("name", ["study-2026-12-03", "real-study-2026-12-02", "gate-2026-12-04"])
+@pytest.mark.parametrize(
+    "name",
+    ["study-2026-12-03", "real-study-2026-12-02", "gate-2026-12-04", "gated-2026-12-04", "gated-warm4-2026-12-04"],
+)
 def test_a_results_folder_keeps_its_plan_and_one_table_only(name):
     kept = sorted(p.name for p in (RESULTS / name).iterdir())
-    assert kept in (["plan.json", "regimes.json", "runs.jsonl"], ["plan.json", "runs.jsonl"]), kept
+    allowed = (["plan.json", "regimes.json", "runs.jsonl"], ["plan.json", "runs.jsonl"])
+    assert kept in (*allowed, ["plan.json", "regime.json", "runs.jsonl"]), kept
 
 
 def test_the_gate_page_is_its_kept_table_summarized():
     from studies.gate import summarize_gate
 
     _block_in_page(summarize_gate([RESULTS / "gate-2026-12-04"]), (RESULTS / "gate-2026-12-04.md").read_text())
+
+
+@pytest.mark.parametrize("name", ["gated-2026-12-04", "gated-warm4-2026-12-04"])
+def test_the_gated_study_pages_are_their_kept_tables_summarized(name, tmp_path):
+    import json
+
+    from studies import gated
+    from studies.table import read_table
+
+    kept = RESULTS / name
+    g = gated.open_study(kept, None)
+    generated = gated.summarize(read_table(kept / "runs.jsonl"), g, json.loads((kept / "plan.json").read_text()))
+    _block_in_page(generated, (RESULTS / "gated-2026-12-04.md").read_text())
