@@ -120,7 +120,7 @@ vllm-smoke: $(VLLM_STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/vs_trl.py
 
-# ruff's lint and format check over the whole tree, then mypy over the packages pyproject lists (all but 2)
+# ruff's lint and format check over the whole tree, then mypy over all of src/regroup
 # (pyproject.toml's [tool.ruff] and [tool.mypy] say what each checks).
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -364,7 +364,7 @@ def test_stage_states_saved_with_checkpoints_and_restored(tiny_model_dir, tmp_pa
     resumed = []
     monkeypatch.setattr(GRPOTrainer, "train", lambda self, **kw: resumed.append(kw))  # TRL's own resume: not ours
     again.train(resume_from_checkpoint=True)
-    assert resumed == [{"resume_from_checkpoint": True}]
+    assert resumed == [{"resume_from_checkpoint": True, "trial": None, "ignore_keys_for_eval": None}]
     assert injector(again).totals == injector(first).totals
     assert dict(injector(again).buffer) == dict(injector(first).buffer)
 

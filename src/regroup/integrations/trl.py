@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +35,8 @@ from accelerate.utils import gather_object
 from torch import Tensor, nn
 from torch.utils.data import Sampler
 from transformers import TrainerCallback
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
-from trl import GRPOTrainer
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput, get_last_checkpoint
+from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import use_adapter
 
 from regroup.algo.losses import LossInputs, LossTotals, policy_loss
@@ -122,6 +123,11 @@ class RegroupGRPOTrainer(GRPOTrainer):
     the native trainer's `SignalWatch` (patience counted in generation batches: one per optimizer step
     unless `steps_per_generation` > 1); `regroup_warnings` holds every line it gave.
     """
+
+    # transformers' Trainer types these loosely (any TrainingArguments, a model that may be None); a
+    # GRPOTrainer always holds its GRPOConfig and a model.
+    args: GRPOConfig
+    model: nn.Module
 
     def __init__(
         self,
@@ -237,7 +243,13 @@ class RegroupGRPOTrainer(GRPOTrainer):
             **kwargs,
         )
 
-    def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any) -> Any:
+    def train(
+        self,
+        resume_from_checkpoint: str | bool | None = None,
+        trial: Any = None,
+        ignore_keys_for_eval: list[str] | None = None,
+        **kwargs: Any,
+    ) -> TrainOutput:
         """TRL's `train`; a resumed run first restores the recipe's stage states saved with the checkpoint."""
         path = resume_from_checkpoint
         if path is True:
@@ -246,7 +258,12 @@ class RegroupGRPOTrainer(GRPOTrainer):
             load_stage_states(self.recipe.stages, json.loads((Path(path) / STAGE_STATES).read_text()))
         if path and (Path(path) / WATCH_STATE).is_file():
             self.regroup_watch.load_state_dict(json.loads((Path(path) / WATCH_STATE).read_text()))
-        return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+        return super().train(
+            resume_from_checkpoint=resume_from_checkpoint,
+            trial=trial,
+            ignore_keys_for_eval=ignore_keys_for_eval,
+            **kwargs,
+        )
 
     # --- the data TRL samples --------------------------------------------------------------------------------
 
@@ -254,13 +271,14 @@ class RegroupGRPOTrainer(GRPOTrainer):
         if not self.regroup_n_variants:
             return super()._get_train_sampler(dataset)
         dataset = self.train_dataset if dataset is None else dataset
+        g = _filled(self.num_generations, "num_generations")
         return PooledRepeatSampler(
             num_rows=len(dataset),
             pool_size=self.regroup_n_variants + 1,
-            mini_repeat_count=self.num_generations,
-            batch_size=self.args.generation_batch_size // self.num_generations,
-            repeat_count=self.num_iterations * self.args.steps_per_generation,
-            shuffle=self.shuffle_dataset,
+            mini_repeat_count=g,
+            batch_size=_filled(self.args.generation_batch_size, "generation_batch_size") // g,
+            repeat_count=self.num_iterations * _filled(self.args.steps_per_generation, "steps_per_generation"),
+            shuffle=bool(self.shuffle_dataset),  # None: no shuffle
             seed=self.args.seed,
         )
 
@@ -336,6 +354,8 @@ class RegroupGRPOTrainer(GRPOTrainer):
             samples=list(samples),
         )
         metrics = {**self._reward_metrics, **run_stages(self._batch_stages, batch, self._ctx)}
+        if batch.advantages is None:  # the recipe's advantages stage sets them on every non-empty batch
+            raise RuntimeError("internal: the recipe's stages left the generation batch without advantages")
         metrics.update(reward_diagnostics(batch.samples))  # what the native trainer's RewardDiagnostics hook logs
         rows = rows_after_stages(samples, batch.samples)  # [B_global] index into batch.samples
 
@@ -355,8 +375,8 @@ class RegroupGRPOTrainer(GRPOTrainer):
             loss_mask = out["completion_mask"] if "tool_mask" not in out else out["completion_mask"] * out["tool_mask"]
             out["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
         logged = self._logs.get("advantages")
-        if logged is not None and len(logged) >= len(rows):  # TRL's completions table: show the recipe's advantages
-            for _ in rows:  # a deque: drop TRL's per-prompt advantages of this batch
+        if isinstance(logged, deque) and len(logged) >= len(rows):  # TRL's completions table: the recipe's advantages
+            for _ in rows:  # drop TRL's per-prompt advantages of this batch
                 logged.pop()
             logged.extend(batch.advantages[rows].tolist())
         for key, value in metrics.items():
@@ -381,8 +401,9 @@ class RegroupGRPOTrainer(GRPOTrainer):
         need = max(len(ids) for _, ids in anchors)
         if need > width:
             width = need
-            if self.pad_to_multiple_of:
-                width = -(-width // self.pad_to_multiple_of) * self.pad_to_multiple_of
+            multiple = self.pad_to_multiple_of  # an int or None: GRPOConfig resolves "auto" and strings
+            if multiple:
+                width = -(-width // int(multiple)) * int(multiple)
             pads = {
                 "completion_ids": self._tokenizer.pad_token_id,
                 "completion_mask": 0,
@@ -461,7 +482,7 @@ class RegroupGRPOTrainer(GRPOTrainer):
             num_items_in_batch=float(inputs["num_items_in_batch"]),
             num_processes=self.accelerator.num_processes,
             grad_accum=self.current_gradient_accumulation_steps if training else 1,
-            steps_per_generation=self.args.steps_per_generation if training else 1,
+            steps_per_generation=_filled(self.args.steps_per_generation, "steps_per_generation") if training else 1,
             max_completion_length=self.max_completion_length or logits_to_keep,
         )
         loss_inputs = LossInputs(
@@ -511,6 +532,14 @@ class RegroupGRPOTrainer(GRPOTrainer):
         if anchor_tokens > 0:
             metrics["regroup/anchor/token_frac"].append(anchor_tokens / loss_tokens)
             metrics["regroup/anchor/prob_mean"].append(s[7] / anchor_tokens)
+
+
+def _filled(value: int | None, name: str) -> int:
+    """A GRPOConfig size that may be None when given but never after GRPOConfig is built (its
+    `__post_init__` fills it in or refuses the config)."""
+    if value is None:
+        raise RuntimeError(f"internal: GRPOConfig.{name} is None in a built config")
+    return value
 
 
 class _SaveStageStates(TrainerCallback):

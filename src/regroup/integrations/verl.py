@@ -332,6 +332,8 @@ class RegroupTrainer(PPOTrainerSync):
         regroup_metrics = run_stages(self._reward_stages, step, self._ctx)
         regroup_metrics.update(run_stages(self._batch_stages, step, self._ctx))
         regroup_metrics.update(reward_diagnostics(step.samples))
+        if step.advantages is None:  # the recipe's advantages stage sets them on every non-empty batch
+            raise RuntimeError("internal: the recipe's stages left the step without advantages")
         rows = rows_after_stages(samples, step.samples)
         held = [step.samples[j] for j in rows]
         n = len(held)
@@ -401,6 +403,7 @@ class RegroupTrainer(PPOTrainerSync):
 
     def _capture_step(self, keys: list[str], held: list[Sample]) -> None:
         """The step's rows after the stages (`regroup.capture_dir`): what the harness and the equality test read."""
+        assert self._capture_dir is not None  # called only when capture_dir is set
         folder = Path(self._capture_dir) / "steps"
         folder.mkdir(parents=True, exist_ok=True)
         record = {

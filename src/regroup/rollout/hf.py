@@ -62,6 +62,9 @@ class HFSampler:
         self.drop_finished = drop_finished
         """Drop rows that have ended from the decode batch (same samples; `tests/rollout/test_fast_decode.py`)."""
         self._fast: FastDecoder | None = None
+        self.owns_weights = False
+        """The model is this sampler's own copy, which the learner's updates do not reach (`build_sampler`
+        under async rollouts): versions are loaded into it (`rollout.versions`)."""
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.eos_id = tokenizer.eos_token_id
@@ -149,7 +152,7 @@ class HFSampler:
         return out
 
     @staticmethod
-    def _gumbel(gens: dict, rows_per_prompt: list[int], vocab: int, device) -> torch.Tensor:
+    def _gumbel(gens: dict, rows_per_prompt: list[tuple[int, int]], vocab: int, device) -> torch.Tensor:
         """Gumbel noise [N, V], each prompt's rows from that prompt's generator."""
         parts = [torch.rand((n, vocab), generator=gens[i], device=device) for i, n in rows_per_prompt]
         uniform = torch.cat(parts).clamp_(min=1e-20, max=1.0 - 1e-7)  # [N, V]
@@ -159,7 +162,7 @@ class HFSampler:
         was_training = self.model.training
         self.model.eval()
         batch = len(chunk)
-        distinct, prompt_of_row = distinct_prompt_rows([p for _, p in chunk], self.shared_prefill)
+        distinct, row_prompts = distinct_prompt_rows([p for _, p in chunk], self.shared_prefill)
         prompt_len = max(len(p) for p in distinct)
         input_ids = torch.full((len(distinct), prompt_len), self.pad_id, dtype=torch.long)  # [U, P], left-padded
         attention = torch.zeros((len(distinct), prompt_len), dtype=torch.long)  # [U, P]
@@ -168,7 +171,7 @@ class HFSampler:
             attention[row, prompt_len - len(p) :] = 1
         input_ids, attention = input_ids.to(device), attention.to(device)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)  # [U, P]
-        prompt_of_row = torch.tensor(prompt_of_row, device=device)  # [N]
+        prompt_of_row = torch.tensor(row_prompts, device=device)  # [N]
 
         rows_per_prompt = [(i, sum(1 for j, _ in chunk if j == i)) for i in dict.fromkeys(i for i, _ in chunk)]
         decoder = self._decoder()

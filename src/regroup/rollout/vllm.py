@@ -90,7 +90,7 @@ def lora_push_layers(model) -> dict[str, object] | None:
     return layers
 
 
-def _lora_delta(layer) -> object | None:
+def _lora_delta(layer) -> torch.Tensor | None:
     """The layer's active adapters' weight delta (B·A·scale in the base weight's layout), None if none."""
     if getattr(layer, "merged", False) or getattr(layer, "disable_adapters", False):
         return None
@@ -399,6 +399,7 @@ class VLLMSampler:
     def to_completion(self, prompt_index: int, output) -> Completion:
         """One vLLM CompletionOutput as a Completion (EOS kept in the tokens, as the HF sampler does)."""
         ids = list(output.token_ids)
+        logps: list[float] | None
         logps = [_sampled_logp(entry, tok) for entry, tok in zip(output.logprobs or [], ids)]
         if len(logps) != len(ids):
             logps = None  # no per-token log-probs: the loss runs without TIS for this batch
@@ -427,7 +428,7 @@ class VLLMSampler:
             self._asleep = True
         if len(outputs) != len(prompts):
             raise RuntimeError(f"vLLM returned {len(outputs)} results for {len(prompts)} prompts")
-        completions = []
+        completions: list[Completion] = []
         for i, request in enumerate(outputs):
             if len(request.outputs) != params.n:
                 raise RuntimeError(

@@ -54,6 +54,7 @@ import warnings
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import IO, Any
 
 import torch
 from safetensors.torch import save_file
@@ -160,6 +161,11 @@ class VLLMServerSampler:
     (`sync_on_start`), since the server may still hold another run's. `sync_times` keeps the seconds of
     every weight sync.
     """
+
+    # vLLM's types (vLLM is imported only for sync=nccl): its NCCL trainer engine, made at the first nccl sync
+    # (`_nccl_engine`), and the WeightSource that engine reads, pointed at the model before each sync.
+    _nccl: Any
+    _nccl_source: Any
 
     def __init__(self, model, tokenizer, rollout_cfg, *, sync_on_start: bool = True, log=None):
         world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -646,12 +652,13 @@ class LocalServer:
         self.env = serve_env(api_key_env, env)
         self.start_timeout_s = start_timeout_s
         self.log_path = log_path
-        self.proc = None
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
         self.start_seconds: float | None = None
 
     def __enter__(self) -> LocalServer:
-        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # closed in stop()
-        self._log = out
+        self._log = open(self.log_path, "ab") if self.log_path else None  # closed in stop()
+        out = self._log if self._log is not None else subprocess.DEVNULL
         t0 = time.monotonic()
         self.proc = subprocess.Popen(
             self.cmd, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
@@ -702,7 +709,7 @@ class LocalServer:
                     continue
                 if sig == signal.SIGTERM:
                     time.sleep(1.0)  # let the engine core follow its parent before the group is killed
-        if getattr(self, "_log", None) not in (None, subprocess.DEVNULL):
+        if self._log is not None:
             self._log.close()
             self._log = None
 

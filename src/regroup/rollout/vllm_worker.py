@@ -19,12 +19,18 @@ the weights computed just before it and just after it, so the run can tell a cha
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 PROBE_ROWS = 2  # inputs each layer is applied to: enough that a changed weight changes the output
 
 
 class WeightReloadExtension:
     """Worker methods for regroup's server-mode weight sync (mixed into vLLM's Worker class)."""
+
+    if TYPE_CHECKING:  # the Worker's own, which this class is mixed into (nothing is defined at run time)
+        model_runner: Any
+        reload_weights: Callable[..., Any]
 
     def regroup_reload_weights(self, weights_path: str, fingerprint: bool = False):
         """Reload the model's weights in place from the checkpoint folder `weights_path`, then re-process
