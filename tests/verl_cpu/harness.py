@@ -203,8 +203,11 @@ def regroup_overrides(recipe: str, out: Path) -> tuple[list[str], int, int]:
     return overrides, cfg.grpo.prompts_per_step, n
 
 
-def run(recipe: str, out: Path, *, steps: int = 3, timeout: float = 1800, gpu: bool = False) -> int:
-    """Prepare the run folder and run verl's trainer; returns the exit code (verl's log in out/verl.log)."""
+def run(
+    recipe: str, out: Path, *, steps: int = 3, timeout: float = 1800, gpu: bool = False, more: tuple[str, ...] = ()
+) -> int:
+    """Prepare the run folder and run verl's trainer with the overrides `more` last; returns the exit code
+    (verl's log in out/verl.log)."""
     from regroup.tasks import get_task
 
     out.mkdir(parents=True, exist_ok=True)
@@ -218,12 +221,12 @@ def run(recipe: str, out: Path, *, steps: int = 3, timeout: float = 1800, gpu: b
     train = make_data(out, problems)  # verl's own GRPO reads it; the plug-in writes its own from the recipe
     base = verl_overrides(model, train, out, steps=steps, prompts=prompts, n=n, response=48)
     decided = {o.split("=")[0] for o in extra}  # the recipe's values win (Hydra refuses a key given twice)
-    overrides = [o for o in base if o.split("=")[0] not in decided] + extra
+    overrides = [o for o in base if o.split("=")[0] not in decided] + extra + list(more)
     if gpu:  # verl's CUDA platform: its own device, no logical GPU to declare
         overrides = [o for o in overrides if not o.startswith(("trainer.device=", "+ray_kwargs.ray_init.num_gpus="))]
     cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *overrides]
     (out / "command.txt").write_text(" ".join(cmd) + "\n")
-    with open(out / "verl.log", "w") as log:
+    with open(out / "verl.log", "a") as log:
         proc = subprocess.run(
             cmd, env=verl_env(modules, gpu), stdout=log, stderr=subprocess.STDOUT, timeout=timeout, cwd=out
         )

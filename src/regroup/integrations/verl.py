@@ -71,8 +71,9 @@ from regroup.integrations.verl_helpers import (
     problem_rows,
     variant_of,
 )
+from regroup.io import write_atomic
 from regroup.models.prompting import build_prompter, encode_response
-from regroup.stages.base import StepBatch, StepContext, run_stages
+from regroup.stages.base import StepBatch, StepContext, load_stage_states, run_stages, stage_states
 from regroup.tasks import get_task
 from regroup.train.build import training_problems
 from regroup.train.recipes import build_recipe
@@ -84,6 +85,8 @@ log = logging.getLogger(__name__)
 
 NAME = "regroup"
 """The trainer mode and the agent loop name this module registers."""
+STAGE_STATES = "regroup_stages.json"
+"""The recipe's stage states in each verl checkpoint folder (`global_step_N/`)."""
 _REWARD_FILE = Path(__file__).with_name("verl_reward.py")
 
 
@@ -267,6 +270,25 @@ class RegroupTrainer(PPOTrainerSync):
                 capture_dir=None if self._capture_dir is None else str(Path(self._capture_dir) / "loss"),
             )
         )
+
+    # --- checkpoints ------------------------------------------------------------------------------------------
+
+    def _save_checkpoint(self):
+        """verl's checkpoint, plus the recipe's stage states (self-anchor buffer, reference verdicts) beside it."""
+        super()._save_checkpoint()
+        folder = Path(self.config.trainer.default_local_dir) / f"global_step_{self.global_steps}"
+        write_atomic(folder / STAGE_STATES, json.dumps(stage_states(self.recipe.stages)))
+
+    def _load_checkpoint(self):
+        """verl's resume, then the recipe's stage states saved with that checkpoint (when there are any)."""
+        super()._load_checkpoint()
+        if not self.global_steps:
+            return
+        resumed = self.config.trainer.get("resume_from_path")
+        folder = Path(resumed) if resumed and self.config.trainer.resume_mode == "resume_path" else None
+        folder = folder or Path(self.config.trainer.default_local_dir) / f"global_step_{self.global_steps}"
+        if (folder / STAGE_STATES).is_file():
+            load_stage_states(self.recipe.stages, json.loads((folder / STAGE_STATES).read_text()))
 
     # --- the step ---------------------------------------------------------------------------------------------
 
