@@ -220,8 +220,9 @@ def run(
     problems = get_task("arithmetic").generate(prompts * (steps + 1), seed=0)
     train = make_data(out, problems)  # verl's own GRPO reads it; the plug-in writes its own from the recipe
     base = verl_overrides(model, train, out, steps=steps, prompts=prompts, n=n, response=48)
-    decided = {o.split("=")[0] for o in extra}  # the recipe's values win (Hydra refuses a key given twice)
-    overrides = [o for o in base if o.split("=")[0] not in decided] + extra + list(more)
+    given = {key(o) for o in more}  # `more` wins over the recipe's values, and those over the base
+    decided = given | {key(o) for o in extra}  # each key once: Hydra refuses a key given twice
+    overrides = [o for o in base if key(o) not in decided] + [o for o in extra if key(o) not in given] + list(more)
     if gpu:  # verl's CUDA platform: its own device, no logical GPU to declare
         overrides = [o for o in overrides if not o.startswith(("trainer.device=", "+ray_kwargs.ray_init.num_gpus="))]
     cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *overrides]
@@ -254,6 +255,11 @@ def equality_fixture(out: Path, recipe: str, dest: Path) -> None:
             torch.save({"recipe": recipe, "overrides": overrides, "step": json.dumps(record), "loss": loss}, dest)
             return
     raise RuntimeError(f"{out}: no step has an anchor with a gradient")
+
+
+def key(override: str) -> str:
+    """The config key a Hydra override sets (`+a.b=1` and `a.b=2` set the same key)."""
+    return override.split("=")[0].lstrip("+")
 
 
 def main(argv=None) -> int:
