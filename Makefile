@@ -78,10 +78,11 @@ $(VERL_CPU_STAMP): $(VLLM_STAMP)
 
 verl-cpu: $(VERL_CPU_STAMP)
 
-# The verl CPU harness (slow: 12.5 min on this 2-core machine at load ~5, 28 min at load ~10; never part of
-# `make test`): verl's own GRPO, then GRPO, TA-GRPO, DaGRPO and DaGRPO + TA-GRPO through regroup's plug-in,
-# 3 steps each, with the assertions of tests/verl_cpu/test_verl_cpu.py. One verl run at a time; OpenMP
-# threads kept to 1. `make verl-cpu` itself took 4.5 min (a 3.9 GB copy of the vLLM venv, then pip).
+# The verl CPU harness (slow: 14 min on this 2-core machine at load 2-4, 26 min at load 5-13; never part of
+# `make test`, run by CI after the vLLM smoke test): verl's own GRPO, then GRPO, TA-GRPO, DaGRPO and DaGRPO +
+# TA-GRPO through regroup's plug-in, 3 steps each, and GRPO resumed from its step-2 checkpoint, with the
+# assertions of tests/verl_cpu/test_verl_cpu.py. One verl run at a time; OpenMP threads kept to 1. `make verl-cpu`
+# itself took 50 s with pip's cache warm, 4.5 min cold (a 3.9 GB copy of the vLLM venv, then pip).
 test-verl: $(VERL_CPU_STAMP)
 	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 PYTHONPATH=$(CURDIR)/src $(VERL_CPU_VENV)/bin/python -m pytest -q -m slow \
 		tests/verl_cpu

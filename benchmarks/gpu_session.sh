@@ -7,7 +7,8 @@
 #   4. asynchronous rollouts against a vLLM server on the same GPU with the NCCL weight sync:
 #      benchmarks/async_throughput.py, sync against rollout.async_steps=1 -- also only where vLLM is installed;
 #   5. regroup's verl plug-in on the GPU: tests/verl_cpu/harness.py --gpu, DaGRPO + TA-GRPO for 3 steps under
-#      verl's own CUDA platform -- only where verl 0.9.1 and vLLM are already installed.
+#      verl's own CUDA platform -- only where verl 0.9.1, vLLM and TransferQueue are already installed. It has
+#      never run: the lent machine has no vLLM, and wheels over 64 MiB (vLLM's among them) cannot reach it.
 #
 #   OUT=runs/bench/gpu bash benchmarks/gpu_session.sh
 #

@@ -193,6 +193,13 @@ def test_a_missing_recipe_names_the_path_typed_and_the_shipped_recipes(capsys, m
     assert "did you mean 'grpo'?" in _one_line(capsys)
 
 
+def test_a_folder_named_as_the_config_is_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine").mkdir()
+    assert main(["train", "--config", "mine"]) == 2
+    assert _one_line(capsys).startswith("config error: config file not found: mine (a folder, not a file, ")
+
+
 def test_resume_of_a_missing_folder_says_the_folder_is_missing(tmp_path, capsys):
     assert main(["train", "--resume", str(tmp_path / "nope")]) == 2
     assert _one_line(capsys) == f"config error: --resume {tmp_path / 'nope'}: no such run folder"

@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from regroup.config.schema import field_docs
+from regroup.config.fields import read_yaml
+from regroup.config.schema import PACKAGED_CONFIGS, field_docs, resolve_config_path
 from regroup.errors import ConfigError
 from regroup.train.run_config import config_from_dict, load_config, save_config
 
@@ -15,6 +16,22 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 def test_every_shipped_recipe_loads(name):
     cfg = load_config(CONFIGS / name)
     assert cfg.recipe == name.removesuffix(".yaml")
+
+
+def test_a_recipe_name_is_the_shipped_recipe_unless_a_file_has_that_name(tmp_path, monkeypatch):
+    """A folder named like a recipe in the working directory (a run folder, say) does not hide the shipped
+    recipe; only an existing file is read as the recipe. A folder that names no recipe is one ConfigError."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "dagrpo").mkdir()
+    assert resolve_config_path("dagrpo") == PACKAGED_CONFIGS / "dagrpo.yaml"
+    assert load_config("dagrpo").recipe == "dagrpo"
+    (tmp_path / "grpo").write_text("extends: " + str(PACKAGED_CONFIGS / "grpo.yaml") + "\nseed: 7\n")
+    assert load_config("grpo").seed == 7  # a file of that name is the recipe
+    (tmp_path / "mine").mkdir()
+    for load in (lambda: load_config("mine"), lambda: read_yaml(tmp_path / "mine")):
+        with pytest.raises(ConfigError) as e:
+            load()
+        assert "folder" in str(e.value) and "\n" not in str(e.value)
 
 
 def test_recipes_switch_the_documented_pieces():

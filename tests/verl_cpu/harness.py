@@ -203,8 +203,11 @@ def regroup_overrides(recipe: str, out: Path) -> tuple[list[str], int, int]:
     return overrides, cfg.grpo.prompts_per_step, n
 
 
-def run(recipe: str, out: Path, *, steps: int = 3, timeout: float = 1800, gpu: bool = False) -> int:
-    """Prepare the run folder and run verl's trainer; returns the exit code (verl's log in out/verl.log)."""
+def run(
+    recipe: str, out: Path, *, steps: int = 3, timeout: float = 1800, gpu: bool = False, more: tuple[str, ...] = ()
+) -> int:
+    """Prepare the run folder and run verl's trainer with the overrides `more` last; returns the exit code
+    (verl's log in out/verl.log)."""
     from regroup.tasks import get_task
 
     out.mkdir(parents=True, exist_ok=True)
@@ -217,13 +220,14 @@ def run(recipe: str, out: Path, *, steps: int = 3, timeout: float = 1800, gpu: b
     problems = get_task("arithmetic").generate(prompts * (steps + 1), seed=0)
     train = make_data(out, problems)  # verl's own GRPO reads it; the plug-in writes its own from the recipe
     base = verl_overrides(model, train, out, steps=steps, prompts=prompts, n=n, response=48)
-    decided = {o.split("=")[0] for o in extra}  # the recipe's values win (Hydra refuses a key given twice)
-    overrides = [o for o in base if o.split("=")[0] not in decided] + extra
+    given = {key(o) for o in more}  # `more` wins over the recipe's values, and those over the base
+    decided = given | {key(o) for o in extra}  # each key once: Hydra refuses a key given twice
+    overrides = [o for o in base if key(o) not in decided] + [o for o in extra if key(o) not in given] + list(more)
     if gpu:  # verl's CUDA platform: its own device, no logical GPU to declare
         overrides = [o for o in overrides if not o.startswith(("trainer.device=", "+ray_kwargs.ray_init.num_gpus="))]
     cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *overrides]
     (out / "command.txt").write_text(" ".join(cmd) + "\n")
-    with open(out / "verl.log", "w") as log:
+    with open(out / "verl.log", "a") as log:
         proc = subprocess.run(
             cmd, env=verl_env(modules, gpu), stdout=log, stderr=subprocess.STDOUT, timeout=timeout, cwd=out
         )
@@ -251,6 +255,11 @@ def equality_fixture(out: Path, recipe: str, dest: Path) -> None:
             torch.save({"recipe": recipe, "overrides": overrides, "step": json.dumps(record), "loss": loss}, dest)
             return
     raise RuntimeError(f"{out}: no step has an anchor with a gradient")
+
+
+def key(override: str) -> str:
+    """The config key a Hydra override sets (`+a.b=1` and `a.b=2` set the same key)."""
+    return override.split("=")[0].lstrip("+")
 
 
 def main(argv=None) -> int:

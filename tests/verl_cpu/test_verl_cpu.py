@@ -22,19 +22,25 @@ GAMMA = 0.1  # anchors.gamma of the dagrpo recipes
 _RUNS: dict[str, tuple[int, Path]] = {}
 
 
-def run(recipe: str, verl_out: Path) -> Path:
-    """The recipe's run folder, after one harness run per session (exit 0 asserted)."""
-    if recipe not in _RUNS:
-        out = verl_out / recipe
+# verl's overrides per run beyond the harness's: plain GRPO also saves a checkpoint at step 2 (and at its
+# last step), which the resume test starts from.
+MORE = {"grpo": ("trainer.save_freq=2",)}
+
+
+def run(recipe: str, verl_out: Path, *, name: str | None = None, more: tuple[str, ...] = ()) -> Path:
+    """The run folder `name` (default: the recipe's), after one harness run per session (exit 0 asserted)."""
+    name = name or recipe
+    if name not in _RUNS:
+        out = verl_out / name
         if out.exists():
             import shutil
 
             shutil.rmtree(out)
-        _RUNS[recipe] = (harness.run(recipe, out, steps=STEPS), out)
-    rc, out = _RUNS[recipe]
+        _RUNS[name] = (harness.run(recipe, out, steps=STEPS, more=MORE.get(name, ()) + more), out)
+    rc, out = _RUNS[name]
     log = out / "verl.log"
     tail = log.read_text()[-4000:] if log.is_file() else ""
-    assert rc == 0, f"{recipe}: verl exited {rc}\n{tail}"
+    assert rc == 0, f"{name}: verl exited {rc}\n{tail}"
     return out
 
 
@@ -215,3 +221,57 @@ def test_weights_sync_after_a_real_update(verl_out):
     moved_mean, lag_mean = torch.stack(moved).mean().item(), torch.stack(lag).mean().item()
     assert moved_mean > 1e-3, moved_mean  # the policy moved
     assert lag_mean < 0.25 * moved_mean, (lag_mean, moved_mean)  # and the rollout moved with it
+
+
+def uniform_warnings(out: Path) -> list[str]:
+    """The signal watch's uniform-rewards warnings in a run's verl log."""
+    lines = (out / "verl.log").read_text().splitlines()
+    return [line[line.index("warning (step") :] for line in lines if "warning (step" in line and "uniform" in line]
+
+
+def watch_lines(records: list[dict]) -> list[str]:
+    """What the native trainer's SignalWatch says about the uniform groups of captured steps (plain GRPO: no
+    anchors, no dynamic sampling), fed regroup's own reward diagnostics of the captured rows."""
+    from regroup.batch import Sample
+    from regroup.diagnostics.signals import SignalWatch, reward_diagnostics
+
+    watch, lines = SignalWatch(), []
+    for record in records:
+        samples = [
+            Sample(
+                s["group_id"],
+                s["question_id"],
+                s["variant"],
+                s["is_anchor"],
+                [],
+                [],
+                s["response_ids"],
+                "",
+                reward=s["reward"],
+            )
+            for s in record["samples"]
+        ]
+        lines += [line for line in watch.observe(record["step"], reward_diagnostics(samples)) if "uniform" in line]
+    return lines
+
+
+def test_signal_watch_warns_in_verl_runs(verl_out):
+    """The native trainer's signal watch runs inside verl: the tiny model's answers are noise, every group is
+    all-wrong, and at step 3 verl's log holds the warning the watch gives on the captured rows."""
+    out = run("grpo", verl_out)
+    want = watch_lines(steps(out))
+    assert want and want[0].startswith("warning (step 3): 100% of groups had uniform rewards for 3 steps")
+    assert uniform_warnings(out) == want
+
+
+def test_resume_restores_stage_states_and_the_watch(verl_out):
+    """Each verl checkpoint holds the recipe's stage states and the watch's streaks; a run resumed from step 2
+    trains step 3 and warns there as the straight run did (its streak of 2 uniform steps was restored)."""
+    first = run("grpo", verl_out)
+    saved = first / "checkpoints" / "global_step_2"
+    assert json.loads((saved / "regroup_stages.json").read_text()) is not None
+    assert json.loads((saved / "regroup_watch.json").read_text())["uniform"] == 2
+    resume = ("trainer.resume_mode=resume_path", f"trainer.resume_from_path={saved}")
+    out = run("grpo", verl_out, name="grpo-resumed", more=resume)
+    assert [r["step"] for r in steps(out)] == [3]
+    assert uniform_warnings(out) == uniform_warnings(first)

@@ -339,6 +339,8 @@ def read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
         data = load_yaml(path.read_text(), str(path)) or {}
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path} is a folder, not a config file") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: invalid YAML: {' '.join(str(e).split())[:300]}") from None
     if not isinstance(data, dict):

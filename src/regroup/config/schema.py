@@ -492,9 +492,10 @@ PACKAGED_CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
 def resolve_config_path(path: str | os.PathLike) -> Path:
-    """A recipe file: `path` as given, else a shipped recipe by name (`grpo`, `grpo.yaml`, `paper/dagrpo_both`)."""
+    """A recipe file: `path` as given when it is a file, else a shipped recipe by name (`grpo`, `grpo.yaml`,
+    `paper/dagrpo_both`); a folder of that name in the working directory does not hide the shipped recipe."""
     given = Path(path)
-    if given.exists():
+    if given.is_file():
         return given.resolve()
     for name in (given, given.with_suffix(".yaml"), Path(given.name), Path(given.name).with_suffix(".yaml")):
         if str(path) and (PACKAGED_CONFIGS / name).is_file():

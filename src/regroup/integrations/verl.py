@@ -22,7 +22,10 @@ Loading the module registers three things with verl, and holds no variant logic 
   each rephrasing for one dataset row (`rollout.n = (N+1)·G`, one uid: one group) and, with
   `ta.ratio_anchor=original`, hands verl q0's prompt, so that π_old, π_ref and π_θ are all taken on (q0, o);
 - the loss: `policy_loss` with the recipe's `LossSpec` on verl's micro-batches (`set_loss_fn`), with
-  verl's normaliser (`verl_helpers.micro_batch_loss`).
+  verl's normaliser (`verl_helpers.micro_batch_loss`);
+- the signal watch: the native trainer's `SignalWatch` (as its `WatchSignals` hook) reads each step's recipe
+  metrics and logs a warning, once per streak, when the training signal vanishes; its streaks are saved
+  with verl's checkpoints beside the stage states.
 
 What verl's fixed-shape batch cannot do (anchors.mode=add, dynamic sampling) is refused by
 `Recipe.check_front_end("verl")`. verl internals used (verl 0.9.1): `PPOTrainerSync` and its
@@ -53,7 +56,8 @@ from verl.workers.utils.padding import no_padding_2_padding, response_to_nested
 from regroup.algo.losses import LossSpec
 from regroup.batch import Sample
 from regroup.config.schema import RunConfig
-from regroup.diagnostics.signals import reward_diagnostics
+from regroup.diagnostics.hooks import WatchSignals
+from regroup.diagnostics.signals import SignalWatch, reward_diagnostics
 from regroup.errors import ConfigError
 from regroup.integrations.rows import rows_after_stages
 from regroup.integrations.verl_helpers import (
@@ -71,8 +75,9 @@ from regroup.integrations.verl_helpers import (
     problem_rows,
     variant_of,
 )
+from regroup.io import write_atomic
 from regroup.models.prompting import build_prompter, encode_response
-from regroup.stages.base import StepBatch, StepContext, run_stages
+from regroup.stages.base import StepBatch, StepContext, load_stage_states, run_stages, stage_states
 from regroup.tasks import get_task
 from regroup.train.build import training_problems
 from regroup.train.recipes import build_recipe
@@ -84,6 +89,10 @@ log = logging.getLogger(__name__)
 
 NAME = "regroup"
 """The trainer mode and the agent loop name this module registers."""
+STAGE_STATES = "regroup_stages.json"
+"""The recipe's stage states in each verl checkpoint folder (`global_step_N/`)."""
+WATCH_STATE = "regroup_watch.json"
+"""The signal watch's streaks in each verl checkpoint folder, so a resumed run warns when the straight one would."""
 _REWARD_FILE = Path(__file__).with_name("verl_reward.py")
 
 
@@ -209,6 +218,7 @@ class RegroupTrainer(PPOTrainerSync):
         task = get_task(cfg.data.task)
         self.recipe = build_recipe(cfg, task, lambda text: encode_response(tokenizer, text), self._run_dir)
         self.recipe.check_front_end("verl")
+        self.regroup_watch = WatchSignals(SignalWatch.for_recipe(cfg, self.recipe), log.warning)
         names = self.recipe.names
         first, last = names.index("sample"), names.index("reward")
         self._reward_stages = self.recipe.stages[first + 1 : last + 1]
@@ -267,6 +277,28 @@ class RegroupTrainer(PPOTrainerSync):
                 capture_dir=None if self._capture_dir is None else str(Path(self._capture_dir) / "loss"),
             )
         )
+
+    # --- checkpoints ------------------------------------------------------------------------------------------
+
+    def _save_checkpoint(self):
+        """verl's checkpoint, plus the recipe's stage states (self-anchor buffer, reference verdicts) beside it."""
+        super()._save_checkpoint()
+        folder = Path(self.config.trainer.default_local_dir) / f"global_step_{self.global_steps}"
+        write_atomic(folder / STAGE_STATES, json.dumps(stage_states(self.recipe.stages)))
+        write_atomic(folder / WATCH_STATE, json.dumps(self.regroup_watch.state_dict()))
+
+    def _load_checkpoint(self):
+        """verl's resume, then the recipe's stage states and the watch's streaks saved with that checkpoint."""
+        super()._load_checkpoint()
+        if not self.global_steps:
+            return
+        resumed = self.config.trainer.get("resume_from_path")
+        folder = Path(resumed) if resumed and self.config.trainer.resume_mode == "resume_path" else None
+        folder = folder or Path(self.config.trainer.default_local_dir) / f"global_step_{self.global_steps}"
+        if (folder / STAGE_STATES).is_file():
+            load_stage_states(self.recipe.stages, json.loads((folder / STAGE_STATES).read_text()))
+        if (folder / WATCH_STATE).is_file():
+            self.regroup_watch.load_state_dict(json.loads((folder / WATCH_STATE).read_text()))
 
     # --- the step ---------------------------------------------------------------------------------------------
 
@@ -359,6 +391,7 @@ class RegroupTrainer(PPOTrainerSync):
         self._write_scores(batch, held)
         for key, value in regroup_metrics.items():
             metrics[f"regroup/{key}"] = float(value)
+        self.regroup_watch.after_step(int(self.global_steps) - 1, regroup_metrics)  # it names the 1-based step
         if self._capture_dir is not None:
             self._capture_step(batch.keys, held)
 

@@ -197,8 +197,9 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
         return cfg
     recipe = resolve_config_path(path)
     if not recipe.is_file():
+        what = "a folder, not a file" if recipe.is_dir() else "no such file"
         raise ConfigError(
-            f"config file not found: {path} (no such file, and no shipped recipe of that name); {shipped_recipes(path)}"
+            f"config file not found: {path} ({what}, and no shipped recipe of that name); {shipped_recipes(path)}"
         )
     from_file = read_yaml(recipe)
     try:
@@ -207,7 +208,7 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
     except ConfigError as e:
         if overrides and not _fails_alone(from_file, str(e)):
             raise  # the override's error: the dotted key it names is on the command line
-        named = str(path) if os.path.exists(path) else str(recipe)
+        named = str(path) if os.path.isfile(path) else str(recipe)
         raise ConfigError(f"{named}: {e}") from None
     return cfg
 
