@@ -192,7 +192,9 @@ def foreign_mlp_reload(server, model_dir, folder: Path, scale=1.03) -> int:
     return len(mlp)
 
 
-def test_a_second_clients_reload_of_frozen_weights_is_found_named_and_undone(server, smollm2_dir, tmp_path, figures):
+def test_a_second_clients_reload_of_frozen_weights_is_found_named_and_undone(
+    server, smollm2_dir, tmp_path, own_tmpdir, figures
+):
     from transformers import AutoTokenizer
 
     from regroup.config.schema import LoraConfig, ModelConfig
