@@ -5,7 +5,8 @@ on loopback, the server bound to one core. Checks what a second client and a run
 - `vllm-serve MODEL --api-key-env NAME --python PY ...`: regroup's options after MODEL are regroup's;
 - a second client's reload of frozen weights during a LoRA run is found by the next reload's fingerprints,
   named, and undone by a full reload; the log-prob gap's jump is named on the step that sampled from it;
-- a run, sync or async, leaves nothing in its TMPDIR (it left `regroup-vllm-sync-*/weights-vN`).
+- a run, sync or async, leaves nothing in its TMPDIR (it left `regroup-vllm-sync-*/weights-vN`); a run killed
+  with SIGKILL leaves its folder to the next run, which removes it.
 
 Figures go to "real-engine figures" (conftest.py).
 """
@@ -192,7 +193,9 @@ def foreign_mlp_reload(server, model_dir, folder: Path, scale=1.03) -> int:
     return len(mlp)
 
 
-def test_a_second_clients_reload_of_frozen_weights_is_found_named_and_undone(server, smollm2_dir, tmp_path, figures):
+def test_a_second_clients_reload_of_frozen_weights_is_found_named_and_undone(
+    server, smollm2_dir, tmp_path, own_tmpdir, figures
+):
     from transformers import AutoTokenizer
 
     from regroup.config.schema import LoraConfig, ModelConfig
@@ -319,4 +322,38 @@ def test_an_async_run_leaves_nothing_in_tmpdir(server, smollm2_dir, tmp_path, ow
     )
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["rollout/policy_lag"] for r in records] == [0.0, 1.0, 1.0]
+    assert list(own_tmpdir.iterdir()) == []
+
+
+def test_a_run_killed_on_the_server_leaves_its_folder_to_the_next_run(
+    server, smollm2_dir, tmp_path, own_tmpdir, capsys
+):
+    """`regroup train` in a process of its own, SIGKILLed once a step is logged: its sync folder (the weights
+    it pushed) stays, since nothing of it runs any more; the next run in that TMPDIR removes it, then its own."""
+    from regroup.cli import main
+
+    killed = tmp_path / "killed"
+    path = os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")])  # tests/plugins.py: the reward
+    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", "TMPDIR": str(own_tmpdir)}
+    argv = [sys.executable, "-m", "regroup", *_train_args(smollm2_dir, server, killed, "train.steps=1000")]
+    proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        metrics = killed / "metrics.jsonl"
+        deadline = time.monotonic() + 1800  # a hang guard, not a time bound
+        while not (metrics.is_file() and metrics.read_text().count("\n") >= 1):
+            assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+            assert time.monotonic() < deadline, "no step logged in 30 min"
+            time.sleep(0.5)
+        proc.kill()
+        proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    left = list(own_tmpdir.iterdir())
+    assert len(left) == 1 and any(p.name.startswith("weights-v") for p in left[0].iterdir())
+    assert json.loads((left[0] / "owner.json").read_text())["pid"] == proc.pid
+    assert main(_train_args(smollm2_dir, server, tmp_path / "next", "train.steps=1")) == 0
+    out = capsys.readouterr()
+    assert (out.out + out.err).count("removed 1 weight-sync folder(s)") == 1
     assert list(own_tmpdir.iterdir()) == []

@@ -33,7 +33,9 @@ Weight sync (`rollout.vllm_server_sync`), what vLLM 0.32 documents:
   has no weights for. Each reload returns the server's weight fingerprints before and after it
   (`vllm_worker.weight_fingerprints`): weights changed by anyone else since the run's last reload are
   named in one warning line and every weight is reloaded. The folders go when the sampler is closed
-  (the trainer does, however training ends), collected, or the interpreter exits.
+  (the trainer does, however training ends), collected, or the interpreter exits; a temporary one left by
+  a run that was killed (SIGKILL, SIGTERM) goes when the next run on the host starts (its `owner.json`
+  names a process that has ended: `remove_orphan_sync_dirs`).
 - `nccl` (GPUs): vLLM's weight-transfer API (`/init_weight_transfer_engine`, `/start_weight_update`,
   `/update_weights`, `/finish_weight_update`) driven by vLLM's own `NCCLTrainerWeightTransferEngine`;
   needs vLLM importable in the learner's process and the server started with
@@ -42,11 +44,13 @@ Weight sync (`rollout.vllm_server_sync`), what vLLM 0.32 documents:
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import tempfile
 import time
@@ -68,6 +72,8 @@ from regroup.rollout.vllm import push_weights, request_seeds
 WORKER_EXTENSION = "regroup.rollout.vllm_worker.WeightReloadExtension"  # adds regroup_reload_weights to the worker
 KEY_GUARD = "regroup.rollout.vllm_guard.KeyOnEveryRoute"  # the key on every route, not only /v1 (vllm_guard)
 MAX_CONCURRENT_REQUESTS = 64  # rows in flight at once; the server queues and batches them
+SYNC_DIR_PREFIX = "regroup-vllm-sync-"  # a run's own temporary sync folder: $TMPDIR/regroup-vllm-sync-*
+SYNC_DIR_OWNER = "owner.json"  # in it: the process that made it (pid, host, start time), for `remove_orphan_sync_dirs`
 
 
 class ServerError(OSError):
@@ -144,6 +150,81 @@ def remove_sync_files(sync_dir: Path, own_dir: bool, written: list[Path]) -> Non
     written.clear()
 
 
+def process_start_time(pid: int) -> str | None:
+    """When process `pid` started (clock ticks since boot, /proc/PID/stat field 22), to tell it from a later
+    process given the same pid; None where there is no /proc or no such process."""
+    try:
+        line = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = line.rsplit(")", 1)[-1].split()  # after the command name, which may hold spaces and parentheses
+    return fields[19] if len(fields) > 19 else None
+
+
+def process_alive(pid: int, start: str | None) -> bool:
+    """Whether process `pid` of this host still runs and is the one that started at `start` (None: any)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        pass  # someone else's process (EPERM): it exists
+    if start is not None:
+        now = process_start_time(pid)
+        if now is not None and now != start:
+            return False  # the pid was given to a later process
+    return True
+
+
+def make_sync_dir(folder: Path | None = None) -> Path:
+    """A run's own temporary sync folder (`folder`, made again; None: a new `$TMPDIR/regroup-vllm-sync-*`)
+    with `owner.json` naming this process, for `remove_orphan_sync_dirs` to read."""
+    if folder is None:
+        folder = Path(tempfile.mkdtemp(prefix=SYNC_DIR_PREFIX))
+    else:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    owner = {"pid": os.getpid(), "host": socket.gethostname(), "start": process_start_time(os.getpid())}
+    (folder / SYNC_DIR_OWNER).write_text(json.dumps(owner))
+    return folder
+
+
+def remove_orphan_sync_dirs(parent: str | Path | None = None) -> tuple[int, int]:
+    """Remove the sync folders in `parent` (default: the temporary folder) whose owner, a process of this
+    host and this user, has ended without removing its own: killed by SIGKILL or SIGTERM, or the machine
+    stopped. A folder without a readable `owner.json` (being made just now, or made by an older regroup), of
+    another host or user, or a link, is left alone. Returns (folders removed, bytes freed)."""
+    parent = Path(parent if parent is not None else tempfile.gettempdir())
+    removed = freed = 0
+    try:
+        candidates = sorted(parent.glob(SYNC_DIR_PREFIX + "*"))
+    except OSError:
+        return 0, 0
+    host, uid = socket.gethostname(), os.getuid() if hasattr(os, "getuid") else None
+    for folder in candidates:
+        try:
+            info = folder.lstat()
+            if not stat.S_ISDIR(info.st_mode) or (uid is not None and info.st_uid != uid):
+                continue
+            owner = json.loads((folder / SYNC_DIR_OWNER).read_text())
+            pid, start = owner["pid"], owner.get("start")
+            if owner.get("host") != host or not isinstance(pid, int) or isinstance(pid, bool):
+                continue
+            if start is not None and not isinstance(start, str):
+                continue
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if process_alive(pid, start):
+            continue
+        size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file() and not f.is_symlink())
+        shutil.rmtree(folder, ignore_errors=True)
+        if not folder.exists():
+            removed += 1
+            freed += size
+    return removed, freed
+
+
 def model_vocab_size(model) -> int:
     """Rows of `model`'s input embedding: the token ids the learner can score (config.vocab_size if none)."""
     embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
@@ -185,8 +266,17 @@ class VLLMServerSampler:
         self.sync_method = rollout_cfg.vllm_server_sync
         if self.sync_method not in ("reload", "nccl"):
             raise ServerError(f"rollout.vllm_server_sync must be reload or nccl, got {self.sync_method!r}")
+        self.log = log or (lambda line: warnings.warn(line, stacklevel=3))
         self._own_sync_dir = rollout_cfg.vllm_server_sync_dir is None
-        self.sync_dir = Path(rollout_cfg.vllm_server_sync_dir or tempfile.mkdtemp(prefix="regroup-vllm-sync-"))
+        if self._own_sync_dir:
+            # runs ended by SIGKILL or SIGTERM could not remove theirs: the next run on this host does
+            removed, freed = remove_orphan_sync_dirs()
+            if removed:
+                self.log(
+                    f"note: removed {removed} weight-sync folder(s) ({freed / 2**20:.0f} MB) that runs which ended "
+                    f"without cleaning up (killed?) left in {tempfile.gettempdir()}"
+                )
+        self.sync_dir = make_sync_dir() if self._own_sync_dir else Path(rollout_cfg.vllm_server_sync_dir)
         self._written: list[Path] = []  # the weights-vN folders of ours that are on disk now
         self._cleanup = self._arm_cleanup()
         self.version = 0
@@ -204,7 +294,6 @@ class VLLMServerSampler:
         """The names of the first (full) payload: every weight the server loads."""
         self.foreign_changes = 0
         """Reloads that found the server's weights changed by someone else since the one before."""
-        self.log = log or (lambda line: warnings.warn(line, stacklevel=3))
         self._nccl = None
         models = self._call("/v1/models", None, timeout_s=min(self.timeout_s, 30.0))
         try:
@@ -346,7 +435,10 @@ class VLLMServerSampler:
     def _arm_cleanup(self) -> weakref.finalize:
         """Make the sync folder, and register its removal for when this sampler is closed, collected, or the
         interpreter exits (normally, on an error or on Ctrl-C), whichever comes first."""
-        self.sync_dir.mkdir(parents=True, exist_ok=True)
+        if self._own_sync_dir:
+            make_sync_dir(self.sync_dir)  # again after close(), with its owner
+        else:
+            self.sync_dir.mkdir(parents=True, exist_ok=True)
         return weakref.finalize(self, remove_sync_files, self.sync_dir, self._own_sync_dir, self._written)
 
     def close(self) -> None:
