@@ -81,7 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--rates",
         default=None,
-        help="--gate: the learning rates this process runs, comma-separated (default: all; one process per rate)",
+        help="--gate, --gated: the learning rates this process runs, comma-separated (default: all; one process "
+        "per rate)",
     )
     p.add_argument("--dry-run", action="store_true", help="print the plan (arms, claims, estimate); run nothing")
     p.add_argument(
