@@ -1,10 +1,9 @@
 """`python -m studies --gated`: the miniature study behind a gate, where GRPO itself learns.
 
 The 2026-12-03 miniature study judged the papers in a sparse regime where GRPO did not move (9.14 % → 9.13 %
-pass@1 in 16 steps), so its verdicts could not say whether a variant helps learning. This study keeps that
-regime (3-4-step problems from the warm-up stopped at SFT step 420: over half of GRPO's step-0 groups all
-wrong) and gives RL six times the steps. Everything below is registered in `gated_plan` (plan.json) before
-any model trains, and the run order enforces it:
+pass@1 in 16 steps), so its verdicts could not say whether a variant helps learning. Here a design (DESIGNS: a
+warm start, the problems' step counts, 96 steps) is registered in `gated_plan` (plan.json) before any model
+trains, and the run order enforces it:
 
 1. **The gate.** Plain GRPO, seed 0, `steps` steps at each rate of `rates`, evaluated on the held-out problems
    at every checkpoint of `eval_at`. The gate: the better rate (larger final gain; ties: the smaller) gains at
