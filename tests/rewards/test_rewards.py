@@ -130,7 +130,7 @@ def test_a_stuck_worker_is_killed_and_replaced():
     # SIGSTOP makes the worker deaf to its own alarm, like C code that never returns to Python.
     with MathAnswerChecker(timeout_s=0.3) as c:
         c.warm_up()
-        stuck = c._slots[0].worker.proc
+        stuck = c.pool.workers[0].proc
         os.kill(stuck.pid, signal.SIGSTOP)
         assert c("\\boxed{2}", P("2")) == 0.0
         assert stuck.poll() is not None  # killed
@@ -146,10 +146,10 @@ def test_a_stuck_worker_is_killed_and_replaced():
 def test_a_dead_worker_is_replaced():
     with MathAnswerChecker(timeout_s=0.5) as c:
         c.warm_up()
-        old = c._slots[0].worker.proc
+        old = c.pool.workers[0].proc
         old.kill()
         old.wait()
-        assert c("\\boxed{3}", P("3")) == 1.0 and c._slots[0].worker.proc is not old
+        assert c("\\boxed{3}", P("3")) == 1.0 and c.pool.workers[0].proc is not old
         assert c.pop_counts()["restarts"] == 1
 
 
@@ -166,7 +166,7 @@ def test_threads_and_pickling(checker):
         t.join()
     assert results == [1.0] * 8
     copy = pickle.loads(pickle.dumps(checker))
-    assert all(s.worker is None for s in copy._slots) and copy.timeout_s == checker.timeout_s
+    assert copy.pool.workers == [None] and copy.timeout_s == checker.timeout_s
     copy.close()
 
 
@@ -257,8 +257,8 @@ def test_a_pool_checks_distinct_hostile_answers_in_parallel_and_counts_each_time
     easy = [f"\\boxed{{{i}}}" for i in range(4)]
     with MathAnswerChecker(timeout_s=0.3, workers=4) as c:
         c.warm_up()
-        assert all(s.worker is not None and s.worker.ready for s in c._slots) and len(c._slots) == 4
-        pids = {s.worker.proc.pid for s in c._slots}
+        assert all(w is not None and w.ready for w in c.pool.workers) and len(c.pool.workers) == 4
+        pids = {w.proc.pid for w in c.pool.workers}
         scores = c.check_many(hostile + easy, [P("1")] * len(hostile) + [P(str(i)) for i in range(4)])
         assert scores == [0.0] * len(hostile) + [1.0] * 4
         counts = c.pop_counts()

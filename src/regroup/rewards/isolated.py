@@ -1,4 +1,5 @@
-"""Starting and stopping the reward worker processes (the user rewards' and the math checker's).
+"""Starting and stopping the reward worker processes (of `regroup.rewards.pool`: the user rewards' and the
+math checker's).
 
 A worker starts isolated: `python -I` reads no PYTHON* variable, no user site, and puts neither the current
 folder nor a script's folder on `sys.path`, so a `json.py` planted where `regroup train` runs is never
@@ -11,6 +12,8 @@ Each worker leads its own session (and so its own process group): a timeout kill
 processes a reward started die with it; and the terminal's job control never stops a worker that writes
 to it. A worker whose parent dies (even by SIGKILL) kills its own group within a second or so. An
 address-space limit (RLIMIT_AS) bounds what one check may allocate.
+Hand-written on subprocess: no process library starts a worker this way (isolated path, own session and
+group, memory limit, orphan watchdog) or kills its whole group.
 """
 
 from __future__ import annotations

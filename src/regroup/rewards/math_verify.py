@@ -1,10 +1,10 @@
 """A math answer checker that cannot hang: the last \\boxed{...} (or text after a marker) compared with the
-problem's answer by math-verify, in a pool of persistent worker processes, each killed and restarted
-on timeout.
+problem's answer by math-verify, in the reward worker pool (`regroup.rewards.pool`), where a check past its
+time is killed and its worker replaced.
 
 Why processes: math-verify's own timeout uses SIGALRM, which only works in the main thread, and
 cannot interrupt C code (sympy evaluating 9^{9^{9^9}} sits in one big-integer power). A killed child
-always stops. Workers start on first use and are restarted in the background after a kill.
+always stops. The worker's own alarm ends a pure-Python hang without a restart; the kill is for the rest.
 
 What bounds hostile answers: each check gets `timeout_s`; `workers` checks run at once
 (`check_many`); and identical (gold, answer) pairs in one `check_many` batch are checked once, so 20
@@ -15,22 +15,15 @@ Timeouts are counted apart from wrong answers (`pop_counts()`), though both scor
 
 from __future__ import annotations
 
-import json
-import os
-import queue
-import select
-import subprocess
 import threading
-import time
-import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from regroup.config.registry import REWARDS
 from regroup.rewards.counts import RewardCounts
-from regroup.rewards.isolated import DEFAULT_MEMORY_MB, kill_group, start_worker, worker_command
+from regroup.rewards.isolated import DEFAULT_MEMORY_MB
+from regroup.rewards.pool import WorkerDied, WorkerPool, WorkerStartError, WorkerTimeout
 
 __all__ = ["CHECK_COUNTS", "MathAnswerChecker", "extract_boxed", "extract_after_marker"]
 
@@ -51,7 +44,6 @@ CHECK_COUNTS = (
     "restarts",
 )
 
-_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_verify_worker.py")
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
 
 
@@ -106,81 +98,8 @@ def extract_after_marker(text: str, marker: str) -> str | None:
     return None
 
 
-def read_chunk(fd: int, deadline: float) -> bytes | None:
-    """What a worker's pipe has, waiting until `deadline` (time.monotonic): None at the deadline, b"" when
-    the worker exited. The math checker's and the user rewards' workers (`rewards.deadline`) read with it."""
-    left = deadline - time.monotonic()
-    if left <= 0:
-        return None
-    readable, _, _ = select.select([fd], [], [], left)
-    if not readable:
-        return None
-    return os.read(fd, 1 << 16)
-
-
-class _WorkerDied(Exception):
-    pass
-
-
-class _Worker:
-    """One math-verify child process and its line protocol."""
-
-    def __init__(self, memory_mb: int = DEFAULT_MEMORY_MB) -> None:
-        # Isolated (never the current folder on its path), in its own process group, under an
-        # address-space limit; it finds math_verify on the parent's path.
-        code = f"import runpy; runpy.run_path({_WORKER!r}, run_name='__main__')"
-        self.proc = start_worker(
-            worker_command(code, memory_mb=memory_mb),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            bufsize=0,
-        )
-        self.pid = os.getpid()
-        self.ready = False
-        self._buffer = b""
-        self._finalizer = weakref.finalize(self, kill_group, self.proc)
-
-    def read_line(self, deadline: float) -> dict[str, Any] | None:
-        """The next reply, None at the deadline; raises _WorkerDied if the child exited."""
-        assert self.proc.stdout is not None
-        fd = self.proc.stdout.fileno()
-        while b"\n" not in self._buffer:
-            chunk = read_chunk(fd, deadline)
-            if chunk is None:
-                return None
-            if not chunk:
-                raise _WorkerDied("math-verify worker exited")
-            self._buffer += chunk
-        line, _, self._buffer = self._buffer.partition(b"\n")
-        return json.loads(line)
-
-    def wait_ready(self, timeout_s: float) -> None:
-        if self.ready:
-            return
-        reply = self.read_line(time.monotonic() + timeout_s)
-        if reply is None:
-            raise RuntimeError(f"math-verify worker did not start within {timeout_s:.0f} s")
-        if "fatal" in reply:
-            raise RuntimeError(f"math-verify worker failed to start: {reply['fatal']}")
-        self.ready = True
-
-    def send(self, request: dict[str, Any]) -> None:
-        assert self.proc.stdin is not None
-        try:
-            self.proc.stdin.write((json.dumps(request) + "\n").encode("utf-8"))
-        except (BrokenPipeError, OSError) as exc:
-            raise _WorkerDied(f"math-verify worker pipe closed: {exc}") from None
-
-    def close(self) -> None:
-        self._finalizer()
-
-
-class _Slot:
-    """One place in the worker pool: its process (None until first used, or after a failed start)."""
-
-    def __init__(self) -> None:
-        self.worker: _Worker | None = None
+def _start_error(e: WorkerStartError) -> RuntimeError:
+    return RuntimeError(f"math-verify worker {e.reason}" + (f": {e.fatal}" if e.fatal else ""))
 
 
 class MathAnswerChecker:
@@ -234,10 +153,14 @@ class MathAnswerChecker:
 
     def _init_runtime(self) -> None:
         self._counts = RewardCounts(CHECK_COUNTS)
-        self._slots = [_Slot() for _ in range(self.workers)]
-        self._free: queue.LifoQueue[_Slot] = queue.LifoQueue()  # LIFO: a warm worker is reused first
-        for slot in self._slots:
-            self._free.put(slot)
+        self.pool = WorkerPool(
+            ["math"],
+            self.workers,
+            counts=self._counts,
+            memory_mb=self.memory_mb,
+            startup_timeout_s=self.startup_timeout_s,
+            quiet=True,
+        )
         self._memo: OrderedDict[tuple[str, str], str] = OrderedDict()
         self._memo_lock = threading.Lock()
 
@@ -279,11 +202,7 @@ class MathAnswerChecker:
             raise ValueError(f"check_many: {len(responses)} responses for {len(problems)} problems")
         pairs = [self._prepare(r, p) for r, p in zip(responses, problems)]
         distinct = list(dict.fromkeys(p for p in pairs if p is not None))
-        if self.workers > 1 and len(distinct) > 1:
-            with ThreadPoolExecutor(max_workers=min(self.workers, len(distinct))) as pool:
-                found = dict(zip(distinct, pool.map(lambda pair: self._outcome(*pair), distinct)))
-        else:
-            found = {pair: self._outcome(*pair) for pair in distinct}
+        found = dict(zip(distinct, self.pool.run_many(lambda pair: self._outcome(*pair), distinct)))
         scores, seen = [], set()
         for pair in pairs:
             if pair is None:
@@ -327,11 +246,7 @@ class MathAnswerChecker:
             if key in self._memo:
                 self._memo.move_to_end(key)
                 return self._memo[key], True
-        slot = self._free.get()
-        try:
-            outcome = self._verify(slot, gold, pred)
-        finally:
-            self._free.put(slot)
+        outcome = self._verify(gold, pred)
         if self.memo_size and outcome != "timeout":
             # A timeout is not remembered: it may come from a loaded machine, not from the answer.
             with self._memo_lock:
@@ -340,71 +255,33 @@ class MathAnswerChecker:
                     self._memo.popitem(last=False)
         return outcome, False
 
-    def _verify(self, slot: _Slot, gold: str, pred: str) -> str:
-        worker = self._ensure_worker(slot)  # a worker that died while idle is replaced here
+    def _verify(self, gold: str, pred: str) -> str:
+        request = {"gold": gold, "pred": pred, "budget": self.timeout_s}  # the worker's own alarm
         try:
-            worker.send({"gold": gold, "pred": pred, "budget": self.timeout_s})
-            reply = worker.read_line(time.monotonic() + self.timeout_s + self.grace_s)
-        except _WorkerDied:
-            self._restart(slot)  # this input crashed the worker (e.g. a C stack overflow)
-            return "error"
-        if reply is None:
-            self._restart(slot)  # stuck where the alarm cannot reach: kill it
-            return "timeout"
+            reply = self.pool.call(request, self.timeout_s + self.grace_s)  # then a kill, after a short grace
+        except WorkerDied:
+            return "error"  # this input crashed the worker (e.g. a C stack overflow)
+        except WorkerTimeout:
+            return "timeout"  # stuck where the alarm cannot reach: killed
+        except WorkerStartError as e:
+            raise _start_error(e) from None
         if reply.get("timeout"):
             return "timeout"
         if "error" in reply:
             return "error"
         return "correct" if reply.get("ok") else "wrong"
 
-    def _ensure_worker(self, slot: _Slot) -> _Worker:
-        worker = slot.worker
-        if worker is None or worker.pid != os.getpid() or worker.proc.poll() is not None:
-            if worker is not None and worker.pid == os.getpid():
-                worker.close()
-                self._counts.add("restarts")  # found dead while idle
-            worker = slot.worker = _Worker(self.memory_mb)
-        try:
-            worker.wait_ready(self.startup_timeout_s)
-        except _WorkerDied:
-            worker.close()
-            slot.worker = None
-            raise RuntimeError("math-verify worker exited while starting (is math-verify installed?)") from None
-        except RuntimeError:
-            worker.close()
-            slot.worker = None
-            raise
-        return worker
-
-    def _restart(self, slot: _Slot) -> None:
-        """Kill the slot's worker and start the next one now, so it imports while the caller goes on."""
-        if slot.worker is not None:
-            slot.worker.close()
-        self._counts.add("restarts")
-        slot.worker = _Worker(self.memory_mb)
-
     def warm_up(self) -> None:
         """Start every worker now and wait until each is ready (imported and warmed by one check), so
         no timed check pays for a start."""
-        slots = [self._free.get() for _ in range(self.workers)]  # all of them: nobody checks meanwhile
         try:
-            for slot in slots:  # start them all first: they import in parallel
-                if slot.worker is None or slot.worker.pid != os.getpid() or slot.worker.proc.poll() is not None:
-                    slot.worker = _Worker(self.memory_mb)
-            for slot in slots:
-                self._ensure_worker(slot)
-        finally:
-            for slot in slots:
-                self._free.put(slot)
+            self.pool.warm_up()
+        except WorkerStartError as e:
+            raise _start_error(e) from None
 
     def close(self) -> None:
         """Stop the worker processes (a later call starts new ones)."""
-        slots = [self._free.get() for _ in range(self.workers)]
-        for slot in slots:
-            if slot.worker is not None and slot.worker.pid == os.getpid():
-                slot.worker.close()
-            slot.worker = None
-            self._free.put(slot)
+        self.pool.close()
 
     def __enter__(self) -> MathAnswerChecker:
         return self
