@@ -89,3 +89,24 @@ def test_a_hanging_reward_in_a_training_step_is_unscored(tiny_model_dir, tmp_pat
     assert metrics["reward/unscored_frac"] == 1.0 and metrics["reward/timeout"] == 4.0
     assert metrics["groups/uniform_frac"] == 1.0
     trainer.recipe.reward_fn.close()
+
+
+def test_a_timed_out_worker_is_replaced_at_once_and_lines_carry_any_text():
+    """The pool kills a worker that ran past the deadline and starts the next one before the next call; a
+    response with newlines and non-ASCII text crosses the JSON-lines pipe whole."""
+    fn = DeadlineReward("_user_rewards:hangs_on_x", timeout_s=1.0)
+    try:
+        assert fn("ok", PROBLEM) == 1.0
+        first = fn.pool.workers[0]
+        assert fn("x", PROBLEM) is None
+        assert first.proc.poll() is not None  # killed (with its group)
+        following = fn.pool.workers[0]
+        assert following is not first and following.proc.poll() is None  # already started
+        assert fn("ok", PROBLEM) == 1.0 and fn.pool.workers[0] is following
+    finally:
+        fn.close()
+    length = DeadlineReward("_user_rewards:length_reward", timeout_s=30.0)
+    try:
+        assert length("a\nb\u2028é\r\n", PROBLEM) == 7.0
+    finally:
+        length.close()
