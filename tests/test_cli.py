@@ -384,10 +384,9 @@ def test_sigint_to_a_training_process_is_one_line_and_its_resume_is_bit_identica
     run = tmp_path / "stopped"
     stopped = regroup(_small_run(tiny_model_dir, run, steps=6), "stopped")
     metrics = run / "metrics.jsonl"
-    deadline = time.monotonic() + 1800  # only a hung child gets here: 3 tiny-model steps take seconds
+    # Wait for the event, not a time: 3 logged steps, or the child's own end (a 6-step run), whichever comes first.
     while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
         assert stopped.poll() is None, stderr_of("stopped")[-2000:]
-        assert time.monotonic() < deadline, "the child logged fewer than 3 steps in 30 min: hung"
         time.sleep(0.05)
     stopped.send_signal(signal.SIGINT)
     assert stopped.wait(timeout=300) == 130, stderr_of("stopped")[-2000:]

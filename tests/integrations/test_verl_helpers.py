@@ -58,6 +58,12 @@ def test_verls_rollout_correction_and_kl_in_reward_are_refused():
         check_shared_settings(cfg, settings(cfg, **{"algorithm.use_kl_in_reward": True}))
 
 
+def test_opsm_is_refused_before_any_model_loads():
+    cfg = load_config("grpo", ["grpo.off_policy_mask_threshold=0.5"])
+    with pytest.raises(ConfigError, match="off_policy_mask_threshold is not supported by the verl plug-in"):
+        check_shared_settings(cfg, settings(cfg))
+
+
 def test_rows_carry_q0_and_its_rephrasings_and_drop_short_ones():
     problems = [Problem(id="a", question="qa", answer="1"), Problem(id="b", question="qb", answer="2")]
     rows, dropped = problem_rows(problems, [["a1", "a2"], ["b1"]], lambda t: [{"role": "user", "content": t}], 2)

@@ -339,10 +339,9 @@ def test_a_run_killed_on_the_server_leaves_its_folder_to_the_next_run(
     proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         metrics = killed / "metrics.jsonl"
-        deadline = time.monotonic() + 1800  # a hang guard, not a time bound
+        # Wait for the event, not a time: the first logged step, or the child's own end (an error exits it).
         while not (metrics.is_file() and metrics.read_text().count("\n") >= 1):
             assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
-            assert time.monotonic() < deadline, "no step logged in 30 min"
             time.sleep(0.5)
         proc.kill()
         proc.communicate(timeout=120)

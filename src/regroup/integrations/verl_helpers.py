@@ -13,7 +13,7 @@ from typing import Any
 from torch import Tensor
 
 from regroup.algo.loss_inputs import build_loss_inputs
-from regroup.algo.losses import LossInputs, LossSpec, LossTotals, policy_loss
+from regroup.algo.losses import LossSpec, LossTotals, policy_loss
 from regroup.errors import ConfigError
 from regroup.stages.groups import samples_per_question
 from regroup.train.recipes import features
@@ -95,6 +95,8 @@ def check_shared_settings(cfg: Any, get: Callable[[str], Any]) -> None:
         )
     if get("algorithm.use_kl_in_reward"):
         raise ConfigError("algorithm.use_kl_in_reward: the recipe's KL is grpo.beta (in the loss); set it false")
+    if cfg.grpo.off_policy_mask_threshold is not None:  # verl's rollout log-probs are unchecked against OPSM
+        raise ConfigError("grpo.off_policy_mask_threshold is not supported by the verl plug-in yet; leave it unset")
 
 
 def verl_overrides(cfg: Any) -> list[str]:
@@ -154,42 +156,6 @@ def verl_totals(spec: LossSpec, *, dp_size: int, batch_num_tokens: float, global
     )
 
 
-def loss_inputs(
-    spec: LossSpec,
-    logps: Tensor,
-    advantages: Tensor,
-    loss_mask: Tensor,
-    *,
-    old_logps: Tensor | None = None,
-    sampler_logps: Tensor | None = None,
-    sampler_rows: Tensor | None = None,
-    sampled_mask: Tensor | None = None,
-    ref_logps: Tensor | None = None,
-    sample_weight: Tensor | None = None,
-    entropy: Tensor | None = None,
-) -> tuple[Tensor, LossInputs]:
-    """`(π_old [b, T], LossInputs)` of one micro-batch, from tensors (`policy_loss(logps, π_old, inputs, ...)`):
-    the native trainer's own builder, `regroup.algo.loss_inputs.build_loss_inputs`, on the tensors verl hands
-    over. `sampled_mask` [b, T] is False on forced (anchor) tokens; `sampler_logps` the rollout's log-probs,
-    compared on `sampler_rows` (the rows scored on the prompt that drew them) for the sampler IS weight.
-    """
-    if spec.off_policy_mask is not None:  # verl's rollout log-probs have not been checked against OPSM here
-        raise ConfigError("grpo.off_policy_mask_threshold is not supported by the verl plug-in yet; leave it unset")
-    return build_loss_inputs(
-        spec,
-        logps,
-        advantages,
-        loss_mask,
-        old_logps=old_logps,
-        sampler_logps=sampler_logps,
-        sampler_rows=sampler_rows,
-        sampled_mask=sampled_mask,
-        ref_logps=ref_logps,
-        sample_weight=sample_weight,
-        entropy=entropy,
-    )
-
-
 def micro_batch_loss(
     spec: LossSpec,
     logps: Tensor,
@@ -215,7 +181,7 @@ def micro_batch_loss(
     sampled = ~is_anchor[:, None].expand_as(mask)  # [b, T] False on an anchor's (forced) tokens
     variant = fields.get(VARIANT)
     rows = None if sampler_on_prompt or variant is None else variant.eq(0) & ~is_anchor  # [b]
-    old, inputs = loss_inputs(
+    old, inputs = build_loss_inputs(  # the native trainer's own builder, on the tensors verl hands over
         spec,
         logps,
         fields[ADVANTAGE].to(logps.dtype),
