@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -47,7 +48,7 @@ from studies.claims import (
     judge_all,
     verdict_label,
 )
-from studies.curves import auc, band, plot_curves
+from studies.curves import auc, band, pass1, plot_curves
 from studies.miniature import (
     ARMS_BY_NAME,
     CONFIG_DIR,
@@ -273,10 +274,7 @@ def train_and_evaluate(
         run_dir / "timing.json",
         json.dumps({"train_seconds": train_seconds, "eval_seconds": time.perf_counter() - t0 - train_seconds}),
     )
-    for checkpoint in list_checkpoints(run_dir):  # evaluated: the study keeps metrics and evaluations only
-        for f in sorted(checkpoint.rglob("*"), reverse=True):
-            f.unlink() if f.is_file() else f.rmdir()
-        checkpoint.rmdir()
+    shutil.rmtree(run_dir / "checkpoints")  # evaluated: the study keeps metrics and evaluations only
     return run_dir
 
 
@@ -359,7 +357,7 @@ def keep(study_dir: Path, dest: Path, g: GatedSettings) -> Path:
 
 
 # -------------------------------------------------------------------------------------------- verdicts
-def _mean_pass1(entry) -> dict[str, float]:
+def _per_problem_pass1(entry) -> dict[str, float]:
     return {i: c / n for i, (c, n) in counts_of(entry).items()}
 
 
@@ -370,7 +368,7 @@ def gate_verdict(rows: list[dict], g: GatedSettings) -> dict:
     for r in rows:
         if r["regime"] != GATE or r["arm"] == START:
             continue
-        base, final = _mean_pass1(start["evals"][T1]), _mean_pass1(r["evals"][T1])
+        base, final = _per_problem_pass1(start["evals"][T1]), _per_problem_pass1(r["evals"][T1])
         diffs = [final[i] - base[i] for i in base]
         gain = sum(diffs) / len(diffs)
         se = math.sqrt(sum((d - gain) ** 2 for d in diffs) / (len(diffs) - 1) / len(diffs))
@@ -383,16 +381,11 @@ def gate_verdict(rows: list[dict], g: GatedSettings) -> dict:
 
 def curve_of(run: dict, start: dict, last: int) -> dict[int, float]:
     """step -> mean pass@1: the start (step 0, its curve evaluation), the checkpoints, the last step's T1."""
-    points = {0: _mean(start["evals"]["step0"]), last: _mean(run["evals"][T1])}
+    points = {0: pass1(start["evals"]["step0"]), last: pass1(run["evals"][T1])}
     for key, entry in run["evals"].items():
         if key.startswith("step"):
-            points[int(key[4:])] = _mean(entry)
+            points[int(key[4:])] = pass1(entry)
     return dict(sorted(points.items()))
-
-
-def _mean(entry) -> float:
-    values = _mean_pass1(entry)
-    return sum(values.values()) / len(values)
 
 
 def _paired(values: dict[int, float], against: dict[int, float]) -> dict | None:
