@@ -111,11 +111,11 @@ def numeric_keys(cls=RunConfig) -> list[str]:
     return [key for key, _, hint in fields.leaves(cls) if {int, float} & set(members(hint))]
 
 
+def bounds(field) -> dict[str, float]:
+    """{"ge" / "gt" / "le" / "lt": value} of a setting's bounds."""
+    return {op: getattr(m, op) for op in fields.BOUNDS for m in field.metadata if getattr(m, op, None) is not None}
+
+
 def numeric_rules(cls=RunConfig) -> dict[str, dict[str, float]]:
-    """The bounds ({"ge" / "gt" / "le" / "lt": value}) of every leaf setting of `cls` that declares some (or
-    `finite`), by dotted key."""
-    return {
-        key: {op: getattr(m, op) for op in fields.BOUNDS for m in f.metadata if getattr(m, op, None) is not None}
-        for key, f, _ in fields.leaves(cls)
-        if fields.describe(f)
-    }
+    """The bounds of every leaf setting of `cls` that declares some (or `finite`), by dotted key."""
+    return {key: bounds(f) for key, f, _ in fields.leaves(cls) if fields.describe(f)}
