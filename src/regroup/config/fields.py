@@ -17,10 +17,9 @@ import functools
 import os
 import re
 import types
-import typing
-from collections.abc import Iterable, Iterator
+from collections.abc import Hashable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, Literal, TypedDict, get_args, get_origin
+from typing import Any, Literal, TypedDict, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, create_model, field_validator
@@ -75,7 +74,7 @@ def F(
 
 def _members(hint: Any) -> list[Any]:
     """A hint's alternatives: the members of an Optional or Union, else the hint itself."""
-    if get_origin(hint) in (typing.Union, types.UnionType):
+    if get_origin(hint) in (Union, types.UnionType):
         return [m for a in get_args(hint) for m in _members(a)]
     return [hint]
 
@@ -270,7 +269,7 @@ class YamlLoader(yaml.SafeLoader):
                 if key_node.tag == "tag:yaml.org,2002:merge":
                     continue  # `<<: *base` merges are overridden on purpose
                 key, line = self.construct_object(key_node, deep=True), key_node.start_mark.line + 1
-                if not isinstance(key, typing.Hashable):
+                if not isinstance(key, Hashable):
                     continue  # the base constructor refuses it
                 if key in seen:
                     raise yaml.YAMLError(

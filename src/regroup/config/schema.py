@@ -12,7 +12,6 @@ import functools
 import math
 import os
 import re
-from functools import partial
 from pathlib import Path
 from typing import Any, Literal, Optional
 
@@ -428,7 +427,7 @@ TRACKERS = ("tensorboard", "wandb", "trackio", "comet_ml", "aim", "mlflow", "cle
 
 
 # (key, default, help + bounds) of every RunConfig setting: what `regroup config` lists.
-field_docs = partial(fields.field_docs, RunConfig)
+field_docs = functools.partial(fields.field_docs, RunConfig)
 
 
 def get_dotted(cfg: Any, key: str) -> Any:
