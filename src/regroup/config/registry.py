@@ -125,8 +125,9 @@ def load_dotted(path: str) -> Any:
 
 def build_named(kind: str, name: str, registry: Registry, method: str, **kwargs: Any) -> Any:
     """The `kind` called `name` built with `kwargs`: a built-in of `registry`, a dotted class or factory (called with
-    `kwargs`), or a dotted ready instance (which takes no settings). The result must have a callable `method`.
-    An unknown name is `registry.get`'s ValueError."""
+    `kwargs`), or a dotted ready instance (which takes no settings). The result must have a callable `method`."""
+    if name not in registry and ":" not in name:
+        raise ValueError(f"unknown {kind} {name!r}; known: {sorted(registry)} or 'package.module:object'")
     obj = registry.get(name)
     if ":" in name and hasattr(obj, method) and not isinstance(obj, type):
         if kwargs:
