@@ -6,12 +6,16 @@ from __future__ import annotations
 import shutil
 import socket
 import sys
+import types
+import typing
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from regroup.batch import Sample
+from regroup.config import fields
+from regroup.config.schema import RunConfig
 from regroup.train.run_config import load_config
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -91,3 +95,27 @@ class Rewritten:
 
     def sync_weights(self, model):
         self.sampler.sync_weights(model)
+
+
+# -- the run config's numeric settings, for the tests that every one is bounded and refuses its bad values --------
+
+
+def numeric_keys(cls=RunConfig) -> list[str]:
+    """Dotted keys of every int / float (optional or not) leaf setting of `cls`."""
+
+    def members(hint):  # an Optional's or a Union's alternatives, else the hint itself
+        if typing.get_origin(hint) in (typing.Union, types.UnionType):
+            return [m for a in typing.get_args(hint) for m in members(a)]
+        return [hint]
+
+    return [key for key, _, hint in fields.leaves(cls) if {int, float} & set(members(hint))]
+
+
+def bounds(field) -> dict[str, float]:
+    """{"ge" / "gt" / "le" / "lt": value} of a setting's bounds."""
+    return {op: getattr(m, op) for op in fields.BOUNDS for m in field.metadata if getattr(m, op, None) is not None}
+
+
+def numeric_rules(cls=RunConfig) -> dict[str, dict[str, float]]:
+    """The bounds of every leaf setting of `cls` that declares some (or `finite`), by dotted key."""
+    return {key: bounds(f) for key, f, _ in fields.leaves(cls) if fields.describe(f)}

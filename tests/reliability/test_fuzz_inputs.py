@@ -192,7 +192,7 @@ def test_math_checker_on_random_text(checker, inner, answer, boxed):
 def _numeric_cases():
     """(dotted key, bad value as YAML) for every numeric field: nan, ±inf, and the values just past each
     bound of its rule (0 where it must be positive, -1 where it must be >= 0, a huge value past an upper bound)."""
-    from regroup.config.schema import numeric_keys, numeric_rules
+    from helpers import numeric_keys, numeric_rules
 
     def text(x: float) -> str:
         return str(int(x)) if float(x).is_integer() and abs(x) < 2**53 else repr(float(x))
@@ -215,9 +215,10 @@ def _numeric_cases():
 
 
 def _float_keys() -> set[str]:
-    from regroup.config.schema import leaves
+    from regroup.config.fields import leaves
+    from regroup.config.schema import RunConfig
 
-    return {key for key, _, hint in leaves() if hint is float or float in typing.get_args(hint)}
+    return {key for key, _, hint in leaves(RunConfig) if hint is float or float in typing.get_args(hint)}
 
 
 FLOAT_KEYS = _float_keys()
@@ -225,7 +226,7 @@ NUMERIC_CASES = _numeric_cases()
 
 
 def test_the_numeric_fuzz_covers_every_field():
-    from regroup.config.schema import numeric_keys
+    from helpers import numeric_keys
 
     assert {key for key, _ in NUMERIC_CASES} == set(numeric_keys())
     assert len(NUMERIC_CASES) > 4 * len(numeric_keys())
@@ -244,7 +245,8 @@ def test_every_numeric_field_rejects_its_bad_values(key, value):
 def test_every_numeric_field_accepts_its_bounds():
     """The rules are not stricter than they say: each closed bound itself loads (where no cross-field rule
     forbids it), so the bad values above fail for the right reason."""
-    from regroup.config.schema import numeric_rules
+    from helpers import numeric_rules
+
     from regroup.train.run_config import load_config
 
     cross_field = {"grpo.num_generations": 1, "anchors.count": 2**31 - 1}  # a group of one; count < G

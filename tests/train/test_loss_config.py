@@ -11,11 +11,11 @@ import typing
 
 import pytest
 import torch
-from helpers import CONFIGS, small_config, weights
+from helpers import CONFIGS, bounds, small_config, weights
 from loss_call import call_policy_loss
 
 from regroup.algo.losses import LossInputs, LossSpec, LossTotals, policy_loss, rows_with_gradient
-from regroup.config.fields import Knobs, bounds, field_docs, leaves
+from regroup.config.fields import Knobs, field_docs, leaves
 from regroup.config.registry import (
     ADV_ESTIMATORS,
     KL_ESTIMATORS,

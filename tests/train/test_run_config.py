@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from regroup.config.fields import leaves
 from regroup.config.registry import REPHRASERS, REWARDS, SCORERS, STAGES, TASKS
-from regroup.config.schema import leaves
+from regroup.config.schema import RunConfig
 from regroup.errors import ConfigError
 from regroup.train.run_config import config_from_dict, load_config, save_config
 
@@ -247,7 +248,7 @@ def test_a_user_stage_runs_in_a_real_training_step(user_module, tiny_model_dir, 
 
 def _literal_cases():
     cases = []
-    for key, _, hint in leaves():
+    for key, _, hint in leaves(RunConfig):
         if typing.get_origin(hint) is typing.Literal:
             cases += [(key, choice) for choice in typing.get_args(hint)]
     return cases

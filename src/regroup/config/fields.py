@@ -17,10 +17,9 @@ import functools
 import os
 import re
 import types
-import typing
-from collections.abc import Iterable, Iterator
+from collections.abc import Hashable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, Literal, TypedDict, get_args, get_origin
+from typing import Any, Literal, TypedDict, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, create_model, field_validator
@@ -75,7 +74,7 @@ def F(
 
 def _members(hint: Any) -> list[Any]:
     """A hint's alternatives: the members of an Optional or Union, else the hint itself."""
-    if get_origin(hint) in (typing.Union, types.UnionType):
+    if get_origin(hint) in (Union, types.UnionType):
         return [m for a in get_args(hint) for m in _members(a)]
     return [hint]
 
@@ -162,33 +161,24 @@ def _short(value: Any) -> str:
     return text if len(text) <= 80 else text[:60] + f"... ({len(text)} characters)"
 
 
-def bounds(field: FieldInfo) -> dict[str, float]:
-    """{"ge" / "gt" / "le" / "lt": value} of a setting's bounds."""
-    found = {op: getattr(m, op) for m in field.metadata for op in BOUNDS if getattr(m, op, None) is not None}
-    return {op: found[op] for op in BOUNDS if op in found}
-
-
 def describe(field: FieldInfo) -> str:
     """ "a finite number > 0 and <= 1" for a bounded setting (or one declared `finite`), else ""."""
-    parts = [f"{BOUNDS[op]} {x if isinstance(x, int) else f'{x:g}'}" for op, x in bounds(field).items()]
+    found = [(op, x) for op in BOUNDS for m in field.metadata if (x := getattr(m, op, None)) is not None]
+    parts = [f"{BOUNDS[op]} {x if isinstance(x, int) else f'{x:g}'}" for op, x in found]
     return " ".join(["a finite number", " and ".join(parts)]).strip() if parts or extra(field).get("finite") else ""
-
-
-def _is_section(hint: Any) -> bool:
-    return isinstance(hint, type) and issubclass(hint, BaseModel)
 
 
 def explain(error: Any, cls: Any, prefix: str = "", owner: str = "") -> str:
     """One line for pydantic's `error` in a `cls` built under the dotted `prefix`; `owner`: the piece whose knobs
     `cls` holds (its unknown keys are "unknown knob ... of owner")."""
-    node, key, field = cls, prefix.rstrip("."), None  # node: the model (or type) at the loc so far
+    node, key, field = cls, prefix.rstrip("."), None  # node: the model (or type) at the loc so far; a model has fields
     for part in error["loc"]:
         if isinstance(part, int):
             key += f"[{part}]"
-        elif _is_section(node) and part in node.model_fields:
+        elif part in getattr(node, "model_fields", {}):
             field, key = node.model_fields[part], f"{key}.{part}" if key else part
             node = field.annotation
-        elif error["type"] == "extra_forbidden" and _is_section(node):
+        elif error["type"] == "extra_forbidden" and hasattr(node, "model_fields"):
             known, where = list(node.model_fields), f"{key}." if key else ""
             if owner:
                 return f"{key}: unknown knob {part!r} of {owner}{did_you_mean(part, known)} (known: {', '.join(known)})"
@@ -222,15 +212,11 @@ def check(cls: Any, data: Any, prefix: str = "", owner: str = "") -> Any:
         raise ConfigError(explain(exc.errors()[0], cls, prefix, owner)) from None
 
 
-@functools.cache
-def _one(hint: Any, **limits: Unpack[Bounds]) -> type[BaseModel]:
-    return create_model("Value", __base__=Section, value=(hint, F(None, "", **limits)))
-
-
 def check_value(value: Any, hint: Any, **limits: Unpack[Bounds]) -> Any:
     """One value against a type and bounds, as a setting's (a command-line option's); ConfigError "must be ..."."""
+    one = create_model("Value", __base__=Section, value=(hint, F(None, "", **limits)))
     try:
-        return check(_one(hint, **limits), {"value": value}).value
+        return check(one, {"value": value}).value
     except ConfigError as exc:
         raise ConfigError(str(exc).removeprefix("value").lstrip(": ")) from None
 
@@ -238,20 +224,10 @@ def check_value(value: Any, hint: Any, **limits: Unpack[Bounds]) -> Any:
 def leaves(cls: Any, prefix: str = "") -> Iterator[tuple[str, FieldInfo, Any]]:
     """(dotted key, FieldInfo, type hint) of every leaf setting of the model `cls`, depth first."""
     for name, field in cls.model_fields.items():
-        if _is_section(field.annotation):
+        if hasattr(field.annotation, "model_fields"):  # a section
             yield from leaves(field.annotation, prefix + name + ".")
         else:
             yield prefix + name, field, field.annotation
-
-
-def numeric_keys(cls: type[BaseModel]) -> list[str]:
-    """Dotted keys of every int / float (optional or not) leaf setting of `cls`."""
-    return [key for key, _, hint in leaves(cls) if _kinds(hint) & {int, float}]
-
-
-def numeric_rules(cls: type[BaseModel]) -> dict[str, dict[str, float]]:
-    """The bounds of every leaf setting of `cls` that declares some (or `finite`), by dotted key."""
-    return {key: bounds(f) for key, f, _ in leaves(cls) if describe(f)}
 
 
 def field_docs(cls: type[BaseModel], prefix: str = "") -> list[tuple[str, str, str]]:
@@ -293,7 +269,7 @@ class YamlLoader(yaml.SafeLoader):
                 if key_node.tag == "tag:yaml.org,2002:merge":
                     continue  # `<<: *base` merges are overridden on purpose
                 key, line = self.construct_object(key_node, deep=True), key_node.start_mark.line + 1
-                if not isinstance(key, typing.Hashable):
+                if not isinstance(key, Hashable):
                     continue  # the base constructor refuses it
                 if key in seen:
                     raise yaml.YAMLError(
@@ -359,29 +335,3 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     except yaml.YAMLError:
         value = raw
     return key.strip().split("."), value
-
-
-def apply_overrides(data: dict, overrides: Iterable[str], shorthands: dict[str, str] | None = None) -> dict:
-    """Set each `dotted.key=value` in the nested mapping `data` (in place; also returned). `shorthands`: a
-    key whose list value (or comma string) belongs to a sub-key, e.g. {"rewards": "rewards.functions"}."""
-    shorthands = shorthands or {}
-    for text in overrides:
-        keys, value = parse_override(text)
-        if isinstance(value, (list, str)) and ".".join(keys) in shorthands:
-            keys = shorthands[".".join(keys)].split(".")  # `rewards=[math]` keeps the section's other keys
-        node = data
-        for k in keys[:-1]:
-            node = node.setdefault(k, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"override {text!r}: {k} is not a section")
-        node[keys[-1]] = value
-    return data
-
-
-def flatten(cfg: Any, prefix: str = "") -> dict[str, Any]:
-    """A nested dict as {dotted.key: leaf value}; lists and empty dicts stay leaves."""
-    if not isinstance(cfg, dict) or not cfg:
-        return {prefix: cfg} if prefix else {}
-    return {
-        k: v for key, value in cfg.items() for k, v in flatten(value, f"{prefix}.{key}" if prefix else str(key)).items()
-    }

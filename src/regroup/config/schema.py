@@ -12,7 +12,6 @@ import functools
 import math
 import os
 import re
-from functools import partial
 from pathlib import Path
 from typing import Any, Literal, Optional
 
@@ -393,10 +392,6 @@ class RunConfig(Section):
     def to_dict(self) -> dict:
         return self.model_dump()
 
-    def validate(self) -> None:  # type: ignore[override]
-        """Every setting checked again (a caller may have assigned one since), with the cross-field rules."""
-        check(RunConfig, self.model_dump())
-
     @model_validator(mode="after")
     def _cross_field(self) -> RunConfig:
         if not RECIPE_NAME.fullmatch(self.recipe):
@@ -431,12 +426,8 @@ TRACKERS = ("tensorboard", "wandb", "trackio", "comet_ml", "aim", "mlflow", "cle
 """The experiment trackers accelerate's tracker API knows (`train.report_to`)."""
 
 
-# RunConfig's leaf settings as (dotted key, FieldInfo, type hint); the dotted keys of its int / float settings; their
-# bounds; and (key, default, help + bounds): what `regroup config` lists.
-leaves = partial(fields.leaves, RunConfig)
-numeric_keys = partial(fields.numeric_keys, RunConfig)
-numeric_rules = partial(fields.numeric_rules, RunConfig)
-field_docs = partial(fields.field_docs, RunConfig)
+# (key, default, help + bounds) of every RunConfig setting: what `regroup config` lists.
+field_docs = functools.partial(fields.field_docs, RunConfig)
 
 
 def get_dotted(cfg: Any, key: str) -> Any:
@@ -459,7 +450,7 @@ def parse_weighted(spec: str, key: str = "rewards") -> tuple[str, float]:
     return name, value
 
 
-RESUME_OVERRIDABLE = tuple(key for key, f, _ in leaves() if fields.extra(f).get("resume"))
+RESUME_OVERRIDABLE = tuple(key for key, f, _ in fields.leaves(RunConfig) if fields.extra(f).get("resume"))
 """Keys a `--resume` may change (`F(..., resume=True)`): each is read afresh by the resumed process (the loop's
 length and logging, where the servers are and which variable holds their key, how the reward is computed). Any other
 key would be written to config.yaml while the restored optimizer, scheduler, data and RNG states go on with the saved
@@ -484,7 +475,18 @@ def shorthand(data: dict) -> dict:
 
 def apply_overrides(data: dict, overrides: list[str] | tuple[str, ...]) -> dict:
     """Set each `dotted.key=value` in the nested mapping `data` (returned); `rewards=[math]` sets rewards.functions."""
-    return fields.apply_overrides(shorthand(data), overrides, shorthands={"rewards": "rewards.functions"})
+    data = shorthand(data)
+    for text in overrides:
+        keys, value = parse_override(text)
+        if keys == ["rewards"] and isinstance(value, (list, str)):
+            keys = ["rewards", "functions"]  # `rewards=[math]` keeps the section's other keys
+        node = data
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {text!r}: {k} is not a section")
+        node[keys[-1]] = value
+    return data
 
 
 PACKAGED_CONFIGS = Path(__file__).resolve().parents[1] / "configs"

@@ -15,9 +15,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from regroup.config.fields import flatten
 from regroup.runtime.metrics import read_metrics_file, warn_bad_lines
-from regroup.runtime.rundir import read_saved_config
+from regroup.runtime.rundir import flatten, read_saved_config
 
 # Config keys that identify a run or only change bookkeeping: they are left out of the config diff
 # and do not split runs of one recipe into separate rows (seeds of one recipe are aggregated). Older runs'

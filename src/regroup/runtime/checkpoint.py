@@ -39,10 +39,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from regroup.config.fields import flatten
 from regroup.config.schema import RESUME_OVERRIDABLE
 from regroup.errors import ConfigError
 from regroup.io import SymlinkError, open_nofollow
+from regroup.runtime.rundir import flatten
 
 MANIFEST = "manifest.json"
 STATE = "trainer_state.pt"

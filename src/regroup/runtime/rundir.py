@@ -27,6 +27,7 @@ import os
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -283,3 +284,13 @@ def read_saved_config(path: str | os.PathLike) -> dict:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a saved config must be a mapping, got {type(data).__name__}")
     return data
+
+
+def flatten(cfg: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested dict (a saved config) as {dotted.key: leaf value}; lists and empty dicts stay leaves: what a resume
+    compares with the checkpoint's config and the report tabulates."""
+    if not isinstance(cfg, dict) or not cfg:
+        return {prefix: cfg} if prefix else {}
+    return {
+        k: v for key, value in cfg.items() for k, v in flatten(value, f"{prefix}.{key}" if prefix else str(key)).items()
+    }

@@ -37,18 +37,16 @@ from regroup.errors import ConfigError
 DUMMY_B, DUMMY_T = 4, 3  # the dummy batch a user's piece is called on: 2 groups of 2 responses, 3 tokens
 
 
-def _knobs_of(key: str, registry, name: str, given: Any) -> tuple[Any, Any]:
-    """(the piece `name` of the setting `key`, its knobs parsed from `key`_args): ConfigError naming the key."""
-    piece = registry.resolve(key, name)
-    return piece, parse_args(args_class(piece), given, f"{key}_args", name)
+def _knobs_of(key: str, registry, name: str, given: Any) -> Any:
+    """The knobs of the piece `name` of the setting `key`, parsed from `key`_args: ConfigError naming the key."""
+    return parse_args(args_class(registry.resolve(key, name)), given, f"{key}_args", name)
 
 
 def advantage_estimator(cfg) -> tuple[str, Any]:
     """(`grpo.advantage_estimator`, its knobs parsed into its `Args`, or None) — ConfigError naming the key."""
     g = cfg.grpo
-    return g.advantage_estimator, _knobs_of(
-        "grpo.advantage_estimator", ADV_ESTIMATORS, g.advantage_estimator, g.advantage_estimator_args
-    )[1]
+    key = "grpo.advantage_estimator"
+    return g.advantage_estimator, _knobs_of(key, ADV_ESTIMATORS, g.advantage_estimator, g.advantage_estimator_args)
 
 
 def loss_spec(cfg, *, ratio_on_original: bool) -> LossSpec:
@@ -57,8 +55,8 @@ def loss_spec(cfg, *, ratio_on_original: bool) -> LossSpec:
     `ratio_on_original`: the recipe takes every ratio on (q0, o) (`regroup.train.recipes.features`, the reader
     of `ta.enabled`)."""
     g, r = cfg.grpo, cfg.rollout
-    _, policy_args = _knobs_of("grpo.policy_loss", POLICY_LOSSES, g.policy_loss, g.policy_loss_args)
-    _, kl_args = _knobs_of("grpo.kl_estimator", KL_ESTIMATORS, g.kl_estimator, g.kl_estimator_args)
+    policy_args = _knobs_of("grpo.policy_loss", POLICY_LOSSES, g.policy_loss, g.policy_loss_args)
+    kl_args = _knobs_of("grpo.kl_estimator", KL_ESTIMATORS, g.kl_estimator, g.kl_estimator_args)
     terms = [parse_weighted(t, "grpo.loss_terms") for t in g.loss_terms]
     if g.entropy_coef:
         terms.insert(0, ("entropy", g.entropy_coef))

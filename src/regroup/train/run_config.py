@@ -86,9 +86,9 @@ def config_pieces(data: dict) -> list[tuple[str, str]]:
 
 
 def check_config(cfg: RunConfig) -> None:
-    """`cfg.validate()` (bounds, cross-field rules), then the named pieces, the files the run will read, the key
-    variables' names and the loss. No model is touched."""
-    cfg.validate()
+    """Every setting checked again (bounds, cross-field rules: a caller may have assigned one since), then the named
+    pieces, the files the run will read, the key variables' names and the loss. No model is touched."""
+    check(RunConfig, cfg.model_dump())
     check_pieces(cfg)
     for key in ("data.train_file", "data.eval_file"):
         check_readable(key, get_dotted(cfg, key))
