@@ -40,6 +40,7 @@ class Counting(ThreadingHTTPServer):
         self.lock = threading.Lock()
         self.arrived: list[tuple[float, int]] = []  # (monotonic time, client port)
         self.finished = 0  # trickled replies sent to their last byte
+        self.hung_up = 0  # hanging replies the server ended itself
         self.stop = threading.Event()
 
     @property
@@ -109,6 +110,21 @@ def trickle(interval: float) -> Callable[[BaseHTTPRequestHandler], None]:
     return send
 
 
+def hang(seconds: float, head_first: bool) -> Callable[[BaseHTTPRequestHandler], None]:
+    """Send nothing (or only the status line and headers) for `seconds`, then close the connection."""
+
+    def send(h: BaseHTTPRequestHandler) -> None:
+        if head_first:
+            h.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n")
+            h.wfile.flush()
+        if not h.server.stop.wait(seconds):  # type: ignore[attr-defined]
+            with h.server.lock:  # type: ignore[attr-defined]
+                h.server.hung_up += 1  # type: ignore[attr-defined]
+        h.close_connection = True
+
+    return send
+
+
 @pytest.fixture()
 def serve() -> Iterator[Callable[..., Counting]]:
     servers: list[Counting] = []
@@ -168,6 +184,17 @@ def test_a_trickling_server_cannot_hold_a_call_past_its_deadline(serve, attempt_
     r = client.complete(MSG)
     assert (r.ok, r.error_kind) == (False, "deadline") and srv.finished == 0
     assert settled(srv, client) == r.attempts
+
+
+@pytest.mark.parametrize("head_first", [False, True], ids=["no_reply", "headers_only"])
+def test_a_single_read_cannot_outlast_the_deadline(serve, head_first):
+    """A server that goes silent (before its reply, or after its headers) for 20 s, 20x the deadline: the call
+    ends at its deadline while the server still holds the connection open, not when the server closes it."""
+    srv = serve(lambda n, port: hang(20.0, head_first))
+    client = ChatClient(srv.url, "m", api_key_env=None, timeout_s=1.0, max_retries=0)
+    r = client.complete(MSG)
+    assert (r.ok, r.error_kind, r.attempts) == (False, "deadline", 1)
+    assert srv.hung_up == 0  # the server had not given up yet: the client's own deadline ended the read
 
 
 def test_a_batch_under_faults_sends_nothing_after_it_returns(serve):
