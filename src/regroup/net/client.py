@@ -1,9 +1,6 @@
-"""A small OpenAI-compatible chat-completions client on httpcore2 (httpx2's HTTP core, in the core install),
-shared by judge and rewriter.
+"""A small OpenAI-compatible chat-completions client on httpcore2 (httpx2's HTTP core), shared by judge and rewriter.
 
-Hand-written because httpcore has none of them: the call-wide deadline (its timeouts bound each socket
-operation, not a call), the reply-size cap, and the retry loop (its counters and its deadline check before
-each wait would each take a tenacity hook).
+Hand-written, as httpcore has none: the call-wide deadline, the size cap, the retry loop (its counters).
 
 Retries with capped exponential backoff and jitter on connection errors, timeouts, HTTP 5xx / 408 /
 429 (honouring `Retry-After`, capped), malformed JSON and partial bodies; other 4xx are final. A call
@@ -131,10 +128,9 @@ def backoff_delay(attempt: int, base_s: float, cap_s: float, rng: random.Random)
 
 
 class _Clock(httpcore2.SyncBackend):
-    """httpcore's socket backend whose every operation (connect, TLS handshake, each read and write) ends by
-    `at`, the monotonic deadline of the one attempt using it: httpcore gives every read the same timeout, so a
-    server trickling a byte per read would never trip it. CPython bounds one recv, send or TLS handshake by
-    the socket timeout, so none outlives the deadline, and none starts past it."""
+    """httpcore's socket backend, every operation (connect, TLS handshake, each read and write) ending by `at`,
+    the deadline of the one attempt using it: httpcore gives each read the same timeout, which a server
+    trickling a byte per read never trips. No operation outlives the deadline, and none starts past it."""
 
     at = math.inf
 
@@ -202,9 +198,9 @@ def _proxy_for(url: str) -> httpcore2.Proxy | None:
     """The proxy urllib used for `url`: http_proxy / https_proxy (either case) unless no_proxy names its host,
     read by urllib's own `getproxies` and `proxy_bypass`; a user and password in the proxy's address become
     its Basic Proxy-Authorization, as urllib sent them."""
-    host = urllib.parse.urlsplit(url).netloc.rpartition("@")[2]
-    proxy = urllib.request.getproxies().get(urllib.parse.urlsplit(url).scheme)
-    if not proxy or urllib.request.proxy_bypass(host):
+    target = urllib.parse.urlsplit(url)
+    proxy = urllib.request.getproxies().get(target.scheme)
+    if not proxy or urllib.request.proxy_bypass(target.netloc.rpartition("@")[2]):
         return None
     parts = urllib.parse.urlsplit(proxy if "://" in proxy else "http://" + proxy)
     auth = None
@@ -215,8 +211,8 @@ def _proxy_for(url: str) -> httpcore2.Proxy | None:
 
 class _Connections:
     """Keep-alive connections to one address, each in a one-connection httpcore pool lent to one attempt at a
-    time. One pool shared by all attempts scans every connection under its lock at each request and release:
-    at 64 concurrent calls that cost more than the HTTP itself. A forked child starts without its parent's."""
+    time: one pool for all would scan every connection under its lock at each request and release, which at
+    64 concurrent calls costs more than the HTTP itself. A forked child starts without its parent's."""
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -229,11 +225,9 @@ class _Connections:
     def exchange(
         self, method: str, data: bytes | None, headers: dict[str, str], deadline: float, cap: int
     ) -> tuple[int, dict[str, str], bytes]:
-        """One request, every socket operation ending by `deadline`: the status, the headers (names in lower
-        case) and the body (of a 2xx reply: whole, at most `cap` bytes; else what `_error_body` reads).
-
-        Returns only when the exchange is over, its connection back in the pool after a complete reply or
-        closed (httpcore closes it on any error and on a body left unread): nothing of it is sent later."""
+        """One request, every socket operation ending by `deadline`: status, headers (names in lower case) and
+        body (of a 2xx: whole, at most `cap` bytes). Returns when the exchange is over, its connection back in
+        the pool after a whole reply or closed (on any error, or a body left unread): nothing is sent later."""
         if self._pid != os.getpid():
             self._idle.clear()  # the parent's sockets: never written to from here (they close with the objects)
             self._pid = os.getpid()
@@ -241,7 +235,9 @@ class _Connections:
             pool, clock = self._idle.pop()
         except IndexError:
             clock = _Clock()
-            pool = httpcore2.ConnectionPool(_tls(), proxy=self._proxy, max_connections=1, network_backend=clock)
+            pool = httpcore2.ConnectionPool(
+                ssl_context=_tls(), proxy=self._proxy, max_connections=1, network_backend=clock
+            )
         clock.at = deadline
         try:
             with pool.stream(method, self._target, headers=list(headers.items()), content=data) as response:
@@ -252,7 +248,10 @@ class _Connections:
         finally:
             self._idle.append((pool, clock))
 
-    def close(self) -> None:
+    def __enter__(self) -> _Connections:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
         _close_all(self._idle)
 
 
@@ -293,8 +292,7 @@ def _error_body(response: httpcore2.Response) -> bytes:
 
 
 def _reason(exc: BaseException, key: str | None) -> str:
-    """What a transport failure was: the OS error httpcore wrapped ("[Errno 111] Connection refused"), or the
-    kind of protocol failure (a connection dropped before or inside a reply)."""
+    """A transport failure: the OS error ("[Errno 111] Connection refused") or the protocol failure, named."""
     text = str(exc) or type(exc).__name__
     if isinstance(exc, httpcore2.RemoteProtocolError):
         text = f"{type(exc).__name__}: {text}"
@@ -682,11 +680,10 @@ def request_json(
         headers["Authorization"] = f"Bearer {api_key}"
         remember_secret(api_key)
     deadline = time.monotonic() + timeout_s
-    connections = _Connections(url)  # one connection for one call, as the vLLM server backend makes few
+    method = "GET" if data is None else "POST"
     try:
-        status, head, raw = connections.exchange(
-            "GET" if data is None else "POST", data, headers, deadline, max_response_bytes
-        )
+        with _Connections(url) as connections:  # one connection for one call: the vLLM server backend makes few
+            status, head, raw = connections.exchange(method, data, headers, deadline, max_response_bytes)
     except Exception as exc:  # every transport failure becomes one line
         if isinstance(exc, httpcore2.TimeoutException) or time.monotonic() >= deadline:
             raise RequestError(f"{url}: no complete answer within the {timeout_s:g} s deadline") from None
@@ -694,8 +691,6 @@ def request_json(
             raise RequestError(f"{url}: reply is over the {max_response_bytes}-byte limit") from None
         reason = exc.message if isinstance(exc, _AttemptError) else _reason(exc, api_key)
         raise RequestError(f"{url}: connection failed: {reason}") from None
-    finally:
-        connections.close()
     if not 200 <= status < 300:
         raise RequestError(f"{url}: {_http_message(status, head, raw, api_key, 'use the final address')}")
     if not raw.strip():
