@@ -160,20 +160,11 @@ class _Stream(httpcore2.NetworkStream):
         self._unsent = b""
 
     def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        self._flush(timeout)
         return self._inner.read(max_bytes, self._clock.left(timeout, httpcore2.ReadTimeout))
 
     def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        # Held until the reply is read (HTTP/1.1 sends the whole request first): head and body go out in one
-        # segment, as http.client sends them, and the server wakes once, not twice.
-        self._unsent += buffer
-        if len(self._unsent) >= 1 << 16:
-            self._flush(timeout)
-
-    def _flush(self, timeout: float | None) -> None:
-        while self._unsent:  # the deadline is read again for each 64 KiB
-            piece, self._unsent = self._unsent[: 1 << 16], self._unsent[1 << 16 :]
-            self._inner.write(piece, self._clock.left(timeout, httpcore2.WriteTimeout))
+        for i in range(0, len(buffer), 1 << 16):  # the deadline is read again for each 64 KiB
+            self._inner.write(buffer[i : i + (1 << 16)], self._clock.left(timeout, httpcore2.WriteTimeout))
 
     def close(self) -> None:
         self._inner.close()
@@ -218,6 +209,7 @@ class _Connections:
         self.url = url
         self._target = httpcore2.URL(url)  # parsed once, not at every request
         self._proxy = _proxy_for(url)
+        self._tls = _tls() if url.startswith("https:") else None  # http: no certificates to load (~30 ms)
         self._idle: list[tuple[httpcore2.ConnectionPool, _Clock]] = []
         self._pid = os.getpid()
         weakref.finalize(self, _close_all, self._idle)
@@ -236,7 +228,7 @@ class _Connections:
         except IndexError:
             clock = _Clock()
             pool = httpcore2.ConnectionPool(
-                ssl_context=_tls(), proxy=self._proxy, max_connections=1, network_backend=clock
+                ssl_context=self._tls, proxy=self._proxy, max_connections=1, network_backend=clock
             )
         clock.at = deadline
         try:
