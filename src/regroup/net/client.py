@@ -1,13 +1,18 @@
-"""A small OpenAI-compatible chat-completions client, standard library only, shared by judge and rewriter.
+"""A small OpenAI-compatible chat-completions client on httpcore2 (httpx2's HTTP core), shared by judge and rewriter.
+
+Hand-written: the call-wide deadline and size cap (httpcore has neither), the retry loop (tenacity: a hook per counter).
 
 Retries with capped exponential backoff and jitter on connection errors, timeouts, HTTP 5xx / 408 /
 429 (honouring `Retry-After`, capped), malformed JSON and partial bodies; other 4xx are final. A call
 that still fails returns a failed `Result` instead of raising, so a batch of thousands goes on.
 
 Bounds: `timeout_s` is ONE deadline for the whole call (every attempt, backoff and Retry-After wait
-included); a watchdog shuts the socket down when it passes, so a server trickling one byte at a time
-cannot hold a call longer. `attempt_timeout_s` (default: the same) caps a single attempt, so a hung
-attempt can leave time for a retry. A reply over `max_response_bytes` is refused unread.
+included): every socket operation of an attempt (connect, TLS, each read and write) ends by the attempt's
+deadline, so a server trickling one byte at a time cannot hold a call longer. An attempt runs in the
+calling thread and is over when it returns: nothing of it reaches the server after the call.
+`attempt_timeout_s` (default: the same) caps a single attempt, so a hung attempt can leave time for a
+retry. A reply over `max_response_bytes` is refused unread. Redirects are not followed. Proxies: as urllib
+read them (http_proxy, https_proxy, no_proxy), when the client is made.
 
 The API key is read from the environment variable *named* in the config at each call, and is never
 kept on the object: it cannot end up in a repr, a pickle or a config dump. Everything a server sends
@@ -16,21 +21,28 @@ back (reply text, error bodies) passes through `regroup.net.redact` before anyon
 
 from __future__ import annotations
 
-import http.client
+import contextlib
+import functools
 import json
 import logging
+import math
 import os
 import random
-import socket
+import ssl
 import threading
 import time
-import urllib.error
+import urllib.parse
 import urllib.request
+import weakref
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
+
+# httpx2's transport layer, used directly: httpx2.Client's request and response models, cookie jar and hooks
+# took ~700 more Python calls per request (measured at 64 concurrent calls).
+import httpcore2
 
 from regroup.net.redact import check_key_env_name, clip, redact, remember_secret
 
@@ -55,6 +67,8 @@ EVENT_COUNTS = (
 ERROR_BODY_BYTES = 64 * 1024  # read this much of an error body (then redact, then cut to ERROR_CHARS)
 ERROR_CHARS = 300
 SNIPPET_CHARS = 80
+# Sent with every request: no compressed reply (the size cap counts the bytes that are parsed).
+BASE_HEADERS = {"Accept": "application/json", "Accept-Encoding": "identity", "User-Agent": "regroup"}
 
 
 class MissingAPIKeyError(RuntimeError):
@@ -112,117 +126,184 @@ def backoff_delay(attempt: int, base_s: float, cap_s: float, rng: random.Random)
     return rng.uniform(delay / 2.0, delay)
 
 
-# -- the watchdog behind the total deadline -----------------------------------------------------------
+# -- httpcore, every socket operation bound to one deadline ------------------------------------------
 
 
-class _Expiry:
-    """Shuts down the sockets of one attempt when its deadline passes.
+class _Clock(httpcore2.SyncBackend):
+    """httpcore's socket backend, every operation (connect, TLS handshake, each read and write) ending by `at`,
+    the deadline of the one attempt using it: httpcore gives each read the same timeout, which a server
+    trickling a byte per read never trips. No operation outlives the deadline, and none starts past it."""
 
-    A socket timeout only bounds each read; a server sending a byte every half second never trips it.
-    Shutting the socket down from a timer wakes the blocked read wherever it is (connect, TLS, headers,
-    body), and `expired` tells the attempt that the deadline, not the server, ended it.
-    """
+    at = math.inf
 
-    def __init__(self, deadline: float) -> None:
-        self.deadline = deadline
-        self.expired = False
-        self._sockets: list[socket.socket] = []
-        self._lock = threading.Lock()
-        self._timer: threading.Timer | None = None
-        self._done = False
+    def left(self, timeout: float | None, expired: type[Exception]) -> float:
+        left = self.at - time.monotonic()
+        if left <= 0:
+            raise expired("the deadline has passed")
+        return left if timeout is None else min(timeout, left)
 
-    def watch(self, sock: socket.socket) -> socket.socket:
-        with self._lock:
-            if self._done:
-                return sock
-            self._sockets.append(sock)
-            if self._timer is None:
-                self._timer = threading.Timer(max(0.0, self.deadline - time.monotonic()), self._fire)
-                self._timer.daemon = True
-                self._timer.start()
-        return sock
-
-    def _fire(self) -> None:
-        with self._lock:
-            if self._done:
-                return
-            self.expired = True
-            for sock in self._sockets:
-                try:
-                    # the plain socket's method, also for TLS sockets: no TLS close handshake
-                    socket.socket.shutdown(sock, socket.SHUT_RDWR)
-                except OSError:
-                    pass  # already closed (or a raw socket handed over to TLS)
-
-    def cancel(self) -> None:
-        with self._lock:
-            self._done = True
-            if self._timer is not None:
-                self._timer.cancel()
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore2.NetworkStream:
+        left = self.left(timeout, httpcore2.ConnectTimeout)
+        return _Stream(super().connect_tcp(host, port, left, local_address, socket_options), self)
 
 
-def _watched(connection_class: type, expiry: _Expiry) -> Callable[..., http.client.HTTPConnection]:
-    """`connection_class` whose sockets `expiry` watches: the raw one as created (TCP connect, TLS
-    handshake, plain HTTP) and, for HTTPS, the TLS socket that replaces it."""
+class _Stream(httpcore2.NetworkStream):
+    """A socket stream of `_Clock`: each operation waits at most what is left of the clock's deadline."""
 
-    class Watched(connection_class):  # a subclass: it sets the private socket factory from inside the class
-        _create_connection: Callable[..., socket.socket]  # set by HTTPConnection.__init__ (not in typeshed)
+    def __init__(self, inner: httpcore2.NetworkStream, clock: _Clock) -> None:
+        self._inner, self._clock = inner, clock
 
-        def __init__(self, host: str, **kwargs: Any):
-            super().__init__(host, **kwargs)
-            create = self._create_connection
-            self._create_connection = lambda *a, **k: expiry.watch(create(*a, **k))
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._inner.read(max_bytes, self._clock.left(timeout, httpcore2.ReadTimeout))
 
-        def connect(self) -> None:
-            super().connect()
-            expiry.watch(self.sock)
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        for i in range(0, len(buffer), 1 << 16):  # the deadline is read again for each 64 KiB
+            self._inner.write(buffer[i : i + (1 << 16)], self._clock.left(timeout, httpcore2.WriteTimeout))
 
-    return Watched
+    def close(self) -> None:
+        self._inner.close()
 
+    def start_tls(
+        self, ssl_context: ssl.SSLContext, server_hostname: str | None = None, timeout: float | None = None
+    ) -> httpcore2.NetworkStream:
+        left = self._clock.left(timeout, httpcore2.ConnectTimeout)
+        return _Stream(self._inner.start_tls(ssl_context, server_hostname, left), self._clock)
 
-class _WatchedRequest(urllib.request.Request):
-    """A request that carries the `_Expiry` the watched handlers below put on its sockets."""
-
-    def __init__(self, url: str, expiry: _Expiry, **kwargs: Any) -> None:
-        super().__init__(url, **kwargs)
-        self.expiry = expiry
-
-
-def _expiry_of(req: urllib.request.Request) -> _Expiry:
-    if not isinstance(req, _WatchedRequest):
-        raise TypeError(f"a watched handler needs a _WatchedRequest, got {type(req).__name__}")
-    return req.expiry
+    def get_extra_info(self, info: str) -> Any:
+        return self._inner.get_extra_info(info)
 
 
-class _WatchedHTTPHandler(urllib.request.HTTPHandler):
-    def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
-        return self.do_open(_watched(http.client.HTTPConnection, _expiry_of(req)), req)
+@functools.cache
+def _tls() -> ssl.SSLContext:
+    """The certificates urllib trusted (the system's, or SSL_CERT_FILE / SSL_CERT_DIR), loaded once per process."""
+    return ssl.create_default_context()
 
 
-class _WatchedHTTPSHandler(urllib.request.HTTPSHandler):
-    def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
-        # _context: set by HTTPSHandler.__init__ and passed on the same way by urllib's own https_open;
-        # typeshed leaves the private attribute out.
-        context = self._context  # type: ignore[attr-defined]
-        return self.do_open(_watched(http.client.HTTPSConnection, _expiry_of(req)), req, context=context)
-
-
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """Redirects are not followed: a POST would lose its deadline watch (and its body), and the API key
-    would go along to another address. The 3xx surfaces as an HTTP error naming the new address."""
-
-    def redirect_request(self, req, fp, code, msg, headers, newurl):  # urllib's signature
+def _proxy_for(url: str) -> httpcore2.Proxy | None:
+    """The proxy urllib used for `url`: http_proxy / https_proxy (either case) unless no_proxy names its host,
+    read by urllib's own `getproxies` and `proxy_bypass`; a user and password in the proxy's address become
+    its Basic Proxy-Authorization, as urllib sent them."""
+    target = urllib.parse.urlsplit(url)
+    proxy = urllib.request.getproxies().get(target.scheme)
+    if not proxy or urllib.request.proxy_bypass(target.netloc.rpartition("@")[2]):
         return None
+    parts = urllib.parse.urlsplit(proxy if "://" in proxy else "http://" + proxy)
+    auth = None
+    if parts.username and parts.password:
+        auth = (urllib.parse.unquote(parts.username), urllib.parse.unquote(parts.password))
+    return httpcore2.Proxy(parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl(), auth=auth)
 
 
-def redirect_refusal(exc: urllib.error.HTTPError, key: str | None, fix: str) -> str:
-    """The one line for a 3xx that `_NoRedirect` did not follow: the status, the new address (redacted,
-    cut), why it is not followed, and `fix` (what to set instead)."""
-    where = clip(str(exc.headers.get("Location", "")) if exc.headers else "", ERROR_CHARS, [key])
-    return (
-        f"HTTP {exc.code} redirect to {where or 'another address'}: redirects are not followed "
-        f"(the API key would go along); {fix}"
-    )
+class _Connections:
+    """Keep-alive connections to one address, each in a one-connection httpcore pool lent to one attempt at a
+    time: one pool for all would scan every connection under its lock at each request and release, which at
+    64 concurrent calls costs more than the HTTP itself. A forked child starts without its parent's."""
+
+    def __init__(self, url: str) -> None:
+        self._target = httpcore2.URL(url)  # parsed once, not at every request
+        self._proxy = _proxy_for(url)
+        self._tls = _tls() if url.startswith("https:") else None  # http: no certificates to load (~30 ms)
+        self._idle: list[tuple[httpcore2.ConnectionPool, _Clock]] = []
+        self._pid = os.getpid()
+        weakref.finalize(self, _close_all, self._idle)
+
+    def exchange(
+        self, method: str, data: bytes | None, headers: dict[str, str], deadline: float, cap: int
+    ) -> tuple[int, dict[str, str], bytes]:
+        """One request, every socket operation ending by `deadline`: status, headers (names in lower case) and
+        body (of a 2xx: whole, at most `cap` bytes). Returns when the exchange is over, its connection back in
+        the pool after a whole reply or closed (on any error, or a body left unread): nothing is sent later."""
+        if self._pid != os.getpid():
+            self._idle.clear()  # the parent's sockets: never written to from here (they close with the objects)
+            self._pid = os.getpid()
+        try:
+            pool, clock = self._idle.pop()
+        except IndexError:
+            clock = _Clock()
+            # An idle connection is dropped after 4 s, before uvicorn (vLLM's server) closes it at 5 s: a request
+            # sent as the server closes would fail and cost a retry.
+            pool = httpcore2.ConnectionPool(
+                ssl_context=self._tls, proxy=self._proxy, max_connections=1, keepalive_expiry=4.0, network_backend=clock
+            )
+        clock.at = deadline
+        try:
+            with pool.stream(method, self._target, headers=list(headers.items()), content=data) as response:
+                head = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in response.headers}
+                if 200 <= response.status < 300:
+                    return response.status, head, _read_capped(response, head, cap)
+                return response.status, head, _error_body(response)
+        finally:
+            self._idle.append((pool, clock))
+
+    def __enter__(self) -> _Connections:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _close_all(self._idle)
+
+
+def _close_all(idle: list[tuple[httpcore2.ConnectionPool, _Clock]]) -> None:
+    while idle:
+        idle.pop()[0].close()
+
+
+def _read_capped(response: httpcore2.Response, head: dict[str, str], cap: int) -> bytes:
+    """The whole body, refusing one over `cap` bytes (announced or actually sent)."""
+    announced = head.get("content-length", "").strip()
+    expected = int(announced) if announced.isdigit() else None
+    if expected is not None and expected > cap:
+        raise _AttemptError("oversize", f"reply of {expected} bytes is over the {cap}-byte limit")
+    chunks: list[bytes] = []
+    got = 0
+    try:
+        for chunk in response.iter_stream():
+            got += len(chunk)
+            if got > cap:
+                raise _AttemptError("oversize", f"reply is over the {cap}-byte limit")
+            chunks.append(chunk)
+    except httpcore2.RemoteProtocolError:  # the connection ended inside the body
+        of = f" of {expected}" if expected is not None else ""
+        raise _AttemptError("partial", f"partial body: got {got}{of} bytes before the connection ended") from None
+    return b"".join(chunks)
+
+
+def _error_body(response: httpcore2.Response) -> bytes:
+    """The first ERROR_BODY_BYTES of an error reply's body, best effort: the status is what matters."""
+    raw = b""
+    with contextlib.suppress(httpcore2.NetworkError, httpcore2.ProtocolError):  # not a timeout: that ends the call
+        for chunk in response.iter_stream():
+            raw += chunk
+            if len(raw) >= ERROR_BODY_BYTES:
+                break
+    return raw[:ERROR_BODY_BYTES]
+
+
+def _reason(exc: BaseException, key: str | None) -> str:
+    """A transport failure: the OS error ("[Errno 111] Connection refused") or the protocol failure, named."""
+    text = str(exc) or type(exc).__name__
+    if isinstance(exc, httpcore2.RemoteProtocolError):
+        text = f"{type(exc).__name__}: {text}"
+    return redact(text, [key])
+
+
+def _http_message(status: int, head: dict[str, str], body: bytes, key: str | None, fix: str) -> str:
+    """The one line for a reply that is not a 2xx: the status and the server's detail (redacted, then cut); for
+    a 3xx, which is never followed, the new address, why it is not followed, and `fix` (what to set instead)."""
+    if 300 <= status < 400:
+        where = clip(head.get("location", ""), ERROR_CHARS, [key])
+        return (
+            f"HTTP {status} redirect to {where or 'another address'}: redirects are not followed "
+            f"(the API key would go along); {fix}"
+        )
+    detail = clip(" ".join(body.decode("utf-8", "replace").split()), ERROR_CHARS, [key])
+    return f"HTTP {status}" + (f": {detail}" if detail else "")
 
 
 class ChatClient:
@@ -299,7 +380,7 @@ class ChatClient:
         self._url = (
             self.base_url if self.base_url.endswith("/chat/completions") else self.base_url + "/chat/completions"
         )
-        self._opener = urllib.request.build_opener(_WatchedHTTPHandler, _WatchedHTTPSHandler, _NoRedirect)
+        self._connections = _Connections(self._url)
         self._slots = threading.BoundedSemaphore(self.concurrency)  # bound across all callers
         self._rng = random.Random()
         self._stats_lock = threading.Lock()
@@ -401,35 +482,25 @@ class ChatClient:
         per_attempt = self.attempt_timeout_s if self.attempt_timeout_s is not None else self.timeout_s
         attempt_deadline = min(deadline, now + per_attempt)
         ends_call = attempt_deadline >= deadline  # cut by the call's deadline, not just this attempt's
-        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        headers = {**BASE_HEADERS, "Content-Type": "application/json"}
         if key:
             headers["Authorization"] = f"Bearer {key}"
-        expiry = _Expiry(attempt_deadline)
-        request = _WatchedRequest(self._url, expiry, data=payload, headers=headers, method="POST")
         if not self._slots.acquire(timeout=attempt_deadline - now):
             raise self._expired(ends_call, per_attempt, "waiting for a free connection")
         try:
             self._count("requests")
-            with self._opener.open(request, timeout=max(1e-3, attempt_deadline - time.monotonic())) as response:
-                body = self._read_capped(response)
-        except urllib.error.HTTPError as exc:
-            error = self._http_error(exc, key)
-            if expiry.expired:
-                raise self._expired(ends_call, per_attempt) from None
-            raise error from None
-        except _AttemptError as err:  # oversize, or a body cut short: by the server, or by the watchdog
-            if expiry.expired:
-                raise self._expired(ends_call, per_attempt) from None
-            raise err from None
+            cap = self.max_response_bytes
+            status, head, body = self._connections.exchange("POST", payload, headers, attempt_deadline, cap)
         except Exception as exc:  # every transport failure becomes a kind, never a crash
-            if expiry.expired or _is_timeout(exc):
+            if isinstance(exc, httpcore2.TimeoutException) or time.monotonic() >= attempt_deadline:
                 raise self._expired(ends_call, per_attempt) from None
-            raise self._transport_error(exc, key) from None
+            if isinstance(exc, _AttemptError):  # oversize, or a body cut short by the server
+                raise
+            raise _AttemptError("connection", f"connection failed: {_reason(exc, key)}") from None
         finally:
-            expiry.cancel()
             self._slots.release()
-        if expiry.expired:  # the watchdog fired between the last byte and its cancel
-            raise self._expired(ends_call, per_attempt)
+        if not 200 <= status < 300:
+            raise self._http_error(status, head, body, key)
         return self._parse_body(body, key)
 
     def _expired(self, ends_call: bool, per_attempt: float, where: str = "") -> _AttemptError:
@@ -438,55 +509,11 @@ class ChatClient:
             return _AttemptError("deadline", f"no complete answer within the {self.timeout_s:g} s deadline{during}")
         return _AttemptError("timeout", f"no complete answer within {per_attempt:g} s{during}")
 
-    def _read_capped(self, response: http.client.HTTPResponse) -> bytes:
-        """The whole body, refusing one over `max_response_bytes` (announced or actually sent)."""
-        cap = self.max_response_bytes
-        announced = response.headers.get("Content-Length")
-        expected = int(announced) if announced and announced.strip().isdigit() else None
-        if expected is not None and expected > cap:
-            raise _AttemptError("oversize", f"reply of {expected} bytes is over the {cap}-byte limit")
-        chunks: list[bytes] = []
-        got = 0
-        while True:
-            chunk = response.read(min(65536, cap + 1 - got))
-            if not chunk:
-                break
-            got += len(chunk)
-            if got > cap:
-                raise _AttemptError("oversize", f"reply is over the {cap}-byte limit")
-            chunks.append(chunk)
-        if expected is not None and got < expected:
-            raise _AttemptError("partial", f"partial body: got {got} of {expected} bytes before the connection ended")
-        return b"".join(chunks)
-
     @staticmethod
-    def _transport_error(exc: BaseException, key: str | None) -> _AttemptError:
-        if isinstance(exc, http.client.IncompleteRead):
-            return _AttemptError("partial", f"partial body: got {len(exc.partial)} bytes before the connection ended")
-        if isinstance(exc, urllib.error.URLError):
-            return _AttemptError("connection", f"connection failed: {redact(str(exc.reason), [key])}")
-        # Dropped connections (RemoteDisconnected, resets) and protocol garbage.
-        return _AttemptError("connection", f"connection failed: {type(exc).__name__}: {redact(str(exc), [key])}")
-
-    def _http_error(self, exc: urllib.error.HTTPError, key: str | None) -> _AttemptError:
-        status = exc.code
-        try:
-            detail = exc.read(ERROR_BODY_BYTES).decode("utf-8", "replace")
-        except Exception:  # the error body itself may be cut short; the status is what matters
-            detail = ""
-        retry_after = parse_retry_after(exc.headers.get("Retry-After") if exc.headers else None)
-        exc.close()
-        detail = clip(" ".join(detail.split()), ERROR_CHARS, [key])  # redacted before it is cut
-        message = f"HTTP {status}" + (f": {detail}" if detail else "")
-        if 300 <= status < 400:
-            message = redirect_refusal(exc, key, "set base_url to the final address")
-        if status == 429:
-            return _AttemptError("http_429", message, retry_after)
-        if status == 408:
-            return _AttemptError("http_408", message, retry_after)
-        if status >= 500:
-            return _AttemptError("http_5xx", message, retry_after)
-        return _AttemptError("http_4xx", message)
+    def _http_error(status: int, head: dict[str, str], body: bytes, key: str | None) -> _AttemptError:
+        message = _http_message(status, head, body, key, "set base_url to the final address")
+        kind = {429: "http_429", 408: "http_408"}.get(status, "http_5xx" if status >= 500 else "http_4xx")
+        return _AttemptError(kind, message, None if kind == "http_4xx" else parse_retry_after(head.get("retry-after")))
 
     @staticmethod
     def _parse_body(body: bytes, key: str | None) -> str:
@@ -619,12 +646,6 @@ class ChatClient:
             return list(pool.map(run, range(len(requests))))
 
 
-def _is_timeout(exc: BaseException) -> bool:
-    return isinstance(exc, TimeoutError) or (
-        isinstance(exc, urllib.error.URLError) and isinstance(exc.reason, TimeoutError)
-    )
-
-
 class RequestError(RuntimeError):
     """One JSON request (`request_json`) failed: the server is down, answered an error, or ran past the deadline."""
 
@@ -638,7 +659,7 @@ def request_json(
     max_response_bytes: int = 64 * 1024 * 1024,
 ) -> Any:
     """POST `body` as JSON to `url` (GET when `body` is None) and return the decoded JSON reply (None for an
-    empty one), within ONE deadline of `timeout_s` enforced by the same watchdog as `ChatClient` (a server
+    empty one), within ONE deadline of `timeout_s` enforced as in `ChatClient` (a server
     that trickles bytes cannot hold it longer). No retries: the caller (a rollout step) fails fast.
 
     Raises `RequestError` with one line naming the URL and what went wrong (connection refused, HTTP
@@ -646,38 +667,26 @@ def request_json(
     Redirects are refused, as `ChatClient` refuses them: the key is never sent to the new address.
     """
     data = None if body is None else json.dumps(body).encode("utf-8")
-    headers = {"Accept": "application/json"}
+    headers = dict(BASE_HEADERS)
     if data is not None:
         headers["Content-Type"] = "application/json"
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
         remember_secret(api_key)
-    expiry = _Expiry(time.monotonic() + timeout_s)
-    request = _WatchedRequest(url, expiry, data=data, headers=headers, method="GET" if data is None else "POST")
-    # Redirects are refused as the chat client refuses them: never the key (or the body) to a new address.
-    opener = urllib.request.build_opener(_WatchedHTTPHandler, _WatchedHTTPSHandler, _NoRedirect)
+    deadline = time.monotonic() + timeout_s
+    method = "GET" if data is None else "POST"
     try:
-        with opener.open(request, timeout=timeout_s) as response:
-            raw = response.read(max_response_bytes + 1)
-    except urllib.error.HTTPError as exc:
-        if 300 <= exc.code < 400:
-            exc.close()
-            raise RequestError(f"{url}: {redirect_refusal(exc, api_key, 'use the final address')}") from None
-        detail = exc.read(ERROR_BODY_BYTES).decode("utf-8", "replace") if exc.fp else ""
-        exc.close()
-        detail = clip(" ".join(detail.split()), ERROR_CHARS, [api_key])
-        raise RequestError(f"{url}: HTTP {exc.code}" + (f": {detail}" if detail else "")) from None
+        with _Connections(url) as connections:  # one connection for one call: the vLLM server backend makes few
+            status, head, raw = connections.exchange(method, data, headers, deadline, max_response_bytes)
     except Exception as exc:  # every transport failure becomes one line
-        if expiry.expired or _is_timeout(exc):
+        if isinstance(exc, httpcore2.TimeoutException) or time.monotonic() >= deadline:
             raise RequestError(f"{url}: no complete answer within the {timeout_s:g} s deadline") from None
-        reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
-        raise RequestError(f"{url}: connection failed: {redact(str(reason), [api_key])}") from None
-    finally:
-        expiry.cancel()
-    if expiry.expired:
-        raise RequestError(f"{url}: no complete answer within the {timeout_s:g} s deadline")
-    if len(raw) > max_response_bytes:
-        raise RequestError(f"{url}: reply is over the {max_response_bytes}-byte limit")
+        if isinstance(exc, _AttemptError) and exc.kind == "oversize":
+            raise RequestError(f"{url}: reply is over the {max_response_bytes}-byte limit") from None
+        reason = exc.message if isinstance(exc, _AttemptError) else _reason(exc, api_key)
+        raise RequestError(f"{url}: connection failed: {reason}") from None
+    if not 200 <= status < 300:
+        raise RequestError(f"{url}: {_http_message(status, head, raw, api_key, 'use the final address')}")
     if not raw.strip():
         return None
     try:
