@@ -557,39 +557,32 @@ def make_plots(
     for name, draw, desc, missing in (
         (
             "passk",
-            _passk_plot,
+            lambda path: _passk_plot(rows, colors, path),
             "pass@k from each recipe's final evaluation (mean over seeds, bars: std); dashed grey: the starting model.",
-            "no run has eval/summary.json with pass@k",
+            "not logged — no run has eval/summary.json with pass@k",
         ),
         (
             "difficulty",
-            _difficulty_plot,
+            lambda path: _difficulty_plot(rows, colors, path),
             "mean@n per difficulty level of the evaluation set; hatched grey: the starting model.",
-            "no run's eval/summary.json has by_difficulty",
+            "not logged — no run's eval/summary.json has by_difficulty",
+        ),
+        (
+            "curves",
+            lambda path: _curves_plot(groups, colors, path),
+            "pass@1 at each evaluated checkpoint (eval_stepN folders) against step and samples seen: the mean over "
+            "seeds, shaded: its 95 % t band over seeds.",
+            "no run evaluated 2 or more checkpoints (eval_stepN folders)",
         ),
     ):
         path = os.path.join(plot_dir, f"{name}.png")
         out = PlotOutcome(name, EVAL_PLOTS[name], "evaluation", desc)
-        if draw(rows, colors, path):
+        if draw(path):
             out.path = f"{rel}/{name}.png"
         else:
-            out.note = f"{EVAL_PLOTS[name]}: not logged — {missing}; plot omitted."
+            out.note = f"{EVAL_PLOTS[name]}: {missing}; plot omitted."
             _remove(path)
         outcomes.append(out)
-    path = os.path.join(plot_dir, "curves.png")
-    out = PlotOutcome(
-        "curves",
-        EVAL_PLOTS["curves"],
-        "evaluation",
-        "pass@1 at each evaluated checkpoint (eval_stepN folders) against step and samples seen: the mean over seeds, "
-        "shaded: its 95 % t band over seeds.",
-    )
-    if _curves_plot(groups, colors, path):
-        out.path = f"{rel}/curves.png"
-    else:
-        out.note = f"{EVAL_PLOTS['curves']}: no run evaluated 2 or more checkpoints (eval_stepN folders); plot omitted."
-        _remove(path)
-    outcomes.append(out)
     return outcomes
 
 
