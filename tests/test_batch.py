@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import torch
+from loss_call import loss_spec
 
 from regroup.algo.loss_inputs import build_loss_inputs
-from regroup.algo.losses import LossSpec
 from regroup.batch import Sample, collate
 
 
@@ -23,7 +23,7 @@ def test_collate_marks_the_rows_scored_on_another_prompt():
     assert batch.behaviour_usable.tolist() == [[True, True], [False, False]]
     old = torch.full((2, 2), -9.0)
     pi_old, _ = build_loss_inputs(
-        LossSpec(), old, torch.zeros(2), batch.completion_mask, old_logps=old, sampler_logps=batch.behaviour_logps,
+        loss_spec(), old, torch.zeros(2), batch.completion_mask, old_logps=old, sampler_logps=batch.behaviour_logps,
         sampler_rows=batch.behaviour_rows, sampled_mask=batch.sampled_mask, old_from_sampler=True,
     )  # fmt: skip
     assert pi_old.tolist() == [[-0.5, -0.25], [-9.0, -9.0]]  # row 1 keeps pi_old

@@ -461,13 +461,16 @@ def cmd_report(args) -> int:
 
 def cmd_config(args) -> int:
     if args.stages:
+        from regroup.algo.loss_config import resolve_loss  # heavy (torch): --stages only
         from regroup.tasks import get_task  # lazy: help and parsing import no torch
         from regroup.train.recipes import build_recipe, describe  # heavy (torch): --stages only
         from regroup.train.run_config import load_config  # lazy: help and parsing import no torch
 
         cfg = load_config(args.config, args.overrides)
         with tempfile.TemporaryDirectory() as scratch:  # a judge or rewriter would put its cache here
-            print(describe(build_recipe(cfg, get_task(cfg.data.task), lambda text: [0] * len(text), scratch)))
+            no_tokenizer = lambda text: [0] * len(text)  # the stages are shown without loading a tokenizer
+            recipe = build_recipe(cfg, get_task(cfg.data.task), no_tokenizer, scratch, loss=resolve_loss(cfg))
+            print(describe(recipe))
         print(
             f"registered stages: {', '.join(STAGES.names())} (add your own with "
             "stages.extra=[after:STAGE=package.module:Object], docs/extending.md)"

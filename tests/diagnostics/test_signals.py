@@ -9,7 +9,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from regroup.algo.loss_spec import Piece
 from regroup.batch import Sample
+from regroup.config.registry import ADV_ESTIMATORS
 from regroup.config.schema import AnchorConfig
 from regroup.diagnostics.signals import SignalWatch, reward_diagnostics
 from regroup.errors import ConfigError
@@ -24,6 +26,8 @@ from regroup.tasks import get_task
 from regroup.tasks.base import Problem
 
 TASK = get_task("arithmetic")
+
+GRPO_ADVANTAGES = Piece.named("grpo.advantage_estimator", ADV_ESTIMATORS, "grpo", {})
 
 
 def sample(group, reward, text="x", problem=None, anchor=False):
@@ -72,7 +76,9 @@ def test_a_mask_that_removes_every_advantaged_sample_says_so():
     samples = [sample(0, 1.0, "a"), sample(0, 0.0, "b"), sample(1, 1.0, "c"), sample(1, 1.0, "d")]
     batch = StepBatch(step=0, samples=samples, problems=[s.problem for s in samples[::2]], group_ids=[0, 1])
     ctx = StepContext(seed=0, num_generations=2)
-    metrics = run_stages([GroupAdvantages("grpo"), DistinctivenessMasker(FixedScorer({}), delta=3.0)], batch, ctx)
+    metrics = run_stages(
+        [GroupAdvantages(GRPO_ADVANTAGES), DistinctivenessMasker(FixedScorer({}), delta=3.0)], batch, ctx
+    )
     assert metrics["mask/frac"] == 0.5  # uniform groups count as kept ...
     assert metrics["mask/advantaged_frac"] == 1.0  # ... but nothing with an advantage is left
     assert metrics["mask/emptied_groups"] == 1.0
@@ -97,7 +103,7 @@ def test_dynamic_sampling_keeps_a_group_the_mask_then_empties():
     scorer = FixedScorer({"a": 9.0, "b": 2.0, "c": 5.0, "d": 5.0})  # group 0 distinct, group 1 not
     stages = [
         DynamicSampling(target_groups=2, max_rounds=0),
-        GroupAdvantages("grpo"),
+        GroupAdvantages(GRPO_ADVANTAGES),
         DistinctivenessMasker(scorer, delta=3.0),
     ]
     metrics = run_stages(stages, batch, ctx)

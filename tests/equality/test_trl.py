@@ -238,11 +238,11 @@ def test_loss_and_gradients_equal_trl(model_dir, tmp_path_factory, agg, kl, eps)
         assert torch.allclose(g_ours, g_trl, atol=ATOL)
     assert any(g.abs().sum() > 0 for g in trl_grads)
     # both clip sides are exercised, and the logged fractions agree with TRL's
-    assert met["clip_low_frac"].item() > 0 and met["clip_high_frac"].item() > 0
-    assert met["clip_low_frac"].item() == pytest.approx(trl_metrics["clip_ratio/low_mean"], abs=ATOL)
-    assert met["clip_high_frac"].item() == pytest.approx(trl_metrics["clip_ratio/high_mean"], abs=ATOL)
+    assert met["clip/low_frac"].item() > 0 and met["clip/high_frac"].item() > 0
+    assert met["clip/low_frac"].item() == pytest.approx(trl_metrics["clip_ratio/low_mean"], abs=ATOL)
+    assert met["clip/high_frac"].item() == pytest.approx(trl_metrics["clip_ratio/high_mean"], abs=ATOL)
     if beta != 0.0 and not correction:
-        assert met["kl_mean"].item() == pytest.approx(trl_metrics["kl"], abs=ATOL)
+        assert met["kl"].item() == pytest.approx(trl_metrics["kl"], abs=ATOL)
 
 
 @pytest.mark.parametrize("agg", sorted(AGG_MODES))
@@ -403,7 +403,7 @@ def test_gspo_sequence_ratio_equals_trl(model_dir, tmp_path_factory, agg, beta, 
     for g_ours, g_trl in zip(_grads(model), trl_grads):
         assert torch.allclose(g_ours, g_trl, atol=ATOL)
     # not vacuous: the crafted old log-probs move the sequence ratios away from 1
-    assert abs(met["ratio_mean"].item() - 1.0) > 1e-3
+    assert abs(met["ratio/mean"].item() - 1.0) > 1e-3
 
 
 # ---- CISPO, SAPO, entropy bonus, sampler IS modes: against TRL's own code -------------------------------
@@ -453,8 +453,8 @@ def test_cispo_equals_trl(model_dir, tmp_path_factory, beta, correction):
         agg="token_mean",
     )
     _assert_equal_to_trl(model, trl_loss, trl_grads, loss)
-    assert met["clip_high_frac"].item() > 0
-    assert met["clip_high_frac"].item() == pytest.approx(trl_metrics["cispo_clip_ratio"], abs=ATOL)
+    assert met["clip/high_frac"].item() > 0
+    assert met["clip/high_frac"].item() == pytest.approx(trl_metrics["cispo_clip_ratio"], abs=ATOL)
 
 
 @pytest.mark.parametrize(("tau_pos", "tau_neg"), [(1.0, 1.05), (2.0, 0.5)])
@@ -524,7 +524,18 @@ def test_entropy_bonus_equals_trl(model_dir, tmp_path_factory, agg, coef):
     # the bonus is there: without it the loss differs by c · mean H
     h = (entropy.detach() * mask).sum() / mask.sum()
     assert met["term/entropy"].item() == pytest.approx(-h.item(), abs=ATOL)
-    assert (loss - met["pg_loss"]).item() == pytest.approx(-coef * h.item(), abs=ATOL)
+    without, _ = call_policy_loss(
+        logps,
+        inputs["old_per_token_logps"],
+        inputs["advantages"],
+        mask,
+        eps_high=0.28,
+        agg=agg,
+        total_tokens=float(mask.sum()),
+        total_sequences=B,
+        max_completion_length=T,
+    )
+    assert (loss - without).item() == pytest.approx(-coef * h.item(), abs=ATOL)
 
 
 IS_CASES = [
@@ -677,7 +688,7 @@ def test_luspo_equals_trl(model_dir, tmp_path_factory, delta, eps):
         agg="seq_mean_token_mean",
     )
     _assert_equal_to_trl(model, trl_loss, trl_grads, loss)
-    assert abs(met["ratio_mean"].item() - 1.0) > 1e-3
+    assert abs(met["ratio/mean"].item() - 1.0) > 1e-3
     # not vacuous: GSPO (without the length) is another loss
     model.zero_grad()
     gspo, _ = _ours(model, inputs, policy="gspo", policy_args={"delta": delta}, agg="seq_mean_token_mean")
@@ -715,7 +726,7 @@ def test_ppo_clip_delta_equals_trl(model_dir, tmp_path_factory, agg, kl, delta):
         agg=agg,
     )
     _assert_equal_to_trl(model, trl_loss, trl_grads, loss)
-    assert met["clip_high_frac"].item() == pytest.approx(trl_metrics["clip_ratio/high_mean"], abs=ATOL)
+    assert met["clip/high_frac"].item() == pytest.approx(trl_metrics["clip_ratio/high_mean"], abs=ATOL)
     # not vacuous: the cap changes the loss
     model.zero_grad()
     uncapped, _ = _ours(model, inputs, eps_high=0.28, beta=beta, kl_ratio_correction=correction, agg=agg)
@@ -786,7 +797,7 @@ def test_off_policy_sequence_mask_equals_trl(model_dir, tmp_path_factory, case):
         model, inputs, policy=policy, agg=agg, beta=beta, off_policy_mask=threshold, sampler_logps=sampler, **kw
     )
     _assert_equal_to_trl(model, trl_loss, trl_grads, loss)
-    assert 0.0 < met["off_policy_masked_frac"].item() < 1.0  # some responses dropped, not all
+    assert 0.0 < met["off_policy/masked_frac"].item() < 1.0  # some responses dropped, not all
     model.zero_grad()
     unmasked, _ = _ours(model, inputs, policy=policy, agg=agg, beta=beta, **kw)
     assert abs(unmasked.item() - trl_loss.item()) > 1e-4

@@ -103,9 +103,9 @@ def test_gmpo_equals_verl_geo_mean(tmp_path):
         assert torch.allclose(lp.grad, verl[key]["grad"], atol=ATOL), key
         assert lp.grad.abs().sum() > 0
         # verl's clip fractions are means over the loss tokens; ours over the on-policy ones (the same here)
-        assert met["clip_high_frac"].item() == pytest.approx(verl[key]["clipfrac"].item(), abs=ATOL), key
-        assert met["clip_low_frac"].item() == pytest.approx(verl[key]["clipfrac_lower"].item(), abs=ATOL), key
-        clipped_somewhere |= met["clip_frac"].item() > 0
+        assert met["clip/high_frac"].item() == pytest.approx(verl[key]["clipfrac"].item(), abs=ATOL), key
+        assert met["clip/low_frac"].item() == pytest.approx(verl[key]["clipfrac_lower"].item(), abs=ATOL), key
+        clipped_somewhere |= met["clip/frac"].item() > 0
     assert clipped_somewhere
 
 

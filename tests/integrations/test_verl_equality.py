@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from regroup.algo.losses import LossInputs, LossTotals, policy_loss
+from regroup.algo.loss_config import resolve_loss
+from regroup.algo.loss_inputs import LossInputs
+from regroup.algo.losses import LossTotals, policy_loss
 from regroup.batch import Sample, collate
 from regroup.stages.base import StepBatch, StepContext, run_stages
 from regroup.tasks import get_task
@@ -40,7 +42,7 @@ def native_step(cfg, record, tmp_path):
     by its own stages (rewards as captured; scores recomputed by the recipe's scorer); also the advantages
     before the mask."""
     task = get_task(cfg.data.task)
-    recipe = build_recipe(cfg, task, lambda text: list(text.encode()), tmp_path)
+    recipe = build_recipe(cfg, task, lambda text: list(text.encode()), tmp_path, loss=resolve_loss(cfg))
     problems = {p.id: p for p in task.generate(cfg.data.num_train, seed=cfg.data.seed)}
     samples = [
         Sample(

@@ -7,8 +7,9 @@ import json
 
 import pytest
 import torch
+from loss_call import loss_spec
 
-from regroup.algo.losses import LossSpec
+from regroup.algo.loss_config import resolve_loss
 from regroup.errors import ConfigError
 from regroup.integrations.verl_helpers import (
     ADVANTAGE,
@@ -95,7 +96,7 @@ def test_token_mean_is_verls_normaliser_and_ratio_one_gives_minus_a():
     logps = torch.log(torch.tensor([[0.5, 0.5, 0.5], [0.25, 0.5, 0.5]])).requires_grad_(True)
     f = fields([1.0, -2.0], [1.0, 1.0], [False, False], logps.detach().tolist(), [[1, 1, 1], [1, 0, 0]])
     loss, _ = micro_batch_loss(
-        LossSpec(agg="token_mean"), logps, f, dp_size=2, batch_num_tokens=8, global_batch_size=4, max_len=3
+        loss_spec(agg="token_mean"), logps, f, dp_size=2, batch_num_tokens=8, global_batch_size=4, max_len=3
     )
     # ratio 1 everywhere: l = −A per token; Σ = −(1·3) − (−2·1) = −1; / 8 · 2 = −0.25
     assert loss.item() == pytest.approx(-0.25, abs=1e-7)
@@ -106,7 +107,7 @@ def test_anchor_tokens_are_shaped_and_a_masked_row_gets_no_gradient():
     p = torch.tensor([[0.3, 0.6], [0.4, 0.2], [0.5, 0.5]])
     logps = p.log().requires_grad_(True)
     f = fields([2.0, -1.0, 3.0], [1.0, 1.0, 0.0], [True, False, False], logps.detach().tolist(), [[1, 1]] * 3)
-    spec = LossSpec(agg="seq_sum_constant", anchor_ratio="shaped", shaping_gamma=gamma)
+    spec = loss_spec(agg="seq_sum_constant", anchor_ratio="shaped", shaping_gamma=gamma)
     loss, m = micro_batch_loss(spec, logps, f, dp_size=1, batch_num_tokens=6, global_batch_size=3, max_len=4)
     (grad,) = torch.autograd.grad(loss, logps)
     scale = 3 * 4  # seq_sum_constant: sequences · max_len
@@ -116,7 +117,7 @@ def test_anchor_tokens_are_shaped_and_a_masked_row_gets_no_gradient():
     # on-policy row at ratio 1: l = −A·ratio, dl/dlogp = −A
     assert torch.allclose(grad[1], torch.full((2,), 1.0 / scale), atol=1e-7)
     assert torch.equal(grad[2], torch.zeros(2))  # weight 0: masked
-    assert m["n_anchor_tokens"].item() == 2
+    assert m["anchor/logp_mean"].n.item() == 2
 
 
 @pytest.mark.parametrize(
@@ -128,7 +129,9 @@ def test_verls_fixed_shape_batch_refuses_growing_or_refilling_groups(overrides, 
     from regroup.train.recipes import build_recipe
 
     cfg = load_config("dagrpo", overrides)
-    recipe = build_recipe(cfg, get_task("arithmetic"), lambda text: list(text.encode()), tmp_path)
+    recipe = build_recipe(
+        cfg, get_task("arithmetic"), lambda text: list(text.encode()), tmp_path, loss=resolve_loss(cfg)
+    )
     recipe.check_front_end("native")
     with pytest.raises(ConfigError, match=rf"{key}.*the verl batch.*not supported by the verl front-end"):
         recipe.check_front_end("verl")

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from regroup.algo.loss_config import resolve_loss
 from regroup.batch import Sample, collate
 from regroup.config.schema import AnchorConfig
 from regroup.stages.anchors import AnchorInjector
@@ -179,7 +180,7 @@ def test_mask_unit_is_a_config_field_and_reaches_the_stage(tiny_model_dir, tmp_p
     from regroup.train.recipes import build_recipe
 
     cfg = load_config(CONFIGS / "dagrpo_mask_only.yaml", [f"model.path={tiny_model_dir}", "mask.unit=pair"])
-    recipe = build_recipe(cfg, TASK, lambda text: [ord(c) for c in text], tmp_path)
+    recipe = build_recipe(cfg, TASK, lambda text: [ord(c) for c in text], tmp_path, loss=resolve_loss(cfg))
     assert [s.unit for s in recipe.stages if isinstance(s, DistinctivenessMasker)] == ["pair"]
     cfg = load_config(CONFIGS / "dagrpo_mask_only.yaml", [f"model.path={tiny_model_dir}", "mask.unit=pair"])
     assert cfg.mask.unit == "pair"

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from helpers import CONFIGS
 
+from regroup.algo.loss_config import resolve_loss
 from regroup.tasks import get_task
 from regroup.train.recipes import Features, build_recipe, features
 from regroup.train.run_config import load_config
@@ -92,7 +93,7 @@ def test_features_of_each_recipe():
 
 def test_the_recipe_carries_its_features():
     cfg = load_config(CONFIGS / "dagrpo_ta.yaml")
-    recipe = build_recipe(cfg, get_task("arithmetic"), lambda t: [1] * len(t), "/tmp/unused")
+    recipe = build_recipe(cfg, get_task("arithmetic"), lambda t: [1] * len(t), "/tmp/unused", loss=resolve_loss(cfg))
     assert recipe.features == features(cfg)
     assert recipe.uses_anchors and recipe.n_variants == cfg.ta.n_variants
     assert recipe.ratio_on_original == (cfg.ta.ratio_anchor == "original")

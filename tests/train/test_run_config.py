@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from regroup.algo.loss_config import resolve_loss
 from regroup.config.fields import leaves
 from regroup.config.registry import REPHRASERS, REWARDS, SCORERS, STAGES, TASKS
 from regroup.config.schema import RunConfig
@@ -138,7 +139,7 @@ def _recipe(cfg):
     from regroup.tasks import get_task
     from regroup.train.recipes import build_recipe
 
-    return build_recipe(cfg, get_task(cfg.data.task), lambda text: [0] * len(text), "/tmp")
+    return build_recipe(cfg, get_task(cfg.data.task), lambda text: [0] * len(text), "/tmp", loss=resolve_loss(cfg))
 
 
 def test_user_stages_are_inserted_where_asked(user_module):

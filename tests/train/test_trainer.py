@@ -9,6 +9,7 @@ import pytest
 import torch
 from helpers import CONFIGS, Rewritten, small_config, weights
 
+from regroup.algo.loss_config import resolve_loss
 from regroup.runtime.checkpoint import list_checkpoints
 from regroup.stages.base import StepBatch
 from regroup.train.build import build_trainer
@@ -261,7 +262,9 @@ def test_recipe_stage_lists():
 
     def names(recipe, *extra):
         cfg = load_config(CONFIGS / recipe, list(extra))
-        return build_recipe(cfg, get_task("arithmetic"), lambda t: [1] * len(t), "/tmp/unused").names
+        return build_recipe(
+            cfg, get_task("arithmetic"), lambda t: [1] * len(t), "/tmp/unused", loss=resolve_loss(cfg)
+        ).names
 
     assert names("grpo.yaml") == ["sample", "reward", "advantages"]
     assert names("ta_grpo.yaml") == ["variants", "sample", "reward", "advantages"]
@@ -276,7 +279,9 @@ def test_recipe_stage_lists():
         "overlong_filter",
     ]
     cfg = load_config(CONFIGS / "grpo.yaml", ["grpo.policy_loss=gspo"])
-    assert "sequence (GSPO)" in describe(build_recipe(cfg, get_task("arithmetic"), lambda t: [1], "/tmp/unused"))
+    assert "sequence (GSPO)" in describe(
+        build_recipe(cfg, get_task("arithmetic"), lambda t: [1], "/tmp/unused", loss=resolve_loss(cfg))
+    )
 
 
 def test_report_to_tensorboard_through_accelerate(tiny_model_dir, tmp_path):
@@ -515,7 +520,7 @@ def test_opsm_counts_a_token_the_sampler_did_not_score_as_zero_as_trl(tiny_model
     import copy
     import math
 
-    import regroup.algo.losses as losses_module
+    import regroup.algo.off_policy_mask as opsm_module
     import regroup.train.trainer as trainer_module
     from regroup.models.logprobs import response_logps
 
@@ -536,7 +541,7 @@ def test_opsm_counts_a_token_the_sampler_did_not_score_as_zero_as_trl(tiny_model
     before = copy.deepcopy(trainer.model)  # pi_old: the weights that drew the batch
 
     parts, checked = [], []
-    real_logps, real_mask = trainer_module.response_logps, losses_module.off_policy_mask
+    real_logps, real_mask = trainer_module.response_logps, opsm_module.off_policy_mask
 
     def logps_spy(model, part, *args, **kwargs):
         if torch.is_grad_enabled():
@@ -549,7 +554,7 @@ def test_opsm_counts_a_token_the_sampler_did_not_score_as_zero_as_trl(tiny_model
         return keep
 
     monkeypatch.setattr(trainer_module, "response_logps", logps_spy)
-    monkeypatch.setattr(losses_module, "off_policy_mask", mask_spy)
+    monkeypatch.setattr(opsm_module, "off_policy_mask", mask_spy)
     trainer.update(batch)
 
     trial_cases = 0

@@ -176,10 +176,10 @@ def test_pair_masks_act(verl_out):
     """DaGRPO + TA-GRPO per pair: the advantages the loss reads differ from the recipe's unmasked ones (the
     advantage stage alone, on the captured rewards) where a pair was within the margin, and a row the pair
     mask left without advantage gets no gradient."""
+    from regroup.algo.loss_config import resolve_loss
     from regroup.batch import Sample
     from regroup.stages.advantages import GroupAdvantages
     from regroup.stages.base import StepBatch, StepContext
-    from regroup.train.loss_config import advantage_estimator
     from regroup.train.run_config import load_config
 
     out = run("dagrpo_ta", verl_out)
@@ -191,7 +191,7 @@ def test_pair_masks_act(verl_out):
             for s in record["samples"]
         ]
         batch = StepBatch(step=record["step"], samples=samples)
-        GroupAdvantages(*advantage_estimator(cfg))(batch, StepContext(seed=0, num_generations=G))
+        GroupAdvantages(resolve_loss(cfg)[1])(batch, StepContext(seed=0, num_generations=G))
         plain, masked = batch.advantages, torch.tensor(record["advantages"])
         changed += int((plain - masked).abs().gt(1e-6).sum())
     assert changed > 0

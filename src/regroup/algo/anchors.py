@@ -12,6 +12,9 @@ import math
 import torch
 from torch import Tensor
 
+from regroup.algo.loss_inputs import Mean, token_mean
+from regroup.config.schema import AnchorConfig
+
 
 def _adv_per_token(advantages: Tensor, like: Tensor) -> Tensor:
     """Broadcast advantages [B] (or [B, T]) against a [B, T] tensor."""
@@ -23,10 +26,8 @@ def shaped_objective(logps: Tensor, gamma: float = 0.1) -> Tensor:
 
     Computed as `sigmoid(logp − log γ)`, which is the same value without overflow or 0/0 for tiny p.
     Its derivative w.r.t. logp is `γ·p / (p + γ)²`: it boosts the gradient of low-probability tokens
-    (LUFFY, SPEC §2b.3).
+    (LUFFY, SPEC §2b.3). γ > 0 is `anchors.gamma`'s bound, checked once when the config loads.
     """
-    if not gamma > 0:
-        raise ValueError(f"shaping gamma must be > 0, got {gamma}")
     return torch.sigmoid(logps - math.log(gamma))  # [B, T]
 
 
@@ -42,3 +43,25 @@ def plain_anchor_pg_loss(logps: Tensor, advantages: Tensor) -> Tensor:
     alternative `anchor_ratio="plain"`.
     """
     return -_adv_per_token(advantages, logps) * torch.exp(logps - logps.detach())  # [B, T]
+
+
+def anchor_term(
+    pg: Tensor, logps: Tensor, advantages: Tensor, anchor_tokens: Tensor, anchors: AnchorConfig
+) -> tuple[Tensor, dict[str, Mean]]:
+    """The policy term [B, T] with its anchor tokens' loss replaced (SPEC §2b.3): `anchors.ratio: shaped` gives
+    `−A·p/(p+γ)` with γ = `anchors.gamma` (LUFFY, no clipping), `plain` gives `−A·exp(logp − sg(logp))`.
+    `anchor_tokens` [B, T]: the forced (off-policy) loss tokens. Metrics `anchor/logp_mean` and `anchor/prob_mean`
+    over them."""
+    if anchor_tokens.shape != pg.shape:
+        raise ValueError(
+            f"anchor_token_mask shape {tuple(anchor_tokens.shape)} does not match loss_mask {tuple(pg.shape)}"
+        )
+    if anchors.ratio == "shaped":
+        loss = shaped_pg_loss(logps, advantages, anchors.gamma)  # [B, T]
+    else:
+        loss = plain_anchor_pg_loss(logps, advantages)  # [B, T]
+    metrics = {
+        "anchor/logp_mean": token_mean(logps, anchor_tokens),
+        "anchor/prob_mean": token_mean(logps.detach().exp(), anchor_tokens),
+    }
+    return torch.where(anchor_tokens, loss, pg), metrics

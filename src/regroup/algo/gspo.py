@@ -68,8 +68,11 @@ def sequence_clipped_pg_loss(
 def gspo_policy_loss(
     logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tensor, spec, args: ClipArgs
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """The registered GSPO loss: `sequence_clipped_pg_loss` over the `mask` (on-policy) tokens, `spec.eps_*` clip."""
-    return sequence_clipped_pg_loss(logps, old_logps, advantages, mask, spec.eps_low, spec.eps_high, args.delta)
+    """The registered GSPO loss: `sequence_clipped_pg_loss` over the `mask` (on-policy) tokens, the
+    `spec.grpo.eps_*` clip."""
+    return sequence_clipped_pg_loss(
+        logps, old_logps, advantages, mask, spec.grpo.eps_low, spec.grpo.eps_high, args.delta
+    )
 
 
 gspo_policy_loss.ratio_level = "sequence"  # its KL correction and ratio metric use s_i

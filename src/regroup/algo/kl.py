@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from regroup.algo.loss_inputs import Mean, token_mean
+from regroup.algo.loss_spec import LossSpec
 from regroup.config.registry import KL_ESTIMATORS
 
 LOW_VAR_LOG_RATIO_CLAMP = 20.0  # verl: kl = clamp(ref − logp, −20, 20)
@@ -55,3 +57,22 @@ def kl_low_var(logps: Tensor, ref_logps: Tensor) -> Tensor:
     _check(logps, ref_logps)
     d = torch.clamp(ref_logps - logps, min=-LOW_VAR_LOG_RATIO_CLAMP, max=LOW_VAR_LOG_RATIO_CLAMP)  # [B, T]
     return torch.clamp(torch.exp(d) - d - 1.0, min=-LOW_VAR_KL_CLAMP, max=LOW_VAR_KL_CLAMP)  # [B, T]
+
+
+def kl_term(
+    logps: Tensor, ref_logps: Tensor, loss_mask: Tensor, spec: LossSpec, ratio: Tensor
+) -> tuple[Tensor | None, dict[str, Mean]]:
+    """`β · KL(π_θ ‖ π_ref)` per token [B, T] with the spec's estimator (`grpo.kl_estimator`, default k3), or None when
+    β is 0. With `grpo.kl_ratio_correction` it is multiplied by the differentiable `ratio` π_θ/π_old of the policy's
+    level ([B, T], or [B, 1] for a sequence-level policy): the unbiased reverse-KL gradient from π_old's samples
+    (DeepSeek-V3.2; TRL's use_bias_correction_kl). Metric `kl`: the mean estimate over the loss tokens."""
+    if ref_logps.shape != logps.shape:
+        raise ValueError(f"ref_logps shape {tuple(ref_logps.shape)} does not match logps {tuple(logps.shape)}")
+    kl = spec.kl.fn(logps, ref_logps, **spec.kl.kwargs)  # [B, T]
+    metrics = {"kl": token_mean(kl, loss_mask)}
+    if spec.grpo.beta == 0.0:
+        return None, metrics
+    term = spec.grpo.beta * kl  # [B, T]
+    if spec.grpo.kl_ratio_correction:
+        term = term * ratio  # [B, T]
+    return term, metrics

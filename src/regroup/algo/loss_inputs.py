@@ -10,7 +10,7 @@ The rules, per micro-batch of b rows and T response tokens:
   as TRL); with `old_from_sampler` (`rollout.async_correction=behaviour`) the sampler's own log-probs on
   the tokens it drew and scored with a finite value, π_old elsewhere;
 - the IS weight: `sampler_is_weight(π_old, π_sampler)` (the table below) on the rows the sampler scored
-  on the learner's prompt, 1 on other rows; None when `spec.is_cap` is 0;
+  on the learner's prompt, 1 on other rows; None when `rollout.tis_cap` is 0;
 - OPSM's sampler log-probs: the sampler's own, NaN included (an unscored token adds 0 to the mean KL, as
   in TRL's `get_off_policy_mask`), on the rows the sampler scored on the learner's prompt, π_old on other
   rows; None when OPSM is off.
@@ -31,16 +31,59 @@ This is TRL 1.16's `GRPOTrainer._generate_and_score_completions` computation (`i
 with `vllm_importance_sampling_clip_max = cap` and `_clip_min = min` (None: unbounded below). A NaN
 sampler log-prob contributes ratio 1, as in TRL. The sequence ratio is the product over the response's
 `mask` tokens (TRL sums the log differences, it does not average them as GSPO's ratio does).
+
+It also holds `LossInputs` (what `policy_loss` reads besides the log-probs) and `Mean`, the form of every loss
+metric: the core and each modifier report theirs as a sum and a count, so micro-batches and processes combine
+exactly.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from regroup.algo.losses import IS_MODES, LossInputs, LossSpec
+from regroup.algo.loss_spec import LossSpec
+
+IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+
+
+@dataclass
+class LossInputs:
+    """The tensors of one micro-batch the loss reads besides the log-probs."""
+
+    advantages: Tensor  # [B] or [B, T]
+    loss_mask: Tensor  # [B, T] 1 on response tokens
+    ref_logps: Tensor | None = None  # [B, T] frozen reference (needed when beta != 0)
+    sample_weight: Tensor | None = None  # [B] masks and weights (normaliser NOT reduced)
+    anchor_token_mask: Tensor | None = None  # [B, T] forced off-policy (anchor) tokens
+    is_weight: Tensor | None = None  # [B, T] or [B, 1] detached IS weight of sampler mismatch
+    entropy: Tensor | None = None  # [B, T] policy entropy (differentiable when a term needs it)
+    sampler_logps: Tensor | None = None  # [B, T] behaviour log-probs for OPSM (None: π_old stands in)
+
+
+class Mean(NamedTuple):
+    """A metric of one micro-batch as a sum and the number `n` of tokens (or rows) it is a mean over, so that
+    micro-batches and processes combine exactly (Σ total / Σ n); `item()` is this micro-batch's mean (0 when n is
+    0)."""
+
+    total: Tensor
+    n: Tensor
+
+    def item(self) -> float:
+        return float(self.total) / max(float(self.n), 1.0)
+
+
+def token_mean(values: Tensor, where: Tensor) -> Mean:
+    """The `Mean` of `values` [B, T] (or [B, 1], broadcast) over the tokens `where` [B, T] is True, detached."""
+    where = where.bool()
+    values = values.detach().expand(where.shape)
+    if not values.is_floating_point():  # clip flags: a share of the tokens
+        values = values.to(torch.get_default_dtype())
+    return Mean(torch.where(where, values, torch.zeros_like(values)).sum(), where.sum().to(values.dtype))
 
 
 def build_loss_inputs(
@@ -69,8 +112,7 @@ def build_loss_inputs(
     - `sampled_mask` [b, T] bool: tokens the sampler drew; a loss token it did not draw is an anchor
       (forced, off-policy) token (None: every loss token was sampled);
     - `old_from_sampler`: π_old is the sampler's log-probs where it scored (the module table);
-    - `ref_logps` [b, T], `sample_weight` [b], `entropy` [b, T] pass through (entropy only when a term
-      of `spec` needs it).
+    - `ref_logps` [b, T], `sample_weight` [b], `entropy` [b, T] pass through.
     """
     old = logps.detach() if old_logps is None else old_logps  # [b, T]
     anchors = None
@@ -78,7 +120,8 @@ def build_loss_inputs(
         forced = loss_mask.bool() & ~sampled_mask  # [b, T]
         anchors = forced if bool(forced.any()) else None
     is_weight = opsm_logps = None
-    if sampler_logps is not None and (old_from_sampler or spec.is_cap > 0 or spec.off_policy_mask is not None):
+    cap, opsm = spec.rollout.tis_cap, spec.grpo.off_policy_mask_threshold
+    if sampler_logps is not None and (old_from_sampler or cap > 0 or opsm is not None):
         rows = torch.ones(len(old), dtype=torch.bool, device=old.device) if sampler_rows is None else sampler_rows
         rows = rows[:, None]  # [b, 1]
         if bool(rows.any()):
@@ -86,10 +129,12 @@ def build_loss_inputs(
             if old_from_sampler:
                 drawn = rows if sampled_mask is None else rows & sampled_mask  # [b, T]
                 old = torch.where(drawn & sampler.isfinite(), sampler, old)  # [b, T]
-            if spec.is_cap > 0:
-                weight = sampler_is_weight(old, sampler, loss_mask, spec.is_mode, spec.is_cap, spec.is_min or None)
+            if cap > 0:
+                weight = sampler_is_weight(
+                    old, sampler, loss_mask, spec.rollout.is_mode, cap, spec.rollout.is_min or None
+                )
                 is_weight = torch.where(rows, weight, torch.ones_like(weight))  # [b, T] or [b, 1]
-            if spec.off_policy_mask is not None:
+            if opsm is not None:
                 opsm_logps = torch.where(rows, sampler, old)  # [b, T], NaN kept: no KL evidence (TRL)
     inputs = LossInputs(
         advantages=advantages,
@@ -98,7 +143,7 @@ def build_loss_inputs(
         sample_weight=sample_weight,
         anchor_token_mask=anchors,
         is_weight=is_weight,
-        entropy=entropy if spec.needs_entropy else None,
+        entropy=entropy,
         sampler_logps=opsm_logps,
     )
     return old, inputs
@@ -140,3 +185,19 @@ def truncated_is_weight(old_logps: Tensor, behaviour_logps: Tensor, cap: float) 
     """Truncated importance weight `min(π_old / π_behaviour, cap)` per token, detached  -> [B, T]: the
     `token_truncate` mode of `sampler_is_weight` over every position (TRL's default mode, verl's TIS)."""
     return sampler_is_weight(old_logps, behaviour_logps, None, "token_truncate", cap)  # [B, T]
+
+
+def apply_is_weight(
+    pg: Tensor, is_weight: Tensor, on_policy: Tensor, *, folded: bool
+) -> tuple[Tensor, dict[str, Mean]]:
+    """The policy term [B, T] times the IS weight ([B, T] or [B, 1]) on the on-policy tokens (anchor tokens were not
+    sampled and keep theirs); unchanged when the policy `folded` the weight into its own loss (VESPO). Metric
+    `is_weight/mean` over the on-policy tokens."""
+    if is_weight.shape not in (on_policy.shape, (on_policy.shape[0], 1)):
+        raise ValueError(
+            f"is_weight shape {tuple(is_weight.shape)} must be [B, T] = {tuple(on_policy.shape)} or [B, 1]"
+        )
+    weight = is_weight.detach()
+    if not folded:
+        pg = torch.where(on_policy, pg * weight, pg)  # [B, T]
+    return pg, {"is_weight/mean": token_mean(weight, on_policy)}

@@ -41,8 +41,8 @@ def luspo_loss(
 def luspo_policy_loss(
     logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tensor, spec, args: ClipArgs
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """The registered form: `spec.eps_*` clip, `args.delta`, |o_i| counted over the `mask` (on-policy) tokens."""
-    return luspo_loss(logps, old_logps, advantages, mask, spec.eps_low, spec.eps_high, args.delta)
+    """The registered form: `spec.grpo.eps_*` clip, `args.delta`, |o_i| counted over the `mask` (on-policy) tokens."""
+    return luspo_loss(logps, old_logps, advantages, mask, spec.grpo.eps_low, spec.grpo.eps_high, args.delta)
 
 
 luspo_policy_loss.ratio_level = "sequence"  # its KL correction and ratio metric use s_i, as GSPO's

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from regroup.algo.loss_inputs import Mean, token_mean
 from regroup.algo.ratios import per_token_advantages
 
 
@@ -36,3 +37,12 @@ def off_policy_mask(advantages: Tensor, logps: Tensor, sampler_logps: Tensor, ma
     mean_kl = kl.sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp(min=1).to(kl.dtype)  # [B, 1]
     adv = per_token_advantages(advantages, logps)  # [B, 1] or [B, T]
     return ((adv >= 0) | (mean_kl <= threshold)).to(logps.dtype)  # [B, 1] or [B, T]
+
+
+def apply_off_policy_mask(
+    pg: Tensor, advantages: Tensor, logps: Tensor, sampler_logps: Tensor, on_policy: Tensor, threshold: float
+) -> tuple[Tensor, dict[str, Mean]]:
+    """The policy term [B, T] times OPSM's keep mask (`off_policy_mask` against `sampler_logps`); metric
+    `off_policy/masked_frac`: the share of on-policy tokens it dropped."""
+    keep = off_policy_mask(advantages, logps, sampler_logps, on_policy, threshold)  # [B, 1] or [B, T]
+    return pg * keep, {"off_policy/masked_frac": token_mean(1.0 - keep, on_policy)}

@@ -67,5 +67,6 @@ def clipped_pg_loss(
 def ppo_clip_policy_loss(
     logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tensor, spec, args: ClipArgs
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """The registered PPO-clip loss: `clipped_pg_loss` with `spec.eps_low` / `spec.eps_high` and `args.delta`."""
-    return clipped_pg_loss(logps, old_logps, advantages, spec.eps_low, spec.eps_high, args.delta)
+    """The registered PPO-clip loss: `clipped_pg_loss` with `spec.grpo.eps_low` / `spec.grpo.eps_high` and
+    `args.delta`."""
+    return clipped_pg_loss(logps, old_logps, advantages, spec.grpo.eps_low, spec.grpo.eps_high, args.delta)

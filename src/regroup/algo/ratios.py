@@ -40,7 +40,6 @@ def importance_ratio(logps: Tensor, old_logps: Tensor) -> Tensor:
 
 
 def clip_ratio(ratio: Tensor, eps_low: float, eps_high: float) -> Tensor:
-    """PPO clipping `clip(ratio, 1 − eps_low, 1 + eps_high)` (SPEC §1; eps_high > eps_low is DAPO clip-higher)."""
-    if eps_low < 0 or eps_high < 0:
-        raise ValueError(f"clip epsilons must be >= 0, got eps_low={eps_low}, eps_high={eps_high}")
+    """PPO clipping `clip(ratio, 1 − eps_low, 1 + eps_high)` (SPEC §1; eps_high > eps_low is DAPO clip-higher); the
+    epsilons' bounds are the config's (`grpo.eps_low` / `grpo.eps_high`), checked once when it loads."""
     return torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)

@@ -39,7 +39,9 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput, get_l
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import use_adapter
 
-from regroup.algo.losses import LossInputs, LossTotals, policy_loss
+from regroup.algo.loss_config import resolve_loss
+from regroup.algo.loss_inputs import LossInputs, Mean
+from regroup.algo.losses import LossTotals, policy_loss
 from regroup.batch import Sample
 from regroup.config.schema import RunConfig
 from regroup.diagnostics.signals import SignalWatch, reward_diagnostics
@@ -181,7 +183,9 @@ class RegroupGRPOTrainer(GRPOTrainer):
             raise ValueError("problem ids must be unique: TRL's rows find their Problem by id")
 
         self.regroup_config = cfg
-        self.recipe = build_recipe(cfg, task, lambda text: encode_response(tokenizer, text), Path(args.output_dir))
+        self.recipe = build_recipe(
+            cfg, task, lambda text: encode_response(tokenizer, text), Path(args.output_dir), loss=resolve_loss(cfg)
+        )
         self.recipe.check_front_end("trl")
         names = self.recipe.names
         first, last = names.index("sample"), names.index("reward")
@@ -504,34 +508,35 @@ class RegroupGRPOTrainer(GRPOTrainer):
         self._log_loss_metrics(mode, m, entropies, mask)
         return loss
 
-    def _log_loss_metrics(self, mode: str, m: dict[str, Tensor], entropies: Tensor, mask: Tensor) -> None:
-        """TRL's loss metrics (entropy, clip ratios, kl) plus anchor ones, as global token means."""
-        n_on, n_loss, n_anchor = m["n_onpolicy_tokens"], m["n_loss_tokens"], m["n_anchor_tokens"]
-        sums = torch.stack(
-            [
-                m["clip_low_frac"] * n_on,
-                m["clip_high_frac"] * n_on,
-                m["clip_frac"] * n_on,
-                n_on,
-                (entropies.detach() * mask.to(entropies.dtype)).sum(),
-                n_loss,
-                m.get("kl_mean", torch.zeros_like(n_loss)) * n_loss,
-                m.get("anchor_prob_mean", torch.zeros_like(n_loss)) * n_anchor,
-                n_anchor,
-            ]
-        ).float()
-        s = self.accelerator.reduce(sums, reduction="sum").tolist()
-        on, loss_tokens, anchor_tokens = max(s[3], 1.0), max(s[5], 1.0), s[8]
+    def _log_loss_metrics(self, mode: str, m: dict[str, Mean], entropies: Tensor, mask: Tensor) -> None:
+        """TRL's loss metrics (entropy, clip ratios, kl) plus the anchors', as global token means: each is a `Mean`
+        of the loss (a sum and a count) summed over the processes; the entropy is TRL's, over the loss tokens."""
+        zero = Mean(torch.zeros((), device=mask.device), torch.zeros((), device=mask.device))
+        means = [m.get(name, zero) for name in TRL_METRICS.values()]
+        entropy = ((entropies.detach() * mask.to(entropies.dtype)).sum(), mask.sum())
+        loss_tokens = m["pg_loss"].n
+        flat = [x for mean in means for x in mean] + list(entropy) + [loss_tokens]
+        s = self.accelerator.reduce(torch.stack([x.float() for x in flat]), reduction="sum").tolist()
         metrics = self._metrics[mode]
-        metrics["entropy"].append(s[4] / loss_tokens)
-        metrics["clip_ratio/low_mean"].append(s[0] / on)
-        metrics["clip_ratio/high_mean"].append(s[1] / on)
-        metrics["clip_ratio/region_mean"].append(s[2] / on)
-        if self.beta != 0.0:
-            metrics["kl"].append(s[6] / loss_tokens)
+        for i, (trl_name, name) in enumerate(TRL_METRICS.items()):
+            total, count = s[2 * i], s[2 * i + 1]
+            if name == "kl" and self.beta == 0.0 or name.startswith("anchor/") and count == 0:
+                continue
+            metrics[trl_name].append(total / max(count, 1.0))
+        metrics["entropy"].append(s[-3] / max(s[-2], 1.0))
+        anchor_tokens = s[2 * list(TRL_METRICS.values()).index("anchor/prob_mean") + 1]
         if anchor_tokens > 0:
-            metrics["regroup/anchor/token_frac"].append(anchor_tokens / loss_tokens)
-            metrics["regroup/anchor/prob_mean"].append(s[7] / anchor_tokens)
+            metrics["regroup/anchor/token_frac"].append(anchor_tokens / max(s[-1], 1.0))
+
+
+TRL_METRICS = {
+    "clip_ratio/low_mean": "clip/low_frac",
+    "clip_ratio/high_mean": "clip/high_frac",
+    "clip_ratio/region_mean": "clip/frac",
+    "kl": "kl",
+    "regroup/anchor/prob_mean": "anchor/prob_mean",
+}
+"""The TRL metric each of the loss's metrics is logged as."""
 
 
 def _filled(value: int | None, name: str) -> int:

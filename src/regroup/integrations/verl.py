@@ -53,7 +53,8 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.metric import AggregationType, Metric
 from verl.workers.utils.padding import no_padding_2_padding, response_to_nested
 
-from regroup.algo.losses import LossSpec
+from regroup.algo.loss_config import resolve_loss
+from regroup.algo.loss_spec import LossSpec
 from regroup.batch import Sample
 from regroup.config.schema import RunConfig
 from regroup.diagnostics.hooks import WatchSignals
@@ -151,9 +152,9 @@ def regroup_loss(
     padded = data.select(*names).to_padded_tensor()
     given = {k: padded[k] for k in names}  # [b, T] or [b]
     fields = dict(given)
-    if spec.is_cap <= 0:
+    if spec.rollout.tis_cap <= 0:
         fields.pop("rollout_log_probs", None)
-    if spec.beta == 0:
+    if spec.grpo.beta == 0:
         fields.pop("ref_log_prob", None)
     global_batch_size = int(data["global_batch_size"])
     loss, m = micro_batch_loss(
@@ -169,8 +170,8 @@ def regroup_loss(
     )
     if capture_dir is not None and logps.requires_grad:
         _capture_loss(Path(capture_dir), logps, given, loss, data, global_batch_size)
-    metrics = {f"actor/regroup/{k}": Metric(value=float(v), aggregation=AggregationType.MEAN) for k, v in m.items()}
-    metrics["actor/pg_loss"] = Metric(value=float(m["pg_loss"]), aggregation=AggregationType.MEAN)
+    metrics = {f"actor/regroup/{k}": Metric(value=v.item(), aggregation=AggregationType.MEAN) for k, v in m.items()}
+    metrics["actor/pg_loss"] = Metric(value=m["pg_loss"].item(), aggregation=AggregationType.MEAN)
     return loss, metrics
 
 
@@ -216,7 +217,9 @@ class RegroupTrainer(PPOTrainerSync):
         cfg, tokenizer = self.regroup_config, self.tokenizer
         self._run_dir.mkdir(parents=True, exist_ok=True)
         task = get_task(cfg.data.task)
-        self.recipe = build_recipe(cfg, task, lambda text: encode_response(tokenizer, text), self._run_dir)
+        self.recipe = build_recipe(
+            cfg, task, lambda text: encode_response(tokenizer, text), self._run_dir, loss=resolve_loss(cfg)
+        )
         self.recipe.check_front_end("verl")
         self.regroup_watch = WatchSignals(SignalWatch.for_recipe(cfg, self.recipe), log.warning)
         names = self.recipe.names

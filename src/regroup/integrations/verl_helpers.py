@@ -12,8 +12,9 @@ from typing import Any
 
 from torch import Tensor
 
-from regroup.algo.loss_inputs import build_loss_inputs
-from regroup.algo.losses import LossSpec, LossTotals, policy_loss
+from regroup.algo.loss_inputs import Mean, build_loss_inputs
+from regroup.algo.loss_spec import LossSpec
+from regroup.algo.losses import LossTotals, policy_loss
 from regroup.errors import ConfigError
 from regroup.stages.groups import samples_per_question
 from regroup.train.recipes import features
@@ -167,7 +168,7 @@ def micro_batch_loss(
     max_len: int,
     entropy: Tensor | None = None,
     sampler_on_prompt: bool = True,
-) -> tuple[Tensor, dict[str, Tensor]]:
+) -> tuple[Tensor, dict[str, Mean]]:
     """The recipe's loss of one verl micro-batch: `policy_loss` on verl's padded tensors.
 
     - `logps` [b, T]: π_θ on the response tokens (verl's `no_padding_2_padding` of the model output);

@@ -18,7 +18,8 @@ and call the loss with its spec; neither asks which algorithm it runs.
 | + stages.extra     | user stages by dotted path, before/after a stage above or at the end   |                  |
 | + CISPO/SAPO/GMPO, KL estimator, IS mode, entropy, user terms | unchanged                   | named pieces     |
 
-Named loss pieces: `regroup.train.loss_config`.
+The loss and the advantage estimator are resolved once per run, before the recipe is built
+(`regroup.algo.loss_config.resolve_loss`); the recipe takes what that returned.
 
 `describe(recipe)` prints the list; `regroup config --stages` shows it for a config.
 """
@@ -28,7 +29,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from regroup.algo.losses import LossSpec
+from regroup.algo.loss_config import describe_loss
+from regroup.algo.loss_spec import LossSpec, Piece
+from regroup.config.schema import RunConfig
 from regroup.errors import ConfigError
 from regroup.rephrase import build_rephraser as build_named_rephraser
 from regroup.rewards.build import reward_fn_from_config
@@ -42,8 +45,6 @@ from regroup.stages.rephrasing import VariantProvider
 from regroup.stages.rewarding import RewardResponses
 from regroup.stages.sampling import SampleResponses
 from regroup.stages.user import insert_user_stages, parse_stage_entry
-from regroup.train import loss_config
-from regroup.train.loss_config import advantage_estimator, describe_loss
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ class Features:
     """Anchors may come from the data's reference solutions (anchors on, anchors.source != self)."""
 
 
-def features(cfg) -> Features:
+def features(cfg: RunConfig) -> Features:
     """The `Features` of a run config (the only reader of its `*.enabled` flags)."""
     ta, anchors, mask, dyn = cfg.ta.enabled, cfg.anchors.enabled, cfg.mask.enabled, cfg.dynamic_sampling.enabled
     return Features(
@@ -101,16 +102,12 @@ def features(cfg) -> Features:
     )
 
 
-def loss_spec(cfg) -> LossSpec:
-    """The recipe's loss, from the config (`regroup.train.loss_config.loss_spec`; ValueError on a bad one)."""
-    return loss_config.loss_spec(cfg, ratio_on_original=features(cfg).ratio_on_original)
-
-
 @dataclass
 class Recipe:
+    loss: LossSpec
+    """The loss: its config sections and its pieces, resolved once (`regroup.algo.loss_config.resolve_loss`)."""
     stages: list = field(default_factory=list)
     """Stage objects in the order they run each step (see `regroup.stages.base`)."""
-    loss: LossSpec = field(default_factory=LossSpec)
     reward_fn: object = None
     """(response, problem) -> float | None: the verifiable reward the stages use (eval uses it too)."""
     features: Features = field(default_factory=Features)
@@ -167,7 +164,7 @@ def describe(recipe: Recipe) -> str:
     return " → ".join(recipe.names) + " → " + describe_loss(recipe.loss)
 
 
-def build_rephraser(cfg, task, run_dir: Path):
+def build_rephraser(cfg: RunConfig, task, run_dir: Path):
     ta = cfg.ta
     if ta.rephraser == "rules":
         return build_named_rephraser("rules", rephrase_fn=task.rephrase, seed=cfg.seed)
@@ -183,7 +180,7 @@ def build_rephraser(cfg, task, run_dir: Path):
     return build_named_rephraser(ta.rephraser)
 
 
-def build_scorer(cfg, task, run_dir: Path):
+def build_scorer(cfg: RunConfig, task, run_dir: Path):
     s = cfg.mask.scorer
     if s.name == "judge":
         cache = Path(s.cache_dir) if s.cache_dir else run_dir / "cache"
@@ -205,9 +202,11 @@ def build_scorer(cfg, task, run_dir: Path):
     return build_named_scorer(s.name)
 
 
-def build_recipe(cfg, task, encode_response, run_dir) -> Recipe:
+def build_recipe(cfg: RunConfig, task, encode_response, run_dir, *, loss: tuple[LossSpec, Piece]) -> Recipe:
     """The stages and loss spec `cfg` switches on, in the order of `regroup.stages.base`'s diagram, with the
-    user's `stages.extra` inserted."""
+    user's `stages.extra` inserted. `loss`: the run's loss and advantage estimator, resolved once from the checked
+    config (`regroup.algo.loss_config.resolve_loss`)."""
+    spec, estimator = loss
     run_dir = Path(run_dir)
     reward_fn = reward_fn_from_config(cfg.rewards, task)
     on = features(cfg)
@@ -232,7 +231,7 @@ def build_recipe(cfg, task, encode_response, run_dir) -> Recipe:
         stages.append(InjectAnchors(injector))
     if on.dynamic_sampling:
         stages.append(DynamicSampling(cfg.grpo.prompts_per_step, cfg.dynamic_sampling.max_rounds))
-    stages.append(GroupAdvantages(*advantage_estimator(cfg)))
+    stages.append(GroupAdvantages(estimator))
     if on.mask:  # SPEC §2a: masks after advantages, over G_mix
         stages.append(
             DistinctivenessMasker(
@@ -242,4 +241,4 @@ def build_recipe(cfg, task, encode_response, run_dir) -> Recipe:
     if o.filter:
         stages.append(OverlongFilter())
     stages = insert_user_stages(stages, [parse_stage_entry(e) for e in cfg.stages.extra])  # checked by the config
-    return Recipe(stages=stages, loss=loss_spec(cfg), reward_fn=reward_fn, features=on)
+    return Recipe(stages=stages, loss=spec, reward_fn=reward_fn, features=on)

@@ -22,6 +22,7 @@ import regroup.rewards
 import regroup.scorers
 import regroup.stages
 import regroup.tasks  # noqa: F401  (registers the built-in tasks; `regroup` is bound by the lines above)
+from regroup.algo.loss_config import resolve_loss
 from regroup.config.fields import check, read_yaml
 from regroup.config.registry import REPHRASERS, REWARDS, SCORERS, STAGES, TASKS
 from regroup.config.schema import (
@@ -39,7 +40,7 @@ from regroup.io import write_atomic
 from regroup.net.redact import check_key_env_name
 from regroup.rollout.producer import check_async_config
 from regroup.stages.user import check_user_stage, parse_stage_entry
-from regroup.train.recipes import features, loss_spec
+from regroup.train.recipes import features
 
 PIECE_KEYS = (
     "data.task",
@@ -97,10 +98,14 @@ def check_config(cfg: RunConfig) -> None:
     for key in ("ta.api_key_env", "mask.scorer.api_key_env", "rollout.vllm_server_api_key_env"):
         if get_dotted(cfg, key):  # null or "": a server without authentication
             check_key_env_name(get_dotted(cfg, key), key)  # a key pasted where its variable's name goes
-    loss_spec(cfg)  # the loss pieces exist (dotted paths import) and compose, before any model loads
-    check_async_config(
-        cfg, ratio_on_original=features(cfg).ratio_on_original
-    )  # rollout.async_steps: the backends and corrections that cannot work
+    resolve_loss(cfg)  # the loss pieces exist (dotted paths import) and compose; the recipe reuses this resolution
+    ratio_on_original = features(cfg).ratio_on_original
+    if cfg.rollout.tis_cap > 0 and ratio_on_original:
+        raise ConfigError(
+            "rollout.tis_cap > 0 with ta.ratio_anchor=original would divide pi_old(o|q0) by the sampler's "
+            "pi(o|q_n), a ratio of two different prompts; set rollout.tis_cap=0 or ta.ratio_anchor=own"
+        )
+    check_async_config(cfg, ratio_on_original=ratio_on_original)  # rollout.async_steps: what cannot work
 
 
 def check_pieces(cfg: RunConfig) -> None:

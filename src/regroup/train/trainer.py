@@ -18,13 +18,14 @@ import shutil
 import time
 import warnings
 from contextlib import nullcontext
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
 import torch
 from accelerate.utils import gather, gather_object, pad_across_processes, reduce
 
-from regroup.algo.loss_inputs import build_loss_inputs
+from regroup.algo.loss_inputs import Mean, build_loss_inputs
 from regroup.algo.losses import LossTotals, policy_loss, rows_with_gradient
 from regroup.batch import RolloutBatch, collate
 from regroup.diagnostics import logprob_gap
@@ -63,6 +64,30 @@ from regroup.train.row_balance import forwarded_rows
 from regroup.train.run_config import save_config
 
 PROMPT_CACHE_SIZE = 8192
+
+
+@dataclass
+class RowTensors:
+    """Per-row tensors of one update, in the update's row order: advantages [B], sample weights [B] (None: all 1),
+    and π_old / π_ref log-probs [B, T] when they were computed (None: not needed)."""
+
+    advantages: torch.Tensor
+    weights: torch.Tensor | None = None
+    old_logps: torch.Tensor | None = None
+    ref_logps: torch.Tensor | None = None
+
+
+def add_means(sums: dict[str, list[float]], metrics: dict[str, Mean]) -> None:
+    """Add one micro-batch's loss metrics (`Mean`s: a sum and a count each) to the step's running [sum, count]."""
+    for name, mean in metrics.items():
+        total = sums.setdefault(name, [0.0, 0.0])
+        total[0] += float(mean.total)
+        total[1] += float(mean.n)
+
+
+def finish_means(sums: dict[str, list[float]]) -> dict[str, float]:
+    """The step's value of each loss metric: Σ sum / Σ count over its micro-batches (0 when it counted nothing)."""
+    return {name: total / max(count, 1.0) for name, (total, count) in sums.items()}
 
 
 def _implements(hook, method: str) -> bool:
@@ -240,11 +265,10 @@ class Trainer:
         return [range(round(i * n / k), round((i + 1) * n / k)) for i in range(k)]
 
     def update(self, step_batch: StepBatch) -> dict:
-        """Train on one rollout: per pass (`grpo.num_iterations`) and mini-batch, forward each micro-batch,
-        build its loss inputs (`regroup.algo.loss_inputs.build_loss_inputs`), backward; one optimizer step
-        per mini-batch."""
-        cfg, g = self.cfg, self.cfg.grpo
-        samples = step_batch.samples
+        """Train on one rollout (SPEC §1): order its rows, compute π_old and π_ref once, then per pass
+        (`grpo.num_iterations`) and mini-batch: each micro-batch's loss inputs → loss → backward, and one optimizer
+        step per mini-batch. The loss's metrics of the first pass are averaged over the step, whatever they are."""
+        g, samples = self.cfg.grpo, step_batch.samples
         if self._global_sum(float(len(samples))) == 0:
             self.log(f"step {step_batch.step + 1}: no samples left to train on (every group filtered); update skipped")
             return {"skipped_empty": 1.0}
@@ -255,83 +279,107 @@ class Trainer:
         # Rows of one prompt side by side, so a micro-batch shares few prompt forwards (anchors join their group).
         order = prompt_order(samples) if self.shared_prefix else list(range(len(samples)))
         batch = self._to_device(collate([samples[i] for i in order], self.pad_id))
-        advantages = step_batch.advantages[order].to(self.acc.device)  # [B]
-        weights = None if step_batch.weights is None else step_batch.weights[order].to(self.acc.device)  # [B]
+        rows = RowTensors(
+            advantages=step_batch.advantages[order].to(self.acc.device),  # [B]
+            weights=None if step_batch.weights is None else step_batch.weights[order].to(self.acc.device),  # [B]
+        )
+        metrics = self._before_update(batch, rows, step_batch.step)
+        self._gap_sums: dict = {}  # the sampler's log-probs against the learner's (`diagnostics.logprob_gap`)
+        minis = self._mini_batches(len(batch))
+        forwarded = self._forwarded_rows(minis, rows)  # [n] row indices per mini-batch
+        metrics["update/forwarded_frac"] = sum(map(len, forwarded)) / len(batch)
+        # π_old once per rollout, before the first update, whenever it can differ from π_θ (else the loss inputs take
+        # π_θ detached, as TRL does); π_ref once when the loss has a KL term.
+        all_forwarded = torch.cat(forwarded)  # [N]
+        if g.num_iterations > 1 or g.mini_batches > 1:
+            rows.old_logps = self._logps_no_grad(lambda mb: self._score(self.model, mb), batch, all_forwarded)
+        if self.reference:
+            score_ref = lambda mb: self.reference(lambda m: self._score(m, mb))
+            rows.ref_logps = self._logps_no_grad(score_ref, batch, all_forwarded)
+        sums: dict[str, list[float]] = {}
+        for iteration in range(g.num_iterations):
+            for mini, mini_forwarded in zip(minis, forwarded):
+                totals = self._totals(batch, mini)  # normalisers count every row of the mini-batch, forwarded or not
+                micro = mini_forwarded.split(g.micro_batch_size)  # row indices [<= micro_batch_size] each
+                loss_total = 0.0
+                for k, mb in enumerate(micro):
+                    loss, loss_metrics = self._micro_step(
+                        batch.select(mb), rows, mb, totals, iteration, k + 1 == len(micro)
+                    )
+                    loss_total += loss
+                    if iteration == 0:
+                        add_means(sums, loss_metrics)
+                metrics.update(self._optimizer_step(loss_total))
+        metrics.update(finish_means(sums))
+        metrics.update(logprob_gap.finish(self._gap_sums))
+        return metrics
+
+    def _score(self, model, mb: RolloutBatch) -> torch.Tensor:
+        """Log-probs [b, T] of a micro-batch's response tokens under `model`, at the sampling temperature."""
+        return response_logps(model, mb, self.cfg.rollout.temperature, shared_prefix=self.shared_prefix)[0]
+
+    def _before_update(self, batch: RolloutBatch, rows: RowTensors, step: int) -> dict:
+        """The update hooks' `before_update` metrics (the diagnostics that read the step's batch first)."""
         metrics: dict = {}
         for hook in self.update_hooks:
             if _implements(hook, "before_update"):
                 model = self.acc.unwrap_model(self.model)
-                metrics.update(hook.before_update(model, batch, advantages, step_batch.step))
-        spec, temperature = self.recipe.loss, cfg.rollout.temperature
+                metrics.update(hook.before_update(model, batch, rows.advantages, step))
+        return metrics
 
-        def score(model, mb):
-            return response_logps(model, mb, temperature, shared_prefix=self.shared_prefix)[0]
+    def _forwarded_rows(self, minis: list[range], rows: RowTensors) -> list[torch.Tensor]:
+        """Each mini-batch's rows that can move a weight (`rows_with_gradient`; every row without
+        `grpo.skip_zero_gradient_rows`), the same count on every process."""
+        spec = self.recipe.loss
+        if self.cfg.grpo.skip_zero_gradient_rows:
+            carries = rows_with_gradient(rows.advantages, rows.weights, spec.moves_every_row)  # [B]
+        else:
+            carries = torch.ones(len(rows.advantages), dtype=torch.bool)  # [B]
+        return [forwarded_rows(mini, carries.cpu(), self._global_max) for mini in minis]
 
-        minis = self._mini_batches(len(batch))
-        carries = (
-            rows_with_gradient(advantages, weights, spec.moves_every_row)
-            if g.skip_zero_gradient_rows
-            else torch.ones(len(batch), dtype=torch.bool)
-        )  # [B]
-        forwarded = [forwarded_rows(rows, carries.cpu(), self._global_max) for rows in minis]  # [n] each
-        all_forwarded = torch.cat(forwarded)  # [N]
-        metrics["update/forwarded_frac"] = len(all_forwarded) / len(batch)
-        # pi_old is computed once per rollout, before the first update, whenever it can differ from pi_theta
-        # (else build_loss_inputs takes pi_theta detached, as TRL does).
-        needs_old = g.num_iterations > 1 or g.mini_batches > 1
-        old_logps = self._logps_no_grad(lambda mb: score(self.model, mb), batch, all_forwarded) if needs_old else None
-        ref_logps = (
-            self._logps_no_grad(lambda mb: self.reference(lambda m: score(m, mb)), batch, all_forwarded)
-            if self.reference
-            else None
+    def _totals(self, batch: RolloutBatch, mini: range) -> LossTotals:
+        """The loss normalisers of one mini-batch: its loss tokens and rows summed over every process."""
+        mask = batch.completion_mask[mini.start : mini.stop]  # [R, T]
+        return LossTotals(
+            total_tokens=self._global_sum(float(mask.sum())),
+            total_sequences=int(self._global_sum(float(len(mask)))),
+            max_completion_length=self.cfg.rollout.max_new_tokens,
         )
 
-        sums: dict[str, float] = {}
-        for iteration in range(g.num_iterations):
-            for rows, rows_forwarded in zip(minis, forwarded):
-                # Normalisers count every row of the mini-batch, forwarded or not (the loss is unchanged).
-                mask_all = batch.completion_mask[rows.start : rows.stop]  # [R, T]
-                totals = LossTotals(
-                    total_tokens=self._global_sum(float(mask_all.sum())),
-                    total_sequences=int(self._global_sum(float(len(mask_all)))),
-                    max_completion_length=cfg.rollout.max_new_tokens,
-                )
-                micro = rows_forwarded.split(g.micro_batch_size)  # row indices [<= micro_batch_size] each
-                loss_total = 0.0
-                for k, mb in enumerate(micro):
-                    part = batch.select(mb)
-                    last = k == len(micro) - 1  # DDP all-reduces the gradients on the last micro-batch only
-                    with self.acc.no_sync(self.model) if (not last and self.world > 1) else nullcontext():
-                        logps, entropy = response_logps(
-                            self.model,
-                            part,
-                            temperature,
-                            with_entropy=iteration == 0,
-                            shared_prefix=self.shared_prefix,
-                            entropy_grad=spec.needs_entropy,
-                        )  # [b, T] x2
-                        old, inputs = build_loss_inputs(
-                            spec,
-                            logps,
-                            advantages[mb],
-                            part.completion_mask,
-                            old_logps=None if old_logps is None else old_logps[mb],
-                            sampler_logps=part.behaviour_logps,
-                            sampler_rows=part.behaviour_rows,
-                            sampled_mask=part.sampled_mask,
-                            old_from_sampler=self.old_from_sampler,
-                            ref_logps=None if ref_logps is None else ref_logps[mb],
-                            sample_weight=None if weights is None else weights[mb],
-                            entropy=entropy,
-                        )
-                        loss, loss_metrics = policy_loss(logps, old, inputs, spec, totals)
-                        self.acc.backward(loss * self.world)  # DDP averages over ranks; normalisers are global
-                    loss_total += float(loss.detach())
-                    if iteration == 0:
-                        self._accumulate(sums, part, entropy, loss_metrics, inputs.anchor_token_mask, logps.detach())
-                metrics.update(self._optimizer_step(loss_total))
-        metrics.update(self._finish_sums(sums))
-        return metrics
+    def _micro_step(
+        self, part: RolloutBatch, rows: RowTensors, mb: torch.Tensor, totals: LossTotals, iteration: int, last: bool
+    ) -> tuple[float, dict]:
+        """Forward one micro-batch, build its loss inputs, compute the recipe's loss and backward it; returns the
+        loss's value and metrics. DDP all-reduces the gradients on the mini-batch's last micro-batch only."""
+        spec = self.recipe.loss
+        with self.acc.no_sync(self.model) if (not last and self.world > 1) else nullcontext():
+            logps, entropy = response_logps(
+                self.model,
+                part,
+                self.cfg.rollout.temperature,
+                with_entropy=iteration == 0,
+                shared_prefix=self.shared_prefix,
+                entropy_grad=spec.needs_entropy,
+            )  # [b, T] x2
+            old, inputs = build_loss_inputs(
+                spec,
+                logps,
+                rows.advantages[mb],
+                part.completion_mask,
+                old_logps=None if rows.old_logps is None else rows.old_logps[mb],
+                sampler_logps=part.behaviour_logps,
+                sampler_rows=part.behaviour_rows,
+                sampled_mask=part.sampled_mask,
+                old_from_sampler=self.old_from_sampler,
+                ref_logps=None if rows.ref_logps is None else rows.ref_logps[mb],
+                sample_weight=None if rows.weights is None else rows.weights[mb],
+                entropy=entropy,
+            )
+            loss, metrics = policy_loss(logps, old, inputs, spec, totals)
+            self.acc.backward(loss * self.world)  # DDP averages over ranks; normalisers are global
+        if iteration == 0:
+            logprob_gap.accumulate(self._gap_sums, part, logps.detach())  # sampler vs learner, on the trained tokens
+        return float(loss.detach()), metrics
 
     def _empty_update(self) -> dict:
         """This process kept no sample (dynamic sampling): it joins the collectives the others make, in
@@ -368,40 +416,6 @@ class Trainer:
             "skipped_nonfinite": float(not finite),
             "lr": self.scheduler.get_last_lr()[0],
         }
-
-    @staticmethod
-    def _accumulate(sums, part, entropy, loss_metrics, anchors, logps) -> None:
-        """Add one micro-batch's metrics to the step's sums (`anchors` [b, T]: forced tokens; None: none)."""
-        logprob_gap.accumulate(sums, part, logps)  # sampler vs learner, on the trained tokens
-        on_policy = part.completion_mask.bool()  # [b, T]
-        if anchors is not None:
-            on_policy = on_policy & ~anchors
-        n_tok = float(on_policy.sum())
-        sums["tok"] = sums.get("tok", 0.0) + n_tok
-        if entropy is not None:
-            sums["entropy"] = sums.get("entropy", 0.0) + float((entropy.detach() * on_policy).sum())
-        for src, key in (
-            ("clip_low_frac", "clip/low_frac"),
-            ("clip_high_frac", "clip/high_frac"),
-            ("kl_mean", "kl"),
-            ("off_policy_masked_frac", "off_policy/masked_frac"),  # OPSM's dropped share of on-policy tokens
-        ):
-            if src in loss_metrics:
-                sums[key] = sums.get(key, 0.0) + float(loss_metrics[src]) * n_tok
-        if anchors is not None:
-            sums["anchor_tok"] = sums.get("anchor_tok", 0.0) + float(anchors.sum())
-            sums["anchor_logp"] = sums.get("anchor_logp", 0.0) + float((logps * anchors).sum())
-
-    @staticmethod
-    def _finish_sums(sums) -> dict:
-        out = logprob_gap.finish(sums)
-        tok = max(sums.get("tok", 0.0), 1.0)
-        for key in ("entropy", "clip/low_frac", "clip/high_frac", "kl", "off_policy/masked_frac"):
-            if key in sums:
-                out[key] = sums[key] / tok
-        if sums.get("anchor_tok"):
-            out["anchor/logp_mean"] = sums["anchor_logp"] / sums["anchor_tok"]
-        return out
 
     def _to_device(self, batch: RolloutBatch) -> RolloutBatch:
         if self.acc.device.type == "cpu":

@@ -12,9 +12,11 @@ import typing
 import pytest
 import torch
 from helpers import CONFIGS, bounds, small_config, weights
-from loss_call import call_policy_loss
+from loss_call import call_policy_loss, loss_spec
 
-from regroup.algo.losses import LossInputs, LossSpec, LossTotals, policy_loss, rows_with_gradient
+from regroup.algo.loss_config import describe_loss, resolve_loss
+from regroup.algo.loss_inputs import LossInputs
+from regroup.algo.losses import LossTotals, policy_loss, rows_with_gradient
 from regroup.config.fields import Knobs, field_docs, leaves
 from regroup.config.registry import (
     ADV_ESTIMATORS,
@@ -26,7 +28,6 @@ from regroup.config.registry import (
     parse_args,
 )
 from regroup.errors import ConfigError
-from regroup.train.loss_config import describe_loss
 from regroup.train.run_config import load_config
 
 B, T = 8, 7
@@ -37,13 +38,11 @@ def test_registries_name_the_built_ins():
     assert {"k1", "k2", "k3", "low_var_kl"} <= set(KL_ESTIMATORS.names())
     assert "entropy" in LOSS_TERMS.names()
     assert {"grpo", "dr_grpo"} <= set(ADV_ESTIMATORS.names())
-    assert LossSpec(policy="gmpo").policy_ratio_level == "sequence"
-    assert LossSpec(policy="luspo").policy_ratio_level == "sequence"
-    assert LossSpec(policy="vespo").policy_ratio_level == "token"
-    with pytest.raises(TypeError):
-        LossSpec(ratio_level="sequence")  # the older spelling of GSPO is gone: policy="gspo"
+    assert loss_spec(policy="gmpo").ratio_level == "sequence"
+    assert loss_spec(policy="luspo").ratio_level == "sequence"
+    assert loss_spec(policy="vespo").ratio_level == "token"
     with pytest.raises(ValueError, match="did you mean 'sapo'"):
-        LossSpec(policy="sappo")
+        loss_spec(policy="sappo")
 
 
 def test_every_built_in_knob_is_typed_bounded_and_documented():
@@ -91,8 +90,8 @@ def test_knobs_reach_the_loss_and_change_it():
         ("gspo", {"delta": 1.01}),
         ("luspo", {"delta": 1.01}),
     ):
-        spec = LossSpec(policy=policy, policy_args=knobs)
-        assert spec.policy_args == args_class(POLICY_LOSSES.get(policy))(**knobs)
+        spec = loss_spec(policy=policy, policy_args=knobs)
+        assert spec.policy.args == args_class(POLICY_LOSSES.get(policy))(**knobs)
         default, _ = call_policy_loss(lp, c["old"], c["adv"], c["mask"], policy=policy, **totals)
         tuned, _ = call_policy_loss(lp, c["old"], c["adv"], c["mask"], policy=policy, policy_args=knobs, **totals)
         assert abs(default.item() - tuned.item()) > 1e-6, policy
@@ -182,7 +181,7 @@ def test_every_piece_composes_and_is_split_invariant(name, agg, is_level):
     assert g_full.abs().sum() > 0
     masked = c["weight"] == 0
     assert torch.equal(g_full[masked], torch.zeros_like(g_full[masked]))
-    spec = LossSpec(**SPECS[name])
+    spec = loss_spec(**SPECS[name])
     carries = rows_with_gradient(c["adv"], c["weight"], spec.moves_every_row)
     assert torch.equal(g_full[~carries], torch.zeros_like(g_full[~carries]))
 
@@ -338,9 +337,8 @@ def test_user_term_in_the_config_is_checked_and_shown(user_module, capsys):
     cfg = load_config(
         CONFIGS / "grpo.yaml", [f"grpo.loss_terms=[{user_module}:logp_square*0.5]", "grpo.entropy_coef=0.01"]
     )
-    from regroup.train.recipes import loss_spec
-
-    assert loss_spec(cfg).terms == (("entropy", 0.01), (f"{user_module}:logp_square", 0.5))
+    terms = resolve_loss(cfg)[0].terms
+    assert [(term.name, coef) for term, coef in terms] == [("entropy", 0.01), (f"{user_module}:logp_square", 0.5)]
     assert (
         main(
             [
@@ -393,9 +391,8 @@ def test_a_broken_plugin_piece_is_one_line_before_any_model_loads(user_module, o
 def test_plugin_knobs_are_checked_like_built_ins(user_module):
     base = ["grpo.policy_loss=my_loss_terms:capped_reinforce"]
     cfg = load_config(CONFIGS / "grpo.yaml", [*base, "grpo.policy_loss_args.cap=1.5"])
-    from regroup.train.recipes import loss_spec
-
-    assert (loss_spec(cfg).policy_args.cap, loss_spec(cfg).policy_args.floor) == (1.5, 0.0)
+    policy = resolve_loss(cfg)[0].policy
+    assert (policy.args.cap, policy.args.floor) == (1.5, 0.0)
     for bad, match in (
         ("grpo.policy_loss_args.cap=0", "grpo.policy_loss_args.cap must be a finite number > 0"),
         ("grpo.policy_loss_args.caps=3", "unknown knob 'caps' of my_loss_terms:capped_reinforce.*did you mean 'cap'"),
@@ -613,8 +610,6 @@ def test_the_one_file_examples_of_docs_extending_work(tmp_path, monkeypatch):
     import re
 
     from regroup.stages.advantages import GroupAdvantages
-    from regroup.train.loss_config import advantage_estimator
-    from regroup.train.recipes import loss_spec
 
     text = (CONFIGS.parent / "docs" / "extending.md").read_text()
     blocks = {m.group(1): m.group(0) for m in re.finditer(r"# (\S+\.py)\n.*?(?=```)", text, re.S)}
@@ -635,16 +630,18 @@ def test_the_one_file_examples_of_docs_extending_work(tmp_path, monkeypatch):
         )
         with pytest.raises(ConfigError, match="grpo.policy_loss_args.cap must be"):
             load_config(CONFIGS / "grpo.yaml", ["grpo.policy_loss=my_loss", "grpo.policy_loss_args.cap=0"])
-        spec = loss_spec(cfg)
-        assert spec.policy_args.cap == 1.5
+        spec, estimator = resolve_loss(cfg)
+        assert spec.policy.args.cap == 1.5
         c = _case()
         lp = torch.log_softmax(c["logits"], -1).gather(-1, c["tokens"][..., None]).squeeze(-1)
         totals = LossTotals(total_tokens=float(c["mask"].sum()), total_sequences=B, max_completion_length=T)
         loss, met = policy_loss(lp, c["old"], LossInputs(c["adv"], c["mask"]), spec, totals)
         loss.backward()
-        assert c["logits"].grad.abs().sum() > 0 and met["clip_high_frac"] > 0  # the cap bites somewhere
-        stage = GroupAdvantages(*advantage_estimator(cfg))
-        adv = call_piece(stage.fn, stage.args, torch.tensor([1.0, 0.0, 0.5, 0.5]), torch.tensor([0, 0, 1, 1]))
+        assert c["logits"].grad.abs().sum() > 0 and met["clip/high_frac"].item() > 0  # the cap bites somewhere
+        stage = GroupAdvantages(estimator)
+        adv = call_piece(
+            stage.estimator.fn, stage.estimator.args, torch.tensor([1.0, 0.0, 0.5, 0.5]), torch.tensor([0, 0, 1, 1])
+        )
         assert adv.tolist() == [1.0, -1.0, 0.0, 0.0]  # spread 2 over a mixed group; a uniform group gets 0
     finally:
         POLICY_LOSSES._items.pop("my_loss", None)  # the registry is process-wide; leave it as the package made it
