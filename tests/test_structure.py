@@ -279,3 +279,72 @@ def test_every_package_says_what_lives_there():
         if not __import__("ast").get_docstring(__import__("ast").parse(p.read_text(encoding="utf-8")))
     )
     assert bare == [], f"packages whose __init__ has no docstring: {bare}"
+
+
+# -- the run config's type -----------------------------------------------------------------------------------
+
+PENDING_CFG_TYPES = {
+    # Being rewritten now; their `cfg` parameters get their types in that rewrite, then leave this set.
+    "algo",
+    "train/trainer.py",
+    "train/recipes.py",
+    "train/loss_config.py",
+    "train/run_config.py",
+    "train/build.py",
+}
+"""Files (or folders) of src/regroup that `test_every_run_config_parameter_is_typed` does not check yet."""
+
+
+def untyped_cfg(root=ROOT, pending=frozenset()) -> list[str]:
+    """`file:line name` of every function parameter and annotated class field named `cfg` whose annotation is
+    missing, `object` or `Any`: the run config (or a section of it) without its type."""
+    import ast
+
+    def is_pending(rel: str) -> bool:
+        return any(rel == p or rel.startswith(p + "/") for p in pending)
+
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if is_pending(rel):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                a = node.args
+                named = [*a.posonlyargs, *a.args, *a.kwonlyargs, *(x for x in (a.vararg, a.kwarg) if x)]
+                typed = [(arg.arg, arg.annotation, arg.lineno) for arg in named]
+            elif isinstance(node, ast.ClassDef):
+                typed = [
+                    (s.target.id, s.annotation, s.lineno)
+                    for s in node.body
+                    if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)
+                ]
+            else:
+                continue
+            for name, annotation, line in typed:
+                text = ast.unparse(annotation).strip("'\"") if annotation is not None else None
+                if name == "cfg" and text in (None, "object", "Any", "typing.Any"):
+                    found.append((rel, line, text))
+    return [f"{rel}:{line} cfg: {text}" for rel, line, text in sorted(found)]
+
+
+def test_the_untyped_cfg_finder_by_hand(tmp_path):
+    (tmp_path / "a.py").write_text(
+        "from typing import Any\n"
+        "def f(cfg, x): ...\n"
+        "def g(x, *, cfg: Any): ...\n"
+        "def h(cfg: RunConfig): ...\n"
+        "class P:\n    cfg: object\n    other: object\n"
+        "class Q:\n    cfg: 'RunConfig'\n"
+    )
+    (tmp_path / "skip").mkdir()
+    (tmp_path / "skip" / "b.py").write_text("def f(cfg): ...\n")
+    assert untyped_cfg(tmp_path, {"skip"}) == ["a.py:2 cfg: None", "a.py:3 cfg: Any", "a.py:6 cfg: object"]
+    assert len(untyped_cfg(tmp_path)) == 4
+
+
+def test_every_run_config_parameter_is_typed():
+    """A parameter or field named `cfg` holds the run config, typed `RunConfig` (`regroup.config.schema`, a leaf
+    that any module may import); a function given one section takes it typed and named for the section."""
+    untyped = untyped_cfg(pending=PENDING_CFG_TYPES)
+    assert untyped == [], "\n".join(untyped)
