@@ -1,10 +1,10 @@
-"""The package's structure: the rooms and the rules between them.
+"""The package's structure: its packages and the import rules between them.
 
 - every module imports on its own, first, in a fresh interpreter state (regroup's modules are dropped from
   sys.modules before each one; torch & co. stay loaded to keep it fast);
 - no import cycle between modules, nor between packages, counting the imports inside functions;
 - `config/schema.py` is a leaf: it imports only `config.fields`, `errors` and `registry`;
-- the package root holds only the ground floor (GROUND_LEVEL);
+- the package root holds only the modules of ROOT_MODULES;
 - every package's `__init__` says what lives there.
 """
 
@@ -236,10 +236,10 @@ def test_every_import_inside_a_function_says_why():
     assert silent == [], "\n".join(silent)
 
 
-# -- rooms --------------------------------------------------------------------------------------------------
+# -- packages -----------------------------------------------------------------------------------------------
 
-GROUND_LEVEL = {"__init__", "__main__", "cli", "errors", "io", "batch"}
-"""The only modules of `src/regroup/` itself: the front door (cli) and what every floor may import."""
+ROOT_MODULES = {"__init__", "__main__", "cli", "errors", "io", "batch"}
+"""The only modules of `src/regroup/` itself: the command line (cli) and what every package may import."""
 CONFIG_LEAF_MAY_IMPORT = {"regroup.config", "regroup.config.fields", "regroup.errors", "regroup.config.registry"}
 
 
@@ -251,25 +251,25 @@ def test_config_schema_is_a_leaf():
     )
 
 
-def test_the_package_root_holds_only_the_ground_floor():
-    loose = sorted(p.stem for p in ROOT.glob("*.py") if p.stem not in GROUND_LEVEL)
+def test_the_package_root_holds_only_its_listed_modules():
+    loose = sorted(p.stem for p in ROOT.glob("*.py") if p.stem not in ROOT_MODULES)
     assert loose == [], f"modules at the package root that belong in a package: {loose}"
 
 
 def package_of(module: str) -> str:
-    """`regroup.train.trainer` -> `regroup.train`; a ground-level module is its own room."""
+    """`regroup.train.trainer` -> `regroup.train`; a module of the package root counts as a package of its own."""
     return ".".join(module.split(".")[:2])
 
 
 def test_no_cycle_between_packages():
-    """Drawn with each folder as one room, the house still has no circle: a package never imports one that
-    imports it back, whatever the modules involved."""
-    rooms: dict[str, set[str]] = {}
+    """With each package drawn as one node, the import graph still has no cycle: a package never imports one
+    that imports it back, whatever the modules involved."""
+    packages: dict[str, set[str]] = {}
     for module, deps in import_graph().items():
-        rooms.setdefault(package_of(module), set()).update(
+        packages.setdefault(package_of(module), set()).update(
             package_of(d) for d in deps if package_of(d) != package_of(module)
         )
-    assert cycles(rooms) == []
+    assert cycles(packages) == []
 
 
 def test_every_package_says_what_lives_there():
