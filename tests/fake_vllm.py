@@ -1,6 +1,6 @@
 """A scripted stand-in for vLLM's OpenAI server (real HTTP on loopback, standard library only), for the
 `rollout.backend=vllm_server` tests: tests/rollout/test_vllm_server.py and
-tests/reliability/test_round4_server.py.
+tests/reliability/test_misbehaving_vllm_server.py.
 
 It answers `/v1/models`, `/v1/completions` (token i of a completion = 10 + i, log-prob -0.1·(i+1)),
 `/collective_rpc` and `/reset_prefix_cache`, and records (path, body, Authorization) of every request.

@@ -1,10 +1,10 @@
-"""The package's structure: the rooms and the rules between them.
+"""The package's structure: its packages and the import rules between them.
 
 - every module imports on its own, first, in a fresh interpreter state (regroup's modules are dropped from
   sys.modules before each one; torch & co. stay loaded to keep it fast);
 - no import cycle between modules, nor between packages, counting the imports inside functions;
 - `config/schema.py` is a leaf: it imports only `config.fields`, `errors` and `registry`;
-- the package root holds only the ground floor (GROUND_LEVEL);
+- the package root holds only the modules of ROOT_MODULES;
 - every package's `__init__` says what lives there.
 """
 
@@ -236,10 +236,10 @@ def test_every_import_inside_a_function_says_why():
     assert silent == [], "\n".join(silent)
 
 
-# -- rooms --------------------------------------------------------------------------------------------------
+# -- packages -----------------------------------------------------------------------------------------------
 
-GROUND_LEVEL = {"__init__", "__main__", "cli", "errors", "io", "batch"}
-"""The only modules of `src/regroup/` itself: the front door (cli) and what every floor may import."""
+ROOT_MODULES = {"__init__", "__main__", "cli", "errors", "io", "batch"}
+"""The only modules of `src/regroup/` itself: the command line (cli) and what every package may import."""
 CONFIG_LEAF_MAY_IMPORT = {"regroup.config", "regroup.config.fields", "regroup.errors", "regroup.config.registry"}
 
 
@@ -251,25 +251,25 @@ def test_config_schema_is_a_leaf():
     )
 
 
-def test_the_package_root_holds_only_the_ground_floor():
-    loose = sorted(p.stem for p in ROOT.glob("*.py") if p.stem not in GROUND_LEVEL)
+def test_the_package_root_holds_only_its_listed_modules():
+    loose = sorted(p.stem for p in ROOT.glob("*.py") if p.stem not in ROOT_MODULES)
     assert loose == [], f"modules at the package root that belong in a package: {loose}"
 
 
 def package_of(module: str) -> str:
-    """`regroup.train.trainer` -> `regroup.train`; a ground-level module is its own room."""
+    """`regroup.train.trainer` -> `regroup.train`; a module of the package root counts as a package of its own."""
     return ".".join(module.split(".")[:2])
 
 
 def test_no_cycle_between_packages():
-    """Drawn with each folder as one room, the house still has no circle: a package never imports one that
-    imports it back, whatever the modules involved."""
-    rooms: dict[str, set[str]] = {}
+    """With each package drawn as one node, the import graph still has no cycle: a package never imports one
+    that imports it back, whatever the modules involved."""
+    packages: dict[str, set[str]] = {}
     for module, deps in import_graph().items():
-        rooms.setdefault(package_of(module), set()).update(
+        packages.setdefault(package_of(module), set()).update(
             package_of(d) for d in deps if package_of(d) != package_of(module)
         )
-    assert cycles(rooms) == []
+    assert cycles(packages) == []
 
 
 def test_every_package_says_what_lives_there():
@@ -279,3 +279,54 @@ def test_every_package_says_what_lives_there():
         if not __import__("ast").get_docstring(__import__("ast").parse(p.read_text(encoding="utf-8")))
     )
     assert bare == [], f"packages whose __init__ has no docstring: {bare}"
+
+
+# -- the run config's type -----------------------------------------------------------------------------------
+
+
+
+def untyped_cfg(root=ROOT) -> list[str]:
+    """`file:line cfg: annotation` of every function parameter and annotated class field named `cfg` whose
+    annotation is missing, `object` or `Any` (a run config without its type), in `root`."""
+    import ast
+
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):  # a lambda's type comes from its context
+                a = node.args
+                named = [*a.posonlyargs, *a.args, *a.kwonlyargs, *(x for x in (a.vararg, a.kwarg) if x)]
+                typed = [(arg.arg, arg.annotation, arg.lineno) for arg in named]
+            elif isinstance(node, ast.ClassDef):
+                typed = [
+                    (s.target.id, s.annotation, s.lineno)
+                    for s in node.body
+                    if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)
+                ]
+            else:
+                continue
+            for name, annotation, line in typed:
+                text = ast.unparse(annotation).strip("'\"") if annotation is not None else None
+                if name == "cfg" and text in (None, "object", "Any", "typing.Any"):
+                    found.append((rel, line, text))
+    return [f"{rel}:{line} cfg: {text}" for rel, line, text in sorted(found)]
+
+
+def test_the_untyped_cfg_finder_by_hand(tmp_path):
+    (tmp_path / "a.py").write_text(
+        "from typing import Any\n"
+        "def f(cfg, x): ...\n"
+        "def g(x, *, cfg: Any): ...\n"
+        "def h(cfg: RunConfig): ...\n"
+        "class P:\n    cfg: object\n    other: object\n"
+        "class Q:\n    cfg: 'RunConfig'\n"
+    )
+    assert untyped_cfg(tmp_path) == ["a.py:2 cfg: None", "a.py:3 cfg: Any", "a.py:6 cfg: object"]
+
+
+def test_every_run_config_parameter_is_typed():
+    """A parameter or field named `cfg` holds the run config and says so: `RunConfig`, from
+    `regroup.config.schema`, a leaf that any module may import without a cycle."""
+    untyped = untyped_cfg()
+    assert untyped == [], "\n".join(untyped)

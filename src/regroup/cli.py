@@ -19,6 +19,7 @@ from pathlib import Path
 from regroup.config.fields import Bounds, check_value, read_yaml
 from regroup.config.registry import STAGES, did_you_mean
 from regroup.config.schema import (
+    RunConfig,
     apply_overrides,
     check_resume_overrides,
     field_docs,
@@ -228,7 +229,7 @@ def _saved_config(path: Path, build):
         raise ConfigError(f"{path}: {e}") from None
 
 
-def _check_resume_config(run_dir: Path, cfg) -> str | None:
+def _check_resume_config(run_dir: Path, cfg: RunConfig) -> str | None:
     """Refuse a resume whose config.yaml was edited outside RESUME_OVERRIDABLE since the newest checkpoint
     (the trainer checks again against the checkpoint it actually loads). Returns the line saying what a
     changed `train.steps` does to the lr schedule (None: nothing changes)."""

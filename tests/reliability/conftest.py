@@ -5,6 +5,9 @@ of the session under "reliability figures":
 - every `FakeOpenAI` server a test opens: requests received, by behaviour (Answer, Status, Slow, ...);
 - whatever a test reports through the `figures` fixture (kills survived and where they landed, ...).
 
+It also holds the fixtures several reliability files share: a finished run to copy, a folder of hostile user
+rewards, and guards that fail a test whose run got as far as building its parts or loading weights.
+
 Counting only observes: the client's `__init__` and the server's `__enter__` are wrapped to remember the
 instance, nothing else changes.
 """
@@ -23,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/fake_opena
 FIGURES: dict[str, list[str]] = {}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def finished_run(tiny_model_dir, tmp_path_factory):
     """A finished 2-step run (a checkpoint each step), made in this process through the CLI."""
     import reliability_helpers as h
@@ -108,3 +111,29 @@ def no_compute(monkeypatch):
         raise AssertionError("the run was built: the error came after compute started")
 
     monkeypatch.setattr(regroup.train.build, "build_parts", boom)
+
+
+@pytest.fixture
+def no_weights(monkeypatch):
+    """Fail the test if the policy's weights load: the pre-load checks (inside build_parts) still run."""
+    import regroup.models.load
+    import regroup.train.build
+
+    def refuse(*a, **k):
+        raise AssertionError("the weights were loaded: the error came after the pre-load checks")
+
+    monkeypatch.setattr(regroup.models.load, "load_policy", refuse)
+    monkeypatch.setattr(regroup.train.build, "load_policy", refuse)
+
+
+@pytest.fixture(scope="session")
+def reward_dir(tmp_path_factory):
+    """A folder (not the current one) holding hostile_rewards.py (`reliability_helpers.HOSTILE_REWARDS`), put on
+    sys.path."""
+    import reliability_helpers as h
+
+    folder = tmp_path_factory.mktemp("hostile-rewards")
+    (folder / "hostile_rewards.py").write_text(h.HOSTILE_REWARDS)
+    sys.path.insert(0, str(folder))
+    yield folder
+    sys.path.remove(str(folder))

@@ -1,6 +1,7 @@
-"""Helpers for the training-run reliability tests: a reward that sometimes cannot score, a phase probe
-that records where a `regroup train` process is (so a SIGKILL's landing spot is known), and process
-utilities (start a training subprocess, kill it when a trigger fires, read what it logged).
+"""Helpers for the training-run reliability tests: a reward that sometimes cannot score (and a module of
+hostile ones, `HOSTILE_REWARDS`), a phase probe that records where a `regroup train` process is (so a
+SIGKILL's landing spot is known), and process utilities (start a training subprocess, kill it when a
+trigger fires, read what it logged).
 
 Run as a script it is `regroup train` with the probe attached:
 
@@ -53,6 +54,93 @@ def coin_reward(response: str, problem) -> float:
 def is_unscorable(value) -> bool:
     """True for the values a reward may return when it could not score: None, NaN, ±inf."""
     return value is None or not math.isfinite(value)
+
+
+HOSTILE_REWARDS = '''
+"""User rewards that misbehave, written by the reliability tests' `reward_dir` fixture and named as
+hostile_rewards:NAME."""
+import functools, os, subprocess, sys, time
+from pathlib import Path
+
+
+def length(response, problem):
+    return float(len(response))
+
+
+def where_regroup(response, problem):
+    import regroup
+    Path(problem.meta["out"]).write_text(regroup.__file__)
+    return 1.0
+
+
+def _slow(response, problem, seconds=4.0):
+    time.sleep(seconds)  # past a 1 s deadline
+    return 1.0
+
+
+slow_partial = functools.partial(_slow, seconds=4.0)
+
+
+@functools.lru_cache(maxsize=None)
+def slow_cached(response, problem):
+    return _slow(response, problem)
+
+
+class SlowObject:
+    def __call__(self, response, problem):
+        return _slow(response, problem)
+
+
+slow_object = SlowObject()
+
+
+def spawns_then_hangs(response, problem):
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    Path(problem.meta["out"]).write_text(str(child.pid))
+    while True:
+        time.sleep(60)
+
+
+def allocates(response, problem):
+    block = bytearray(int(problem.meta["mb"]) << 20)
+    return float(len(block) > 0)
+
+
+def together(response, problem):
+    """1.0 when all `n` calls of the batch ran at the same time (each waits, up to 10 s, for the others)."""
+    folder = Path(problem.meta["dir"])
+    (folder / f"{os.getpid()}-{response}").write_text("")
+    for _ in range(200):
+        if len(list(folder.iterdir())) >= problem.meta["n"]:
+            return 1.0
+        time.sleep(0.05)
+    return 0.0
+
+
+def huge(response, problem):
+    return 10**400
+
+
+def hangs(response, problem):
+    while True:
+        time.sleep(60)
+
+
+def hangs_on_x(response, problem):
+    if "x" in response:
+        hangs(response, problem)
+    return 1.0
+'''
+"""A module of hostile user rewards (sleeping past the deadline as a partial, an lru_cache function and a callable
+object; starting a child then hanging; allocating; waiting for each other; returning 10**400; hanging), imported as
+`hostile_rewards` from the folder of the `reward_dir` fixture (tests/reliability/conftest.py)."""
+
+
+def problem(**meta):
+    """A one-question problem carrying `meta`, which the hostile rewards read."""
+    from regroup.tasks.base import Problem
+
+    return Problem(id="q", question="?", answer="1", meta=meta)
 
 
 # ------------------------------------------------------------------------------------ phase probe

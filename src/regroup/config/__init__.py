@@ -5,6 +5,6 @@
 - `registry`: one `Registry` per kind of named piece, the `pkg.mod:obj` loader and the pieces' knobs (`parse_args`).
 - `schema`: the sections of a `RunConfig` and their cross-field rules; a leaf (tests/test_structure.py).
 
-Whether the named pieces exist and the files a run reads are there is checked a floor up, by
+Whether the named pieces exist and the files a run reads are there is checked in the layer above, by
 `regroup.train.run_config`; the loss settings resolve in `train.loss_config`.
 """

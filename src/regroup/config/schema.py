@@ -430,8 +430,8 @@ TRACKERS = ("tensorboard", "wandb", "trackio", "comet_ml", "aim", "mlflow", "cle
 field_docs = functools.partial(fields.field_docs, RunConfig)
 
 
-def get_dotted(cfg: Any, key: str) -> Any:
-    """The value of dotted `key` in a config object."""
+def get_dotted(cfg: RunConfig, key: str) -> Any:
+    """The value of dotted `key` (`rollout.server_url`) in `cfg`."""
     return functools.reduce(getattr, key.split("."), cfg)
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from regroup.config.schema import RunConfig
 from regroup.data.load import FieldMap, load_problems
 
 
@@ -13,7 +14,7 @@ def heldout_problems(task, num_eval: int, eval_seed: int, train_problems: list |
     return [p for p in problems if p.question not in seen][:num_eval]
 
 
-def eval_problems(cfg, task, train_problems: list, log=print) -> list:
+def eval_problems(cfg: RunConfig, task, train_problems: list, log=print) -> list:
     """The held-out questions evaluated during training: `data.eval_file`, else the task's held-out set."""
     limit = cfg.train.eval_limit
     if cfg.data.eval_file:

@@ -26,6 +26,7 @@ import re
 import torch
 
 from regroup.batch import RolloutBatch
+from regroup.config.schema import RunConfig
 from regroup.diagnostics.grad_conflict import GradientConflict
 from regroup.diagnostics.signals import build_embedder, group_diversity, reward_diagnostics
 from regroup.stages.base import StepBatch
@@ -118,7 +119,7 @@ def default_conflict_every(model, param_pattern: str) -> int:
     return 10 if size <= GRAD_CONFLICT_AUTO_LIMIT else 0
 
 
-def build_update_hooks(cfg, model) -> list:
+def build_update_hooks(cfg: RunConfig, model) -> list:
     """The diagnostics `cfg.diagnostics` switches on, for `model` (unwrapped); one switched off is left out."""
     d = cfg.diagnostics
     hooks: list = [RewardDiagnostics()]  # UpdateHooks, and GradientConflict (the same seam, no base class)

@@ -36,6 +36,7 @@ from collections import deque
 import torch
 
 from regroup.batch import RolloutBatch
+from regroup.config.schema import RunConfig
 from regroup.diagnostics.hooks import WatchHook
 
 KEYS = (
@@ -128,7 +129,7 @@ class LogprobGapWatch:
         self.recent: deque[float] = deque(maxlen=BASELINE_STEPS)  # gaps of recent unflagged steps
 
     @classmethod
-    def for_config(cls, cfg) -> LogprobGapWatch:
+    def for_config(cls, cfg: RunConfig) -> LogprobGapWatch:
         r = cfg.rollout
         return cls(r.logprob_gap_warn, r.logprob_gap_stop_steps, r.async_steps)
 

@@ -11,6 +11,7 @@ import torch
 
 from regroup.algo.advantages import group_reward_stats
 from regroup.batch import Sample
+from regroup.config.schema import RunConfig
 
 
 def _reward_tensor(samples: list[Sample]) -> torch.Tensor:
@@ -181,7 +182,7 @@ class SignalWatch:
         """References refused since the start of the current no-anchor streak, by reason."""
 
     @classmethod
-    def for_recipe(cls, cfg, recipe, references_verify: bool | None = None) -> SignalWatch:
+    def for_recipe(cls, cfg: RunConfig, recipe, references_verify: bool | None = None) -> SignalWatch:
         """The watch of a run: `recipe` (a `regroup.train.recipes.Recipe`) says what it switched on."""
         return cls(
             anchors=recipe.uses_anchors,

@@ -9,6 +9,7 @@ training temperature, so the number is comparable across steps.
 
 from __future__ import annotations
 
+from regroup.config.schema import RunConfig
 from regroup.data.heldout import eval_problems
 from regroup.diagnostics.hooks import UpdateHook
 from regroup.eval.runner import evaluate
@@ -22,7 +23,7 @@ class HeldOutEvaluation(UpdateHook):
 
     name = "heldout_eval"
 
-    def __init__(self, cfg, parts, reward_fn, log=print):
+    def __init__(self, cfg: RunConfig, parts, reward_fn, log=print):
         self.cfg, self.parts, self.reward_fn, self.log = cfg, parts, reward_fn, log
         self.every = cfg.train.eval_every
         self.problems: list | None = None
@@ -38,7 +39,7 @@ class HeldOutEvaluation(UpdateHook):
         return evaluate_policy(self.cfg, self.parts, self.reward_fn, self.problems, seed=self.cfg.seed + done)
 
 
-def evaluate_policy(cfg, parts, reward_fn, problems: list, *, seed: int) -> dict[str, float]:
+def evaluate_policy(cfg: RunConfig, parts, reward_fn, problems: list, *, seed: int) -> dict[str, float]:
     """`eval/*` metrics of the parts' current policy on `problems`."""
     threshold = cfg.rewards.correct_threshold
 

@@ -5,13 +5,14 @@ and TRL's loss normalisers expressed as regroup's aggregation totals. Tested wit
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch import Tensor
 from torch.utils.data import Sampler
 
+from regroup.config.schema import RunConfig
 from regroup.errors import ConfigError
 from regroup.train.recipes import features
 
@@ -32,7 +33,7 @@ LOSS_AGG = {"dapo": "token_mean", "grpo": "seq_mean_token_mean", "dr_grpo": "seq
 # GRPOConfig fields TRL uses itself whose value regroup's config decides: (GRPOConfig field, regroup key,
 # the value TRL must have). TRL samples and computes π_old / π_ref with them; the recipe's stages and loss
 # use regroup's keys; so the two must agree.
-SHARED_SETTINGS = (
+SHARED_SETTINGS: tuple[tuple[str, str, Callable[[RunConfig], Any]], ...] = (
     (
         "num_generations",
         "grpo.num_generations",
@@ -54,7 +55,7 @@ SHARED_SETTINGS = (
 )
 
 
-def _trl_scale_rewards(cfg: Any) -> str:
+def _trl_scale_rewards(cfg: RunConfig) -> str:
     """TRL's `scale_rewards` for regroup's advantage estimator: grpo's `scale`, "none" for dr_grpo, TRL's
     default for a user's estimator (the adapter replaces TRL's advantages with the recipe's)."""
     g = cfg.grpo
@@ -63,7 +64,7 @@ def _trl_scale_rewards(cfg: Any) -> str:
     return g.advantage_estimator_args.get("scale", "group") if g.advantage_estimator == "grpo" else "group"
 
 
-def _trl_ratio_level(cfg: Any) -> str:
+def _trl_ratio_level(cfg: RunConfig) -> str:
     """TRL's `importance_sampling_level`: "sequence" for GSPO's and LUSPO's sequence ratio, else "token"."""
     return "sequence" if cfg.grpo.policy_loss in ("gspo", "luspo") else "token"
 
@@ -76,7 +77,7 @@ def _trl_value(args: Any, name: str) -> Any:
     return getattr(args, name)
 
 
-def check_shared_settings(cfg: Any, args: Any) -> None:
+def check_shared_settings(cfg: RunConfig, args: Any) -> None:
     """Raise ConfigError naming both keys when a GRPOConfig field disagrees with regroup's config."""
     for name, key, want in SHARED_SETTINGS:
         got, need = _trl_value(args, name), want(cfg)
@@ -94,7 +95,7 @@ def check_shared_settings(cfg: Any, args: Any) -> None:
             )
 
 
-def grpo_args(cfg: Any, **trl_only: Any) -> Any:
+def grpo_args(cfg: RunConfig, **trl_only: Any) -> Any:
     """TRL's `GRPOConfig` with the fields regroup's config decides filled from `cfg` (`SHARED_SETTINGS`) and
     the rest (output_dir, batch sizes, steps, logging, ...) from `trl_only`."""
     from trl import GRPOConfig  # optional (trl): the TRL front-end only

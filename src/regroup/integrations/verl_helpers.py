@@ -15,6 +15,7 @@ from torch import Tensor
 from regroup.algo.loss_inputs import Mean, build_loss_inputs
 from regroup.algo.loss_spec import LossSpec
 from regroup.algo.losses import LossTotals, policy_loss
+from regroup.config.schema import RunConfig
 from regroup.errors import ConfigError
 from regroup.stages.groups import samples_per_question
 from regroup.train.recipes import features
@@ -37,7 +38,7 @@ QUESTION_ID, PROMPTS = "regroup_question_id", "regroup_prompts"
 VERL_AGG = {"token_mean": "token-mean", "seq_mean_token_mean": "seq-mean-token-mean", "seq_sum_constant": None}
 
 
-def _want_n(cfg: Any) -> int:
+def _want_n(cfg: RunConfig) -> int:
     return samples_per_question(
         cfg.grpo.num_generations, cfg.grpo.samples_multiplier, features(cfg).n_variants if features(cfg).variants else 0
     )
@@ -45,7 +46,7 @@ def _want_n(cfg: Any) -> int:
 
 # verl config keys whose value regroup's config decides: (verl key, regroup key, the value verl must have).
 # verl samples, batches and computes π_old / π_ref with them; the recipe's stages and loss use regroup's keys.
-SHARED_SETTINGS: tuple[tuple[str, str, Callable[[Any], Any]], ...] = (
+SHARED_SETTINGS: tuple[tuple[str, str, Callable[[RunConfig], Any]], ...] = (
     ("actor_rollout_ref.rollout.n", "grpo.num_generations", _want_n),
     ("data.train_batch_size", "grpo.prompts_per_step", lambda c: c.grpo.prompts_per_step),
     (
@@ -66,7 +67,7 @@ SHARED_SETTINGS: tuple[tuple[str, str, Callable[[Any], Any]], ...] = (
 )
 
 
-def check_shared_settings(cfg: Any, get: Callable[[str], Any]) -> None:
+def check_shared_settings(cfg: RunConfig, get: Callable[[str], Any]) -> None:
     """Raise ConfigError naming both keys when a verl setting disagrees with regroup's config, and refuse what
     the plug-in cannot run. `get(dotted_key)` reads verl's config (None when absent)."""
     if cfg.grpo.prompts_per_step % cfg.grpo.mini_batches:
@@ -100,7 +101,7 @@ def check_shared_settings(cfg: Any, get: Callable[[str], Any]) -> None:
         raise ConfigError("grpo.off_policy_mask_threshold is not supported by the verl plug-in yet; leave it unset")
 
 
-def verl_overrides(cfg: Any) -> list[str]:
+def verl_overrides(cfg: RunConfig) -> list[str]:
     """verl's Hydra overrides for the settings regroup's config decides (`SHARED_SETTINGS`)."""
     out = []
     for key, _, want in SHARED_SETTINGS:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from regroup.config.schema import ModelConfig
 from regroup.io import write_atomic
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": "auto"}
@@ -27,7 +28,7 @@ def load_tokenizer(path: str):
     return tokenizer
 
 
-def load_policy(path: str, model_cfg, device: torch.device | str = "cpu", *, lora: bool):
+def load_policy(path: str, model_cfg: ModelConfig, device: torch.device | str = "cpu", *, lora: bool):
     """The trainable policy: dtype and gradient checkpointing as configured; `lora`: wrapped in the LoRA adapters
     `model_cfg.lora` describes (peft). Whether to is the recipe's answer (`regroup.train.recipes.features`)."""
     from transformers import AutoModelForCausalLM  # heavy (transformers): only when a model is loaded
@@ -139,8 +140,11 @@ def convert_gguf(src_dir: str | os.PathLike, gguf_file: str, out_dir: str | os.P
     return out
 
 
-def configured_model_path(model_cfg, log=print) -> str:
-    """`model.path`, a GGUF file there (`model.gguf_file`) converted once to a cached HF folder."""
+def configured_model_path(model_cfg: ModelConfig, log=print) -> str:
+    """`model.path`, a GGUF file there (`model.gguf_file`) converted once to a cached HF folder. The callers check
+    that `model.path` is set (None is the built-in tiny model, which has no configured path)."""
+    if model_cfg.path is None:
+        raise ValueError("configured_model_path: model.path is not set")
     if model_cfg.gguf_file:
         return gguf_to_hf(model_cfg.path, model_cfg.gguf_file, log=log)
     return model_cfg.path

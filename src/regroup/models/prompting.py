@@ -9,6 +9,8 @@ built-in tiny model keeps its own format (`encode_prompt`): it was warmed up on 
 
 from __future__ import annotations
 
+from regroup.config.schema import DataConfig
+
 QUESTION_SLOT = "{question}"
 
 
@@ -102,7 +104,7 @@ class Prompter:
         }
 
 
-def build_prompter(data_cfg, tokenizer, builtin_model: bool) -> Prompter:
+def build_prompter(data_cfg: DataConfig, tokenizer, builtin_model: bool) -> Prompter:
     """The Prompter of a run from its `data` config section (chat_template auto | on | off)."""
     mode = data_cfg.chat_template
     if mode not in ("auto", "on", "off"):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import inspect
 
 from regroup.config.registry import REWARDS, load_dotted
-from regroup.config.schema import parse_weighted
+from regroup.config.schema import RewardsConfig, parse_weighted
 from regroup.rewards import combine
 from regroup.rewards.deadline import DeadlineReward
 from regroup.rewards.isolated import DEFAULT_MEMORY_MB
@@ -46,7 +46,7 @@ def build_reward_fn(
     return combine(parts)
 
 
-def reward_fn_from_config(rewards_cfg, task, workers: int | None = None):
+def reward_fn_from_config(rewards_cfg: RewardsConfig, task, workers: int | None = None):
     """`build_reward_fn` of a config's `rewards` section (`workers`: instead of `rewards.workers`)."""
     return build_reward_fn(
         rewards_cfg.functions,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 
+from regroup.config.schema import RolloutConfig
 from regroup.rollout.hf import HFGenerateSampler, HFSampler
 from regroup.rollout.vllm import VLLMSampler  # the vllm package itself is imported only when it starts
 from regroup.rollout.vllm_server import VLLMServerSampler
@@ -21,7 +22,7 @@ def own_copy(model):
     return twin
 
 
-def build_sampler(rollout_cfg, model, tokenizer, max_prompt_tokens: int | None = None, log=None):
+def build_sampler(rollout_cfg: RolloutConfig, model, tokenizer, max_prompt_tokens: int | None = None, log=None):
     """The sampler `rollout_cfg.backend` names; `log(line)` takes the warnings a backend gives while it runs
     (the vLLM server's: weights it did not load, `VLLMServerSampler`)."""
     asynchronous = getattr(rollout_cfg, "async_steps", 0) > 0

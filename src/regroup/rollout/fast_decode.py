@@ -19,29 +19,30 @@ SUPPORTED = {"llama", "qwen2", "qwen3", "mistral"}
 
 def supports(model) -> bool:
     """True when this decoder reproduces `model`'s forward exactly."""
-    cfg = getattr(model, "config", None)
-    if cfg is None or getattr(cfg, "model_type", None) not in SUPPORTED:
+    model_config = getattr(model, "config", None)
+    if model_config is None or getattr(model_config, "model_type", None) not in SUPPORTED:
         return False
     if hasattr(model, "peft_config"):
         return False  # LoRA-wrapped: weights are not plain Linear layers
-    rope = getattr(cfg, "rope_scaling", None) or {}
+    rope = getattr(model_config, "rope_scaling", None) or {}
     if rope and rope.get("rope_type", rope.get("type", "default")) not in ("default", None):
         return False
-    params = getattr(cfg, "rope_parameters", None) or {}
+    params = getattr(model_config, "rope_parameters", None) or {}
     if params and params.get("rope_type", "default") != "default":
         return False
-    if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", False):
+    if getattr(model_config, "sliding_window", None) and getattr(model_config, "use_sliding_window", False):
         return False
-    if getattr(cfg, "hidden_act", "silu") != "silu" or getattr(cfg, "mlp_bias", False):
+    if getattr(model_config, "hidden_act", "silu") != "silu" or getattr(model_config, "mlp_bias", False):
         return False
-    if getattr(cfg, "model_type", None) == "llama" and getattr(cfg, "attention_bias", False):
+    if getattr(model_config, "model_type", None) == "llama" and getattr(model_config, "attention_bias", False):
         return False
     return True
 
 
-def _rope_theta(cfg) -> float:
-    params = getattr(cfg, "rope_parameters", None) or {}
-    return float(params.get("rope_theta", getattr(cfg, "rope_theta", 10000.0)))
+def _rope_theta(model_config) -> float:
+    """The rotary base of a transformers model config (`rope_parameters` in recent versions, `rope_theta` before)."""
+    params = getattr(model_config, "rope_parameters", None) or {}
+    return float(params.get("rope_theta", getattr(model_config, "rope_theta", 10000.0)))
 
 
 class FastDecoder:
@@ -49,14 +50,14 @@ class FastDecoder:
         if not supports(model):
             raise ValueError(f"FastDecoder does not support {type(model).__name__}")
         self.model = model
-        cfg = model.config
-        self.num_heads = cfg.num_attention_heads
-        self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or self.num_heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads
-        self.eps = cfg.rms_norm_eps
-        self.qk_norm = cfg.model_type == "qwen3"
+        model_config = model.config
+        self.num_heads = model_config.num_attention_heads
+        self.num_kv_heads = getattr(model_config, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = getattr(model_config, "head_dim", None) or model_config.hidden_size // self.num_heads
+        self.eps = model_config.rms_norm_eps
+        self.qk_norm = model_config.model_type == "qwen3"
         self.scale = self.head_dim**-0.5
-        self.theta = _rope_theta(cfg)
+        self.theta = _rope_theta(model_config)
         self.refresh()
 
     def refresh(self) -> None:

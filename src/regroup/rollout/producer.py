@@ -39,6 +39,7 @@ import threading
 import time
 from contextlib import contextmanager
 
+from regroup.config.schema import RunConfig
 from regroup.errors import ConfigError
 from regroup.rollout.inflight import inflight_state, load_inflight
 from regroup.rollout.versions import AsyncRolloutError, VersionedEngine, WeightSnapshot
@@ -47,7 +48,7 @@ BACKENDS = ("vllm_server", "hf")
 """Backends with an engine that samples while the learner trains (their own weights)."""
 
 
-def check_async_config(cfg, *, ratio_on_original: bool) -> None:
+def check_async_config(cfg: RunConfig, *, ratio_on_original: bool) -> None:
     """The async settings that cannot work, each as one line naming the key (before any model loads)."""
     r = cfg.rollout
     if not r.async_steps:

@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 
+from regroup.config.schema import RolloutConfig
 from regroup.errors import ConfigError
 from regroup.rollout.base import Completion, SamplingParams
 from regroup.runtime.sharded import full_parameters
@@ -258,7 +259,7 @@ SLEEP_NEEDS_CUDA = (
 )
 
 
-def check_platform(rollout_cfg, cuda: bool | None = None) -> None:
+def check_platform(rollout_cfg: RolloutConfig, cuda: bool | None = None) -> None:
     """Refuse, before any model loads, the engine settings that need CUDA when there is none (ConfigError).
     On CPU, `rollout.vllm_gpu_memory_utilization` has no effect: the KV cache is `VLLM_CPU_KVCACHE_SPACE`
     GiB."""
@@ -291,7 +292,7 @@ def _set_launcher_env() -> None:
             os.environ["MASTER_PORT"] = str(s.getsockname()[1])
 
 
-def engine_kwargs(model, rollout_cfg, sleep_mode: bool, max_prompt_tokens: int | None = None) -> dict:
+def engine_kwargs(model, rollout_cfg: RolloutConfig, sleep_mode: bool, max_prompt_tokens: int | None = None) -> dict:
     """`vllm.LLM(...)` arguments for a colocated engine over the policy's folder."""
     if rollout_cfg.vllm_tensor_parallel_size != 1:
         # external_launcher makes the processes of a tensor-parallel group one engine, which needs the
@@ -339,7 +340,7 @@ class VLLMSampler:
         self,
         model,
         tokenizer,
-        rollout_cfg,
+        rollout_cfg: RolloutConfig,
         *,
         enable_sleep_mode: bool | None = None,
         llm=None,

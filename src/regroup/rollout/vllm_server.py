@@ -63,6 +63,7 @@ from typing import IO, Any
 import torch
 from safetensors.torch import save_file
 
+from regroup.config.schema import RolloutConfig
 from regroup.errors import ConfigError
 from regroup.net.client import RequestError, request_json
 from regroup.net.redact import check_key_env_name
@@ -248,7 +249,7 @@ class VLLMServerSampler:
     _nccl: Any
     _nccl_source: Any
 
-    def __init__(self, model, tokenizer, rollout_cfg, *, sync_on_start: bool = True, log=None):
+    def __init__(self, model, tokenizer, rollout_cfg: RolloutConfig, *, sync_on_start: bool = True, log=None):
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if world > 1:
             # every process would push (and write the sync folder) at once, and FSDP would need every rank
@@ -267,7 +268,8 @@ class VLLMServerSampler:
         if self.sync_method not in ("reload", "nccl"):
             raise ServerError(f"rollout.vllm_server_sync must be reload or nccl, got {self.sync_method!r}")
         self.log = log or (lambda line: warnings.warn(line, stacklevel=3))
-        self._own_sync_dir = rollout_cfg.vllm_server_sync_dir is None
+        sync_dir = rollout_cfg.vllm_server_sync_dir
+        self._own_sync_dir = sync_dir is None
         if self._own_sync_dir:
             # runs ended by SIGKILL or SIGTERM could not remove theirs: the next run on this host does
             removed, freed = remove_orphan_sync_dirs()
@@ -276,7 +278,7 @@ class VLLMServerSampler:
                     f"note: removed {removed} weight-sync folder(s) ({freed / 2**20:.0f} MB) that runs which ended "
                     f"without cleaning up (killed?) left in {tempfile.gettempdir()}"
                 )
-        self.sync_dir = make_sync_dir() if self._own_sync_dir else Path(rollout_cfg.vllm_server_sync_dir)
+        self.sync_dir = make_sync_dir() if sync_dir is None else Path(sync_dir)
         self._written: list[Path] = []  # the weights-vN folders of ours that are on disk now
         self._cleanup = self._arm_cleanup()
         self.version = 0

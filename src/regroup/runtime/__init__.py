@@ -5,6 +5,6 @@
 - `metrics`: JSONL metrics and trackers; `sample_log`: `samples.jsonl`;
 - `threads`: OpenMP settings at import; `cpu_memory`: giving freed memory back to the OS.
 
-May import: the ground floor (`errors`, `io`, `batch`) and `config.schema`. Never a model, a stage or
-the trainer.
+May import: the package root's `errors`, `io` and `batch`, and `config` (`fields`, `schema`). Never a model, a stage
+or the trainer.
 """

@@ -32,6 +32,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from regroup.config.schema import RunConfig
 from regroup.errors import ConfigError
 
 LOCAL_KEYS = frozenset(
@@ -59,7 +60,7 @@ def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def flat_config(cfg) -> dict[str, str]:
+def flat_config(cfg: RunConfig) -> dict[str, str]:
     """The resolved config as dotted key -> JSON text of the value, without `LOCAL_KEYS`."""
     out: dict[str, str] = {}
 
@@ -70,7 +71,7 @@ def flat_config(cfg) -> dict[str, str]:
         elif prefix not in LOCAL_KEYS:
             out[prefix] = json.dumps(value, sort_keys=True, default=str)
 
-    walk("", cfg.to_dict() if hasattr(cfg, "to_dict") else dataclasses.asdict(cfg))
+    walk("", cfg.to_dict())
     return out
 
 
@@ -134,7 +135,7 @@ def tokenizer_digest(tokenizer) -> str:
     return _sha(json.dumps([vocab, list(specials), template], default=str).encode())
 
 
-def describe_run(cfg, problems, tokenizer=None) -> dict:
+def describe_run(cfg: RunConfig, problems, tokenizer=None) -> dict:
     """What this process is about to train, as small comparable parts (gathered from every rank)."""
     config = flat_config(cfg)
     return {
@@ -226,7 +227,7 @@ def alone_but_launched_for_several(environ) -> str | None:
     )
 
 
-def check_ranks_agree(accelerator, cfg, problems, tokenizer=None, environ=None) -> None:
+def check_ranks_agree(accelerator, cfg: RunConfig, problems, tokenizer=None, environ=None) -> None:
     """Gather `describe_run` from every process and refuse, in the same one line on every rank, a run
     whose processes disagree. One process: nothing to compare, nothing gathered, but refused when
     accelerate was asked for several and started it alone (`alone_but_launched_for_several`)."""

@@ -18,6 +18,7 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
+from regroup.config.schema import TrainConfig
 from regroup.io import append_text, read_bytes, write_atomic
 
 
@@ -74,7 +75,7 @@ def warn_bad_lines(path, bad: list[tuple[int, str]], action: str = "skipped", wa
         warn(f"{path} line {number}: {reason}; {action}")
 
 
-def tracker_names(train_cfg) -> list[str]:
+def tracker_names(train_cfg: TrainConfig) -> list[str]:
     """`train.report_to` without repeats."""
     return list(dict.fromkeys(train_cfg.report_to))
 

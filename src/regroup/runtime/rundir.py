@@ -286,11 +286,13 @@ def read_saved_config(path: str | os.PathLike) -> dict:
     return data
 
 
-def flatten(cfg: Any, prefix: str = "") -> dict[str, Any]:
+def flatten(nested: Any, prefix: str = "") -> dict[str, Any]:
     """A nested dict (a saved config) as {dotted.key: leaf value}; lists and empty dicts stay leaves: what a resume
     compares with the checkpoint's config and the report tabulates."""
-    if not isinstance(cfg, dict) or not cfg:
-        return {prefix: cfg} if prefix else {}
+    if not isinstance(nested, dict) or not nested:
+        return {prefix: nested} if prefix else {}
     return {
-        k: v for key, value in cfg.items() for k, v in flatten(value, f"{prefix}.{key}" if prefix else str(key)).items()
+        k: v
+        for key, value in nested.items()
+        for k, v in flatten(value, f"{prefix}.{key}" if prefix else str(key)).items()
     }

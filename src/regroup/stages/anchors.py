@@ -14,6 +14,7 @@ from collections import OrderedDict
 
 from regroup.batch import Sample
 from regroup.config.registry import STAGES
+from regroup.config.schema import AnchorConfig
 from regroup.rewards import pop_counts
 from regroup.stages.base import FIXED_SHAPE_FRONT_ENDS, StepBatch, StepContext
 
@@ -26,8 +27,10 @@ def is_verified(reward, threshold: float) -> bool:
 class AnchorInjector:
     """Chooses anchors, reserves their slots (mode=replace) and adds them to the step's samples."""
 
-    def __init__(self, cfg, reward_fn, encode_response, *, correct_threshold: float = 1.0, max_tokens: int = 0):
-        self.cfg = cfg
+    def __init__(
+        self, anchors: AnchorConfig, reward_fn, encode_response, *, correct_threshold: float = 1.0, max_tokens: int = 0
+    ):
+        self.anchors = anchors
         self.reward_fn = reward_fn
         self.encode_response = encode_response
         self.correct_threshold = correct_threshold
@@ -64,7 +67,7 @@ class AnchorInjector:
         return self._verdict[problem.id]
 
     def _reference(self, problem) -> str | None:
-        if self.cfg.source == "self":
+        if self.anchors.source == "self":
             return None
         return problem.solution if self.reference_verdict(problem) == "ok" else None
 
@@ -74,14 +77,14 @@ class AnchorInjector:
         ref = self._reference(problem)
         if ref is not None:
             out.append((ref, "reference"))
-        if self.cfg.source in ("self", "both"):
+        if self.anchors.source in ("self", "both"):
             out.extend((text, "self") for text in reversed(self.buffer.get(problem.id, [])))
-        return out[: self.cfg.count]
+        return out[: self.anchors.count]
 
     # -- the step --------------------------------------------------------------------------------------
     def reserved_slots(self, problems) -> list[int]:
         """On-policy samples of q0 to leave out for anchors that always replace one (7 + 1 for G = 8)."""
-        if self.cfg.mode != "replace" or self.cfg.when != "always":
+        if self.anchors.mode != "replace" or self.anchors.when != "always":
             return [0] * len(problems)
         return [len(self._candidates(p)) for p in problems]
 
@@ -98,13 +101,15 @@ class AnchorInjector:
         injected = 0
         for problem, gid, prompt in zip(problems, group_ids, q0_prompts):
             members = by_group.get(gid, [])
-            if self.cfg.when == "no_correct" and any(is_verified(s.reward, self.correct_threshold) for s in members):
+            if self.anchors.when == "no_correct" and any(
+                is_verified(s.reward, self.correct_threshold) for s in members
+            ):
                 continue
             candidates = self._candidates(problem)
             if not candidates:
                 continue
-            reserved_here = self.cfg.mode == "replace" and self.cfg.when == "always" and reserved
-            if self.cfg.mode == "replace" and not reserved_here:
+            reserved_here = self.anchors.mode == "replace" and self.anchors.when == "always" and reserved
+            if self.anchors.mode == "replace" and not reserved_here:
                 # Drop the last on-policy samples of q0 to make room (the slot was not reserved up front).
                 drop = [s for s in members if s.variant == 0 and not s.is_anchor][-len(candidates) :]
                 drop_ids = {id(s) for s in drop}
@@ -134,7 +139,7 @@ class AnchorInjector:
 
     def observe(self, samples: list[Sample]) -> None:
         """Keep the policy's own verified-correct answers to q0 as future self-bootstrapped anchors."""
-        if self.cfg.source == "reference":
+        if self.anchors.source == "reference":
             return
         for s in samples:
             if s.is_anchor or s.variant != 0 or s.truncated or not is_verified(s.reward, self.correct_threshold):
@@ -144,7 +149,7 @@ class AnchorInjector:
                 continue
             if s.response_text not in kept:
                 kept.append(s.response_text)
-                del kept[: max(0, len(kept) - self.cfg.buffer_size)]
+                del kept[: max(0, len(kept) - self.anchors.buffer_size)]
             self.buffer.move_to_end(s.question_id)
 
     def state_dict(self) -> dict:
@@ -204,9 +209,9 @@ class InjectAnchors:
         self.injector = injector
 
     def unsupported_by(self, front_end: str) -> str | None:
-        if front_end in FIXED_SHAPE_FRONT_ENDS and self.injector.cfg.mode != "replace":
+        if front_end in FIXED_SHAPE_FRONT_ENDS and self.injector.anchors.mode != "replace":
             return (
-                f"anchors.mode={self.injector.cfg.mode}: an added anchor grows its group, and the {front_end} "
+                f"anchors.mode={self.injector.anchors.mode}: an added anchor grows its group, and the {front_end} "
                 "batch has a fixed shape; use anchors.mode=replace"
             )
         return None

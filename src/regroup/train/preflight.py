@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from regroup.config.schema import get_dotted, parse_weighted
+from regroup.config.schema import RunConfig, get_dotted, parse_weighted
 from regroup.data.heldout import eval_problems
 from regroup.data.load import DataError
 from regroup.errors import ConfigError
@@ -40,7 +40,7 @@ SAMPLE = 64
 """Problems drawn for the data checks (a bounded cost, whatever the data set's size)."""
 
 
-def check_world(cfg, world: int) -> None:
+def check_world(cfg: RunConfig, world: int) -> None:
     pps = cfg.grpo.prompts_per_step
     if pps % world:
         raise ConfigError(
@@ -49,9 +49,11 @@ def check_world(cfg, world: int) -> None:
         )
 
 
-def _key_users(cfg) -> list[tuple[str, str]]:
-    """(config key, environment variable) of every remote client the run will build."""
-    out, on = [], features(cfg)
+def _key_users(cfg: RunConfig) -> list[tuple[str, str | None]]:
+    """(config key, environment variable) of every remote client the run will build; None: a server without
+    authentication."""
+    out: list[tuple[str, str | None]] = []
+    on = features(cfg)
     if on.judge:
         out.append(("mask.scorer.api_key_env", cfg.mask.scorer.api_key_env))
     if on.remote_rephraser:
@@ -59,7 +61,7 @@ def _key_users(cfg) -> list[tuple[str, str]]:
     return out
 
 
-def check_api_keys(cfg, environ=os.environ) -> None:
+def check_api_keys(cfg: RunConfig, environ=os.environ) -> None:
     for key, name in _key_users(cfg):
         if name and not environ.get(name):
             raise ConfigError(
@@ -68,7 +70,7 @@ def check_api_keys(cfg, environ=os.environ) -> None:
             )
 
 
-def key_destinations(cfg) -> list[tuple[str, str, str, str]]:
+def key_destinations(cfg: RunConfig) -> list[tuple[str, str, str, str]]:
     """(client, URL key, key-variable key, environment variable) of every remote client that will send a key."""
     out = []
     on = features(cfg)
@@ -93,7 +95,7 @@ def _host(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc}" if parts.scheme and parts.netloc else str(url)
 
 
-def announce_keys(cfg, log=print) -> list[str]:
+def announce_keys(cfg: RunConfig, log=print) -> list[str]:
     """One line per client that will send a key, naming the variable and the host, before any request: the
     config (a saved run's config.yaml, a shared recipe) chose both. Returns the lines."""
     lines = []
@@ -105,7 +107,7 @@ def announce_keys(cfg, log=print) -> list[str]:
     return lines
 
 
-def check_eval_file(cfg) -> None:
+def check_eval_file(cfg: RunConfig) -> None:
     if not (cfg.data.eval_file and cfg.train.eval_every):
         return
     try:
@@ -124,7 +126,7 @@ def _sample(problems: list, seed: int, n: int = SAMPLE) -> list:
     return random.Random(seed).sample(problems, n)
 
 
-def check_prompts(cfg, problems: list, encode, log=print) -> int:
+def check_prompts(cfg: RunConfig, problems: list, encode, log=print) -> int:
     """Refuse when no sampled question fits `data.max_prompt_tokens`; warn when some do not (they are skipped).
     Returns the longest fitting prompt of the sample in tokens (what the memory estimate uses)."""
     limit = cfg.data.max_prompt_tokens
@@ -162,7 +164,7 @@ class ReferenceCheck:
         return None if self.checked == self.missing else self.ok > 0
 
 
-def check_references(cfg, problems: list, task, encode_response, log=print) -> ReferenceCheck | None:
+def check_references(cfg: RunConfig, problems: list, task, encode_response, log=print) -> ReferenceCheck | None:
     """With anchors from references, verify a sample of them under the run's reward and length limit:
     refuse when none can be an anchor (`anchors.source=reference`), warn with counts otherwise."""
     a = cfg.anchors
@@ -229,7 +231,7 @@ def check_references(cfg, problems: list, task, encode_response, log=print) -> R
 
 
 def check_train_memory(
-    cfg, model_path: str | None, world: int, device: str, log=print, prompt_tokens: int | None = None
+    cfg: RunConfig, model_path: str | None, world: int, device: str, log=print, prompt_tokens: int | None = None
 ) -> None:
     shape = model_shape(model_path) if model_path else builtin_shape()
     if shape is None:
@@ -263,7 +265,7 @@ def check_train_memory(
     )
 
 
-def check_user_rewards(cfg, problems: list, task) -> None:
+def check_user_rewards(cfg: RunConfig, problems: list, task) -> None:
     """A user reward (`pkg.mod:obj`) returns a number or None: called on a few sampled problems' reference
     solutions (else their answers) before any model loads, so a reward returning a string, or a number
     beyond float32 (10**400), is one line now, not a traceback after the weights load; and a reward whose
@@ -297,7 +299,15 @@ def check_user_rewards(cfg, problems: list, task) -> None:
 
 
 def before_weights_load(
-    cfg, problems: list, task, tokenizer, model_path: str | None, world: int, device: str, encode_prompt, log=print
+    cfg: RunConfig,
+    problems: list,
+    task,
+    tokenizer,
+    model_path: str | None,
+    world: int,
+    device: str,
+    encode_prompt,
+    log=print,
 ) -> ReferenceCheck | None:
     """Every pre-load check of a training run, in order; returns the reference check (None: not run)."""
     check_api_keys(cfg)

@@ -93,9 +93,9 @@ def test_a_server_feeding_garbage_stops_the_run_in_one_line(tiny_model_dir, tmp_
 
 
 def test_a_server_redirecting_elsewhere_gets_no_key_there(tiny_model_dir, tmp_path, capsys, figures, monkeypatch):
-    monkeypatch.setenv("REGROUP_ROUND4_KEY", "sk-round4-redirect-0123456789")
+    monkeypatch.setenv("REGROUP_TEST_SERVER_KEY", "sk-redirect-test-0123456789")
     run = tmp_path / "run"
-    with FakeVLLM(api_key="sk-round4-redirect-0123456789") as srv, FakeVLLM() as elsewhere:
+    with FakeVLLM(api_key="sk-redirect-test-0123456789") as srv, FakeVLLM() as elsewhere:
         srv.redirect_to = elsewhere.url
         code = main(
             h.train_args(
@@ -104,14 +104,14 @@ def test_a_server_redirecting_elsewhere_gets_no_key_there(tiny_model_dir, tmp_pa
                 "grpo.yaml",
                 "rollout.backend=vllm_server",
                 f"rollout.vllm_server_url={srv.url}",
-                "rollout.vllm_server_api_key_env=REGROUP_ROUND4_KEY",
+                "rollout.vllm_server_api_key_env=REGROUP_TEST_SERVER_KEY",
             )
         )
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.startswith("error:")]
     assert code == 2 and len(lines) == 1, err[-2000:]
     assert f"HTTP 302 redirect to {elsewhere.url}/v1/models: redirects are not followed" in lines[0]
-    assert elsewhere.requests == [] and "sk-round4" not in err
+    assert elsewhere.requests == [] and "sk-redirect-test" not in err
     figures(f"302 to another address: exit {code}, {len(elsewhere.requests)} requests reached it, `{lines[0][:150]}`")
 
 
