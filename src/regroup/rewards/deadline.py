@@ -25,11 +25,11 @@ from typing import Any
 from regroup.errors import ConfigError
 from regroup.rewards.counts import RewardCounts
 from regroup.rewards.isolated import DEFAULT_MEMORY_MB
-from regroup.rewards.pool import WorkerDied, WorkerPool, WorkerStartError, WorkerTimeout
+from regroup.rewards.pool import POOL_COUNTS, WorkerLost, WorkerPool, WorkerStartError, WorkerTimeout
 
 log = logging.getLogger(__name__)
 
-COUNTS = ("checked", "timeout", "restarts")
+COUNTS = ("checked", "timeout", *POOL_COUNTS)
 
 
 class UserRewardError(ConfigError):
@@ -133,7 +133,7 @@ class DeadlineReward:
         except WorkerTimeout:
             self._counts.add("timeout")
             return None, True
-        except WorkerDied:
+        except WorkerLost:  # the worker crashed, or broke the reply protocol: replaced, the call unscored
             return None, False
         if "error" in reply:
             raise UserRewardError(f"reward {self.name} raised {reply['error']}")
