@@ -26,6 +26,7 @@ import os
 import queue
 import select
 import subprocess
+import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -176,6 +177,7 @@ class WorkerPool:
         self.size, self.startup_timeout_s, self.quiet = size, startup_timeout_s, quiet
         self._counts = counts
         self._said: set[str] = set()  # the kinds of broken protocol already said in the log
+        self._said_lock = threading.Lock()
         self.workers: list[_Worker | None] = [None] * size  # by slot; None until started
         self._free: queue.LifoQueue[int] = queue.LifoQueue()  # LIFO: a warm worker is reused first
         for slot in range(size):
@@ -191,7 +193,7 @@ class WorkerPool:
             worker = self._ready(slot)
             stray = self._stray(worker)
             if stray is not None:  # written since the last reply: this request goes to a new worker
-                self._broken(slot, f"wrote {stray} on its reply channel between calls")
+                self._broken(slot, f"wrote {stray} on its reply channel between calls; the next call went to a new one")
                 worker = self._ready(slot)
             worker.last_id += 1
             request_id = worker.last_id
@@ -223,10 +225,14 @@ class WorkerPool:
                 continue
             got = None if message is None else message.pop("id", None)
             if type(got) is not int or got != request_id:  # JSON true is not id 1
-                raise WorkerProtocolError(f"wrote {_shown(line)} on its reply channel instead of reply {request_id}")
+                raise WorkerProtocolError(
+                    f"wrote {_shown(line)} on its reply channel instead of reply {request_id}; that call failed"
+                )
             stray = self._stray(worker)
             if stray is not None:
-                raise WorkerProtocolError(f"wrote {stray} on its reply channel after reply {request_id}")
+                raise WorkerProtocolError(
+                    f"wrote {stray} on its reply channel after reply {request_id}; that call failed"
+                )
             return message
 
     def _stray(self, worker: _Worker) -> str | None:
@@ -247,8 +253,8 @@ class WorkerPool:
         self._counts.add("forked_returns")
         self._say_once(
             "forked",
-            f"reward worker {' '.join(self.args)}: a process the reward forked returned into the worker instead of "
-            "ending with os._exit; it was stopped before it could reply (counted as reward/forked_returns)",
+            f"reward {self.args[-1]}: a process it forked returned into its worker instead of ending with os._exit; "
+            "it was stopped before it could reply (counted as reward/forked_returns)",
         )
         return True
 
@@ -257,15 +263,17 @@ class WorkerPool:
         self._counts.add("protocol_errors")
         self._say_once(
             "protocol",
-            f"reward worker {' '.join(self.args)} {what}: it was replaced and the call scored as failed "
-            "(counted as reward/protocol_errors); a reward must not write to the worker's file descriptors",
+            f"reward {self.args[-1]}: its worker {what}; the worker was replaced (counted as reward/protocol_errors): "
+            "a reward must not write to the worker's file descriptors",
         )
         self._replace(slot)
 
     def _say_once(self, kind: str, line: str) -> None:
-        if kind not in self._said:
+        with self._said_lock:  # calls run in threads
+            if kind in self._said:
+                return
             self._said.add(kind)
-            log.warning("warning: %s", line)
+        log.warning("warning: %s", line)
 
     def run_many(self, fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
         """`[fn(item) for item in items]`, `size` at a time (fn calls `call`); results in order."""
