@@ -63,4 +63,4 @@ def writes_on_bogus(response, problem):
 
 
 def raises_the_key(response, problem):
-    raise ValueError(f"bad credentials {os.environ['REGROUP_TEST_REWARD_KEY']} for the grader")
+    raise ValueError(f"bad credentials {os.environ['REGROUP_SECRET_TEST_KEY']} for the grader")

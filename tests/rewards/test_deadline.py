@@ -178,3 +178,15 @@ def test_data_on_the_reply_channel_between_calls_sends_the_next_call_to_a_new_wo
         assert fn.stats["forked_returns"] == 1 and fn.stats["protocol_errors"] == 1
     finally:
         fn.close()
+
+
+def test_a_reward_error_quoting_an_api_key_is_shown_without_it(monkeypatch):
+    key = "sk-proj-Qz7RkW2mPx9LbT4vNc8H"
+    monkeypatch.setenv("REGROUP_SECRET_TEST_KEY", key)  # the worker inherits the environment
+    fn = DeadlineReward("_user_rewards:raises_the_key", timeout_s=30.0)
+    try:
+        with pytest.raises(UserRewardError, match="raised ValueError: bad credentials") as err:
+            fn("r", PROBLEM)
+    finally:
+        fn.close()
+    assert "Qz7RkW2m" not in str(err.value) and "***" in str(err.value)
