@@ -29,7 +29,14 @@ from regroup.data.load import DataError
 from regroup.errors import ConfigError
 from regroup.rephrase import REPHRASERS
 from regroup.runtime.metrics import MetricsFileWarning
-from regroup.runtime.rundir import RunDirError, claim_eval_dir, claim_run_dir, new_run_dir, read_saved_config
+from regroup.runtime.rundir import (
+    RunDirError,
+    claim_eval_dir,
+    claim_run_dir,
+    first_missing_folder,
+    new_run_dir,
+    read_saved_config,
+)
 from regroup.train.schedule import resume_note
 
 
@@ -138,15 +145,22 @@ def cmd_train(args) -> int:
         data = read_saved_config(saved)
         _announce_code(str(saved), apply_overrides(dict(data), args.overrides), args.overrides, args.trust_config_code)
         cfg = _saved_config(saved, lambda data: config_from_dict(apply_overrides(data, args.overrides)))
-        mode, new_folder = "resume", False
+        mode, made = "resume", None
     else:
         if args.config:
             recipe = resolve_config_path(args.config)
             if recipe.is_file():  # a missing recipe is reported by load_config
                 _announce_code(str(recipe), apply_overrides(read_yaml(recipe), args.overrides), args.overrides)
         cfg = load_config(args.config, args.overrides)
-        new_folder = not cfg.run_dir or not os.path.lexists(cfg.run_dir)  # removed again if the run never starts
-        run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg.recipe)
+        # What this command creates (the run folder, or a parent such as runs/) is removed again if the run
+        # never starts.
+        if cfg.run_dir:
+            run_dir = Path(cfg.run_dir)
+            made = first_missing_folder(run_dir)
+        else:
+            made = first_missing_folder("runs")
+            run_dir = default_run_dir(cfg.recipe)  # a new folder
+            made = made or run_dir
         cfg.run_dir = str(run_dir)
         mode = "overwrite" if args.overwrite else "fresh"
     lock = claim_run_dir(run_dir, mode, log=_log, lock=_is_main_process())
@@ -173,7 +187,7 @@ def cmd_train(args) -> int:
             bar.close()
     finally:
         if lock is not None:  # a run that wrote nothing leaves its folder as it found it (one it made: none)
-            lock.release(discard_empty=True, remove_folder=new_folder)
+            lock.release(discard_empty=True, made=made)
     if interrupted:
         if _is_main_process():
             _log(_interrupted_line(run_dir, trainer))
