@@ -167,10 +167,12 @@ def cmd_train(args) -> int:
     trainer = bar = None
     interrupted = False
     try:
-        note = _check_resume_config(run_dir, cfg) if args.resume else None  # before the model loads
+        if args.resume:
+            _check_resume_config(run_dir, cfg)  # before the model loads
         from regroup.train.build import build_trainer  # heavy (transformers, accelerate): after the checks
 
         trainer = build_trainer(cfg, run_dir, resume=bool(args.resume), log=_log)
+        note = _schedule_note(run_dir, cfg, trainer.step) if args.resume else None
         if note and trainer.is_main:  # said once the resume has loaded: the run goes on with it
             _log(note)
         bar, on_step = progress_callback(
@@ -242,32 +244,36 @@ def _saved_config(path: Path, build):
         raise ConfigError(f"{path}: {e}") from None
 
 
-def _check_resume_config(run_dir: Path, cfg) -> str | None:
+def _check_resume_config(run_dir: Path, cfg) -> None:
     """Refuse a resume whose config.yaml was edited outside RESUME_OVERRIDABLE since the newest checkpoint
-    (the trainer checks again against the checkpoint it actually loads). Returns the line saying what a
-    changed `train.steps` does to the lr schedule (None: nothing changes)."""
-    from regroup.runtime.checkpoint import (  # heavy (torch)
-        check_resume_config,
-        check_resume_length,
-        checkpoint_step,
-        newest_run_config,
-    )
+    (the trainer checks again against the checkpoint it actually loads)."""
+    from regroup.runtime.checkpoint import check_resume_config, check_resume_length, newest_run_config  # torch
 
     if not cfg.train.epochs:  # train.epochs: the length depends on the data, checked once it is read
         check_resume_length(run_dir, cfg.train.steps)
     found = newest_run_config(run_dir)
     if found is None:
-        return None
+        return
     if cfg.rollout.async_steps:
         from regroup.rollout.inflight import check_checkpoint_inflight  # torch: only a resume of an async run
 
         check_checkpoint_inflight(found[0], cfg.rollout.async_steps)
-    if found[1] is None:
+    if found[1] is not None:
+        check_resume_config(found[0], found[1], cfg.to_dict(), str(run_dir / "config.yaml"))
+
+
+def _schedule_note(run_dir: Path, cfg, step: int) -> str | None:
+    """The line saying what a changed `train.steps` does to the lr schedule of a run resumed at `step`: the
+    checkpoint the trainer loaded, which is not the newest one when that one failed its check. None when
+    nothing changes, and from step 0 (no checkpoint loaded: the schedule starts afresh over `train.steps`)."""
+    from regroup.runtime.checkpoint import checkpoint_step, list_checkpoints, load_run_config  # heavy (torch)
+
+    if not step:
         return None
-    check_resume_config(found[0], found[1], cfg.to_dict(), str(run_dir / "config.yaml"))
-    old_steps = (found[1].get("train") or {}).get("steps")
-    step = checkpoint_step(found[0])
-    if not isinstance(old_steps, int) or step is None:
+    loaded = next((p for p in list_checkpoints(run_dir) if checkpoint_step(p) == step), None)
+    saved = load_run_config(loaded) if loaded is not None else None
+    old_steps = ((saved or {}).get("train") or {}).get("steps")
+    if not isinstance(old_steps, int) or isinstance(old_steps, bool):
         return None
     return resume_note(old_steps, cfg.train.steps, step, cfg.optim.schedule, cfg.optim.min_lr_ratio)
 
