@@ -30,7 +30,14 @@ from regroup.data.load import DataError
 from regroup.errors import ConfigError
 from regroup.rephrase import REPHRASERS
 from regroup.runtime.metrics import MetricsFileWarning
-from regroup.runtime.rundir import RunDirError, claim_eval_dir, claim_run_dir, new_run_dir, read_saved_config
+from regroup.runtime.rundir import (
+    RunDirError,
+    claim_eval_dir,
+    claim_run_dir,
+    first_missing_folder,
+    new_run_dir,
+    read_saved_config,
+)
 from regroup.train.schedule import resume_note
 
 
@@ -139,25 +146,34 @@ def cmd_train(args) -> int:
         data = read_saved_config(saved)
         _announce_code(str(saved), apply_overrides(dict(data), args.overrides), args.overrides, args.trust_config_code)
         cfg = _saved_config(saved, lambda data: config_from_dict(apply_overrides(data, args.overrides)))
-        mode, new_folder = "resume", False
+        mode, made = "resume", None
     else:
         if args.config:
             recipe = resolve_config_path(args.config)
             if recipe.is_file():  # a missing recipe is reported by load_config
                 _announce_code(str(recipe), apply_overrides(read_yaml(recipe), args.overrides), args.overrides)
         cfg = load_config(args.config, args.overrides)
-        new_folder = not cfg.run_dir or not os.path.lexists(cfg.run_dir)  # removed again if the run never starts
-        run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg.recipe)
+        # What this command creates (the run folder, or a parent such as runs/) is removed again if the run
+        # never starts.
+        if cfg.run_dir:
+            run_dir = Path(cfg.run_dir)
+            made = first_missing_folder(run_dir)
+        else:
+            made = first_missing_folder("runs")
+            run_dir = default_run_dir(cfg.recipe)  # a new folder
+            made = made or run_dir
         cfg.run_dir = str(run_dir)
         mode = "overwrite" if args.overwrite else "fresh"
     lock = claim_run_dir(run_dir, mode, log=_log, lock=_is_main_process())
     trainer = bar = None
     interrupted = False
     try:
-        note = _check_resume_config(run_dir, cfg) if args.resume else None  # before the model loads
+        if args.resume:
+            _check_resume_config(run_dir, cfg)  # before the model loads
         from regroup.train.build import build_trainer  # heavy (transformers, accelerate): after the checks
 
         trainer = build_trainer(cfg, run_dir, resume=bool(args.resume), log=_log)
+        note = _schedule_note(run_dir, cfg, trainer.step) if args.resume else None
         if note and trainer.is_main:  # said once the resume has loaded: the run goes on with it
             _log(note)
         bar, on_step = progress_callback(
@@ -174,7 +190,7 @@ def cmd_train(args) -> int:
             bar.close()
     finally:
         if lock is not None:  # a run that wrote nothing leaves its folder as it found it (one it made: none)
-            lock.release(discard_empty=True, remove_folder=new_folder)
+            lock.release(discard_empty=True, made=made)
     if interrupted:
         if _is_main_process():
             _log(_interrupted_line(run_dir, trainer))
@@ -229,32 +245,36 @@ def _saved_config(path: Path, build):
         raise ConfigError(f"{path}: {e}") from None
 
 
-def _check_resume_config(run_dir: Path, cfg: RunConfig) -> str | None:
+def _check_resume_config(run_dir: Path, cfg: RunConfig) -> None:
     """Refuse a resume whose config.yaml was edited outside RESUME_OVERRIDABLE since the newest checkpoint
-    (the trainer checks again against the checkpoint it actually loads). Returns the line saying what a
-    changed `train.steps` does to the lr schedule (None: nothing changes)."""
-    from regroup.runtime.checkpoint import (  # heavy (torch)
-        check_resume_config,
-        check_resume_length,
-        checkpoint_step,
-        newest_run_config,
-    )
+    (the trainer checks again against the checkpoint it actually loads)."""
+    from regroup.runtime.checkpoint import check_resume_config, check_resume_length, newest_run_config  # torch
 
     if not cfg.train.epochs:  # train.epochs: the length depends on the data, checked once it is read
         check_resume_length(run_dir, cfg.train.steps)
     found = newest_run_config(run_dir)
     if found is None:
-        return None
+        return
     if cfg.rollout.async_steps:
         from regroup.rollout.inflight import check_checkpoint_inflight  # torch: only a resume of an async run
 
         check_checkpoint_inflight(found[0], cfg.rollout.async_steps)
-    if found[1] is None:
+    if found[1] is not None:
+        check_resume_config(found[0], found[1], cfg.to_dict(), str(run_dir / "config.yaml"))
+
+
+def _schedule_note(run_dir: Path, cfg, step: int) -> str | None:
+    """The line saying what a changed `train.steps` does to the lr schedule of a run resumed at `step`: the
+    checkpoint the trainer loaded, which is not the newest one when that one failed its check. None when
+    nothing changes, and from step 0 (no checkpoint loaded: the schedule starts afresh over `train.steps`)."""
+    from regroup.runtime.checkpoint import checkpoint_step, list_checkpoints, load_run_config  # heavy (torch)
+
+    if not step:
         return None
-    check_resume_config(found[0], found[1], cfg.to_dict(), str(run_dir / "config.yaml"))
-    old_steps = (found[1].get("train") or {}).get("steps")
-    step = checkpoint_step(found[0])
-    if not isinstance(old_steps, int) or step is None:
+    loaded = next((p for p in list_checkpoints(run_dir) if checkpoint_step(p) == step), None)
+    saved = load_run_config(loaded) if loaded is not None else None
+    old_steps = ((saved or {}).get("train") or {}).get("steps")
+    if not isinstance(old_steps, int) or isinstance(old_steps, bool):
         return None
     return resume_note(old_steps, cfg.train.steps, step, cfg.optim.schedule, cfg.optim.min_lr_ratio)
 

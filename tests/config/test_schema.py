@@ -88,8 +88,30 @@ def test_bad_config_names_the_key(override, key):
 
 
 def test_impossible_anchor_count_is_rejected():
-    with pytest.raises(ConfigError, match="anchors.count"):
-        load_config(CONFIGS / "dagrpo.yaml", ["anchors.count=8"])
+    both = ["anchors.source=both", "anchors.buffer_size=8"]  # sources that could fill 8 slots
+    with pytest.raises(ConfigError, match=r"anchors.count \(8\) must be < grpo.num_generations"):
+        load_config(CONFIGS / "dagrpo.yaml", ["anchors.count=8", *both])
+
+
+@pytest.mark.parametrize(
+    "overrides, most",
+    [
+        (["anchors.count=2"], 1),  # source=reference: a question has one reference solution
+        (["anchors.count=3", "anchors.source=self", "anchors.buffer_size=2"], 2),
+        (["anchors.count=4", "anchors.source=both", "anchors.buffer_size=2"], 3),
+    ],
+)
+def test_more_anchors_than_the_source_can_give_is_one_line(overrides, most):
+    """Once such a count injected fewer anchors than asked (one reference per question), silently, in the native
+    trainer and on verl alike."""
+    with pytest.raises(ConfigError) as err:
+        load_config(CONFIGS / "dagrpo.yaml", ["grpo.num_generations=8", *overrides])
+    line = str(err.value)
+    assert line.startswith("anchors: count=") and f"at most {most} anchor" in line and "\n" not in line
+    # the most the source can give loads; a switched-off section is not checked
+    at_most = [o for o in overrides if not o.startswith("anchors.count=")] + [f"anchors.count={most}"]
+    assert load_config(CONFIGS / "dagrpo.yaml", ["grpo.num_generations=8", *at_most]).anchors.count == most
+    assert not load_config(CONFIGS / "dagrpo.yaml", [*overrides, "anchors.enabled=false"]).anchors.enabled
 
 
 def test_missing_file_and_bad_yaml(tmp_path):

@@ -28,6 +28,7 @@ from safetensors.torch import load_file
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import reliability_helpers as h
 
+from regroup.cli import main
 from regroup.runtime.checkpoint import (
     CheckpointError,
     latest_valid_checkpoint,
@@ -331,6 +332,24 @@ def test_leftovers_of_a_crashed_writer_are_removed_and_never_loaded(tiny_model, 
     save_checkpoint(tmp_path, 2, tiny_model, None, {"step": 2})
     assert sorted(os.listdir(root)) == ["step-000002"]
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step-000002"]
+
+
+@pytest.mark.parametrize("torn, resumed", [(["step-000002"], 1), (["step-000001", "step-000002"], 0)])
+def test_the_lr_schedule_note_names_the_step_the_resume_really_loaded(run_copy, capsys, torn, resumed):
+    """A resume that changes train.steps says what that does to the cosine lr from the checkpoint it loads;
+    once it named the newest checkpoint's step even when that one failed its sha256 check and the run went on
+    from an older one, or from step 0 (where the schedule simply starts afresh: no note)."""
+    for name in torn:
+        truncate_weights(run_copy / "checkpoints" / name)
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run_copy), "train.steps=3"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("checkpoint skipped") == len(torn)
+    notes = [line for line in err.splitlines() if "keeps its course" in line]
+    if resumed:
+        assert len(notes) == 1 and notes[0].startswith("train.steps 2 -> 3") and f"(step {resumed})" in notes[0]
+    else:
+        assert notes == [] and "starting from step 0" in err
 
 
 @pytest.mark.parametrize(

@@ -97,3 +97,27 @@ def test_api_key_in_no_file_output_or_report(tiny_model_dir, tmp_path, figures):
         f"{len(judged)} judge + {len(rewritten)} rewriter requests carried it; judge replies by kind "
         f"{dict(sorted(judge.counts.items()))}"
     )
+
+
+def test_a_user_reward_error_quoting_the_key_is_printed_without_it(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    """The reward check before the weights load calls a user reward that raises with the judge's key in its
+    message: the one line it prints carries no piece of the key, though no client has read the key yet (and
+    this key has no `sk-` shape a pattern would catch)."""
+    from regroup.cli import main
+
+    key = "Zq7RkW2mLEAKCHECKPx9LbT4v"
+    monkeypatch.setenv(KEY_ENV, key)  # the reward worker inherits the environment
+    argv = h.train_args(
+        tiny_model_dir,
+        tmp_path / "run",
+        "dagrpo.yaml",
+        "mask.scorer.name=judge",
+        "mask.scorer.base_url=http://127.0.0.1:9/v1",  # never reached: the run stops before its first request
+        f"mask.scorer.api_key_env={KEY_ENV}",
+        "rewards=[_user_rewards:raises_the_key]",
+    )
+    assert main(argv) == 2
+    out = capsys.readouterr()
+    printed = out.out + out.err
+    assert "raised ValueError: bad credentials" in printed
+    assert "LEAKCHECK" not in printed and "Zq7RkW2m" not in printed and "***" in printed

@@ -20,7 +20,7 @@ import reliability_helpers as h
 from regroup.cli import main
 from regroup.runtime.checkpoint import latest_valid_checkpoint, list_checkpoints, save_checkpoint, verify_checkpoint
 from regroup.runtime.metrics import MetricsFileWarning, MetricsLogger
-from regroup.runtime.rundir import RunDirError, RunDirLock, claim_run_dir, new_run_dir
+from regroup.runtime.rundir import RunDirError, RunDirLock, claim_run_dir, first_missing_folder, new_run_dir
 
 pytestmark = pytest.mark.reliability
 
@@ -183,6 +183,30 @@ def test_cli_resume_after_every_checkpoint_was_corrupt_keeps_its_new_checkpoints
     got = h.resumed_at(capsys.readouterr().err)
     assert got is not None and Path(got[0]).name == "step-000001" and got[1] == 1
     assert steps_logged(run_copy) == [1, 2]
+
+
+def test_first_missing_folder_by_hand(tmp_path):
+    assert first_missing_folder(tmp_path) is None
+    assert first_missing_folder(tmp_path / "a" / "b" / "run") == tmp_path / "a"
+    (tmp_path / "link").symlink_to(tmp_path / "nowhere")
+    assert first_missing_folder(tmp_path / "link") is None  # a dangling link is there: nothing to make
+
+
+@pytest.mark.parametrize("run_dir", [None, "a/b/run"], ids=["default", "nested"])
+def test_a_run_refused_before_the_weights_load_leaves_no_folder_behind(
+    tiny_model_dir, tmp_path, capsys, monkeypatch, run_dir
+):
+    """A user reward the preflight refuses (it returns a string): one line, exit 2, and no folder the command
+    made is left: not the run folder, nor `runs/` (the default run folder's parent), nor a run_dir's parents."""
+    work = tmp_path / "cwd"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    overrides = [o for o in h.small_overrides(tiny_model_dir, "-") if not o.startswith("run_dir=")]
+    overrides += [f"run_dir={run_dir}"] if run_dir else []
+    argv = ["train", "--config", str(h.CONFIGS / "grpo.yaml"), *overrides, "rewards=[_user_rewards:says_yes]"]
+    assert main(argv) == 2
+    assert "returned str 'yes'" in h.one_line(capsys)
+    assert os.listdir(work) == []
 
 
 # -------------------------------------------------------------------------------------- metrics

@@ -192,6 +192,8 @@ def test_checker_counts_every_outcome(checker):
         "error": 1,
         "cached": 1,
         "restarts": 0,
+        "protocol_errors": 0,
+        "forked_returns": 0,
     }
     assert checker.pop_counts()["checked"] == 0  # popped
     assert checker.stats["checked"] >= 5  # stats keep counting since creation

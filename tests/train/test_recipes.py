@@ -85,7 +85,8 @@ def test_features_of_each_recipe():
     # a switched-off section's numbers say nothing: ta.n_variants=3 with ta.enabled=false samples no variant
     off = features(load_config(CONFIGS / "grpo.yaml", ["ta.n_variants=3", "anchors.count=2"]))
     assert off.n_variants == 0 and off.anchor_count == 0 and off.added_anchors == 0 and off.draw_rounds == 1
-    added = features(load_config(CONFIGS / "dagrpo.yaml", ["anchors.mode=add", "anchors.count=2"]))
+    two = ["anchors.mode=add", "anchors.count=2", "anchors.source=both"]  # a reference and a self anchor
+    added = features(load_config(CONFIGS / "dagrpo.yaml", two))
     assert added.added_anchors == 2 == added.anchor_count
     replaced = features(load_config(CONFIGS / "dagrpo.yaml", ["anchors.mode=replace", "anchors.count=1"]))
     assert replaced.added_anchors == 0 and replaced.anchor_count == 1

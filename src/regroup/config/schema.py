@@ -277,6 +277,28 @@ class AnchorConfig(Section):
     max_tokens: int = F(0, ge=0, le=MAX_TOKENS)
     """Longest anchor in tokens; a longer reference is not injected and is counted (0: rollout.max_new_tokens)."""
 
+    @model_validator(mode="after")
+    def _count_within_source(self) -> AnchorConfig:
+        # A question has one reference solution and at most buffer_size self anchors: a larger count would
+        # inject fewer anchors than asked, silently (stages/anchors.py takes what there is).
+        most = {"reference": 1, "self": self.buffer_size, "both": 1 + self.buffer_size}[self.source]
+        if self.enabled and self.count > most:
+            has = {
+                "reference": "one reference solution",
+                "self": f"at most anchors.buffer_size={self.buffer_size} earlier answers",
+                "both": f"one reference and at most anchors.buffer_size={self.buffer_size} earlier answers",
+            }[self.source]
+            fix = (
+                "set anchors.count=1, or anchors.source=both (the reference and the policy's own verified answers)"
+                if self.source == "reference"
+                else "lower anchors.count or raise anchors.buffer_size"
+            )
+            raise ValueError(
+                f"count={self.count} with source={self.source}: a question has {has}, so at most {most} "
+                f"anchor{'s' if most > 1 else ''} per question would be injected; {fix}"
+            )
+        return self
+
 
 class DynamicSamplingConfig(Section):
     """DAPO dynamic sampling: drop uniform-reward groups and sample more questions until the batch is full."""

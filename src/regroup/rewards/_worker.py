@@ -1,13 +1,20 @@
 """The child process of the reward worker pool (`regroup.rewards.pool`), run by file path (`runpy`): one JSON
-request per line on stdin, one JSON reply per line on a private copy of stdout (whatever a library or a reward
-prints goes to stderr, so it cannot corrupt the replies). Nothing is pickled either way.
+request per line on stdin, {"id": n, "request": {...}}, one JSON reply per line on a private copy of stdout,
+{"id": n, ...the reply}: whatever a library or a reward prints goes to stderr, so it cannot corrupt the replies.
+Nothing is pickled either way.
+
+The reply channel belongs to this process: a program the reward runs (fork + exec) does not inherit it (the copy
+is close-on-exec), and a process the reward forked that comes back here (it returned or raised instead of calling
+`os._exit`) writes no reply: it sends one {"forked_child": pid} line, which the pool counts, and exits at once,
+before it could read a request meant for this worker.
 
 `sys.argv[1:]` says what it checks:
 - `math`: math-verify. Imports nothing from regroup, so it starts as fast as math-verify imports.
   Request {"gold": str, "pred": str, "budget": seconds}; reply {"ok": bool} | {"timeout": true} | {"error": str}.
 - `user pkg.mod:obj`: a user reward, imported by its dotted name (regroup is preloaded by the parent).
   Request {"response": str, "problem": Problem.to_dict()}; reply {"value": number | None} | {"error": str}.
-First line: {"ready": true} once the checker is imported (and, for math, warmed by one check), or {"fatal": str}.
+First line, without an id: {"ready": true} once the checker is imported (and, for math, warmed by one check),
+or {"fatal": str}.
 """
 
 from __future__ import annotations
@@ -102,15 +109,19 @@ def _not_json(value: Any) -> Any:  # anything else a reward returns is its error
 
 
 def main() -> None:
-    channel = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
+    owner = os.getpid()
+    channel = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")  # os.dup: close-on-exec
     os.dup2(2, 1)
     sys.stdout = sys.stderr
 
     def send(reply: dict) -> None:
+        if os.getpid() != owner:  # a forked child of the reward came back here: it must not speak for the worker
+            channel.write(json.dumps({"forked_child": os.getpid()}) + "\n")
+            os._exit(1)
         try:
             line = json.dumps(reply, default=_not_json)
         except (TypeError, ValueError) as exc:
-            line = json.dumps({"error": str(exc)[:300]})
+            line = json.dumps({"id": reply.get("id"), "error": str(exc)[:300]})
         channel.write(line + "\n")
 
     try:
@@ -121,13 +132,14 @@ def main() -> None:
         return
     send({"ready": True})
     for line in sys.stdin.buffer:
+        message = json.loads(line)
         try:
-            reply = check(json.loads(line))
+            reply = check(message["request"])
         except KeyboardInterrupt:
             return
         except BaseException as exc:  # RecursionError, MemoryError, the reward's own errors: that call's error
             reply = {"error": f"{type(exc).__name__}: {exc}"[:300]}
-        send(reply)
+        send({"id": message["id"], **reply})
 
 
 if __name__ == "__main__":

@@ -25,11 +25,18 @@ from typing import Any
 from regroup.errors import ConfigError
 from regroup.rewards.counts import RewardCounts
 from regroup.rewards.isolated import DEFAULT_MEMORY_MB
-from regroup.rewards.pool import WorkerDied, WorkerPool, WorkerStartError, WorkerTimeout
+from regroup.rewards.pool import POOL_COUNTS, WorkerLost, WorkerPool, WorkerStartError, WorkerTimeout
 
 log = logging.getLogger(__name__)
 
-COUNTS = ("checked", "timeout", "restarts")
+COUNTS = ("checked", "timeout", *POOL_COUNTS)
+
+
+def _redacted(text: str) -> str:
+    """An error text from the worker (the reward's own message) without any API key: it is printed."""
+    from regroup.net.redact import redact  # here: the net package loads an HTTP client
+
+    return redact(str(text))
 
 
 class UserRewardError(ConfigError):
@@ -129,14 +136,14 @@ class DeadlineReward:
         except (TypeError, ValueError) as e:  # meta that is not JSON
             raise UserRewardError(f"reward {self.name}: its arguments cannot be sent to the worker ({e})") from None
         except WorkerStartError as e:
-            raise UserRewardError(f"reward {self.name}: the worker process {e.fatal or e.reason}") from None
+            raise UserRewardError(f"reward {self.name}: the worker process {_redacted(e.fatal or e.reason)}") from None
         except WorkerTimeout:
             self._counts.add("timeout")
             return None, True
-        except WorkerDied:
+        except WorkerLost:  # the worker crashed, or broke the reply protocol: replaced, the call unscored
             return None, False
         if "error" in reply:
-            raise UserRewardError(f"reward {self.name} raised {reply['error']}")
+            raise UserRewardError(f"reward {self.name} raised {_redacted(reply['error'])}")
         return reply["value"], False
 
     def __call__(self, response: str, problem: Any) -> float | None:

@@ -23,14 +23,15 @@ from typing import Any
 from regroup.config.registry import REWARDS
 from regroup.rewards.counts import RewardCounts
 from regroup.rewards.isolated import DEFAULT_MEMORY_MB
-from regroup.rewards.pool import WorkerDied, WorkerPool, WorkerStartError, WorkerTimeout
+from regroup.rewards.pool import POOL_COUNTS, WorkerLost, WorkerPool, WorkerStartError, WorkerTimeout
 
 __all__ = ["CHECK_COUNTS", "MathAnswerChecker", "extract_boxed", "extract_after_marker"]
 
 # What `MathAnswerChecker.pop_counts()` reports. Every check is exactly one of too_long, no_answer,
 # correct, wrong, timeout, error; `extracted` counts the checks where an answer was found; `cached`
-# the checks answered from the remembered outcome of an identical (gold, answer) pair; `restarts` the
-# worker processes replaced (killed when stuck, or found dead).
+# the checks answered from the remembered outcome of an identical (gold, answer) pair; then the pool's
+# counts (`regroup.rewards.pool.POOL_COUNTS`): `restarts` the worker processes replaced (killed when stuck,
+# or found dead), `protocol_errors` and `forked_returns` what broke the reply protocol.
 CHECK_COUNTS = (
     "checked",
     "extracted",
@@ -41,7 +42,7 @@ CHECK_COUNTS = (
     "timeout",
     "error",
     "cached",
-    "restarts",
+    *POOL_COUNTS,
 )
 
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
@@ -259,10 +260,10 @@ class MathAnswerChecker:
         request = {"gold": gold, "pred": pred, "budget": self.timeout_s}  # the worker's own alarm
         try:
             reply = self.pool.call(request, self.timeout_s + self.grace_s)  # then a kill, after a short grace
-        except WorkerDied:
-            return "error"  # this input crashed the worker (e.g. a C stack overflow)
         except WorkerTimeout:
             return "timeout"  # stuck where the alarm cannot reach: killed
+        except WorkerLost:
+            return "error"  # this input crashed the worker (e.g. a C stack overflow), or it broke the protocol
         except WorkerStartError as e:
             raise _start_error(e) from None
         if reply.get("timeout"):

@@ -6,6 +6,14 @@ A call takes a free worker (the warm one first), sends one request line and wait
 its deadline. A worker that has not answered by then is killed with its whole process group (what the
 reward started dies too) and replaced at once, so the next one imports while the caller goes on; one found
 dead is replaced too; each replacement is counted (`restarts`). A forked child starts its own workers.
+
+Each request carries a sequence id that its reply must carry back. Anything else on the reply channel (a
+line the reward wrote there, a reply to another request, a line that is not JSON, data left after the
+reply) is a protocol error: the worker is replaced and the call fails as a crashed one does
+(`WorkerProtocolError`); data found there between calls sends the next request to a new worker. A process
+the reward forked that came back into the worker's loop (it returned instead of calling `os._exit`) only
+says so and exits (`_worker.py`). Both are counted (`protocol_errors`, `forked_returns`) and said once in
+the log: a reward that does this is broken, and its scores could otherwise have gone to the wrong sample.
 Hand-written because no library does the job: concurrent.futures and multiprocessing pools pickle their
 calls, and cannot stop a call stuck in C code except by breaking the pool, nor kill what the call started.
 """
@@ -13,10 +21,12 @@ calls, and cannot stop a call stuck in C code except by breaking the pool, nor k
 from __future__ import annotations
 
 import json
+import logging
 import os
 import queue
 import select
 import subprocess
+import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -29,7 +39,12 @@ from regroup.rewards.isolated import kill_group, start_worker, worker_command
 T = TypeVar("T")
 R = TypeVar("R")
 
+log = logging.getLogger(__name__)
+
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_worker.py")
+
+POOL_COUNTS = ("restarts", "protocol_errors", "forked_returns")
+"""The counts a pool adds to its owner's `RewardCounts` (which must have these keys)."""
 
 
 class WorkerStartError(RuntimeError):
@@ -51,6 +66,26 @@ class WorkerTimeout(WorkerLost):
 
 class WorkerDied(WorkerLost):
     """The worker exited during the call (a crash, or the reward ended its own process)."""
+
+
+class WorkerProtocolError(WorkerLost):
+    """The reply channel held something other than the reply to the call: the worker was replaced."""
+
+
+def _message(line: bytes) -> dict[str, Any] | None:
+    """A reply channel line as a JSON object (JSON back: the parent unpickles nothing); None when it is not one."""
+    try:
+        message = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    return message if isinstance(message, dict) else None
+
+
+def _shown(data: bytes) -> str:
+    """A short, redacted quote of unexpected data, for the log line."""
+    from regroup.net.redact import clip  # here: the net package loads an HTTP client
+
+    return repr(clip(data.decode("utf-8", "replace"), 80))
 
 
 def read_chunk(fd: int, deadline: float) -> bytes | None:
@@ -78,6 +113,7 @@ class _Worker:
         self.proc = start_worker(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, bufsize=0)
         self.owner = os.getpid()
         self.ready = False
+        self.last_id = 0  # of the newest request sent
         self._buffer = b""
         self._finalizer = weakref.finalize(self, _kill_if_ours, self.proc, self.owner)
 
@@ -91,8 +127,8 @@ class _Worker:
         except (BrokenPipeError, OSError):
             raise WorkerDied("the reward worker's pipe is closed") from None
 
-    def read(self, deadline: float) -> dict[str, Any] | None:
-        """The next reply; None at the deadline; raises WorkerDied when the child exited."""
+    def read_line(self, deadline: float) -> bytes | None:
+        """The next line of the reply channel; None at the deadline; raises WorkerDied when the child exited."""
         assert self.proc.stdout is not None
         fd = self.proc.stdout.fileno()
         while b"\n" not in self._buffer:
@@ -103,7 +139,17 @@ class _Worker:
                 raise WorkerDied("the reward worker exited")
             self._buffer += chunk
         line, _, self._buffer = self._buffer.partition(b"\n")
-        return json.loads(line)  # JSON back: the parent unpickles nothing
+        return line
+
+    def unread(self) -> bytes:
+        """What the reply channel holds beyond the lines read, without waiting (b"": nothing). An exited
+        worker's end of file is left for the next read."""
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        if select.select([fd], [], [], 0)[0]:
+            self._buffer += os.read(fd, 1 << 16)
+        data, self._buffer = self._buffer, b""
+        return data
 
     def close(self) -> None:
         self._finalizer()
@@ -112,7 +158,9 @@ class _Worker:
 class WorkerPool:
     """`size` workers running `_worker.py` with `args` (see there), each with `memory_mb` MiB of address space
     (0: no limit) and the top-level packages `preload` loaded from the parent's files; started on first use.
-    `counts` gets a `restarts` for every worker replaced. `quiet` sends the workers' stderr to /dev/null."""
+    `counts` (with the keys POOL_COUNTS) gets a `restarts` for every worker replaced, a `protocol_errors` for
+    every worker replaced for what it wrote on its reply channel, a `forked_returns` for every process the
+    reward forked that came back into the worker. `quiet` sends the workers' stderr to /dev/null."""
 
     def __init__(
         self,
@@ -128,24 +176,35 @@ class WorkerPool:
         self.args, self.preload, self.memory_mb = list(args), tuple(preload), memory_mb
         self.size, self.startup_timeout_s, self.quiet = size, startup_timeout_s, quiet
         self._counts = counts
+        self._said: set[str] = set()  # the kinds of broken protocol already said in the log
+        self._said_lock = threading.Lock()
         self.workers: list[_Worker | None] = [None] * size  # by slot; None until started
         self._free: queue.LifoQueue[int] = queue.LifoQueue()  # LIFO: a warm worker is reused first
         for slot in range(size):
             self._free.put(slot)
 
     def call(self, request: dict[str, Any], wait_s: float) -> dict[str, Any]:
-        """Send `request` to a free worker and return its reply, waiting `wait_s` at most. Raises WorkerTimeout
-        or WorkerDied (the worker is replaced), WorkerStartError, or TypeError / ValueError for a request that
-        is not JSON (before any worker is used)."""
-        line = (json.dumps(request) + "\n").encode("utf-8")
+        """Send `request` to a free worker and return its reply, waiting `wait_s` at most. Raises WorkerTimeout,
+        WorkerDied or WorkerProtocolError (the worker is replaced), WorkerStartError, or TypeError / ValueError
+        for a request that is not JSON (before any worker is used)."""
+        body = json.dumps(request)
         slot = self._free.get()
         try:
             worker = self._ready(slot)
+            stray = self._stray(worker)
+            if stray is not None:  # written since the last reply: this request goes to a new worker
+                self._broken(slot, f"wrote {stray} on its reply channel between calls; the next call went to a new one")
+                worker = self._ready(slot)
+            worker.last_id += 1
+            request_id = worker.last_id
             try:
-                worker.send(line)
-                reply = worker.read(time.monotonic() + wait_s)
+                worker.send(f'{{"id": {request_id}, "request": {body}}}\n'.encode())
+                reply = self._reply(worker, request_id, time.monotonic() + wait_s)
             except WorkerDied:
                 self._replace(slot)  # this input crashed it (e.g. a C stack overflow, or os._exit)
+                raise
+            except WorkerProtocolError as e:
+                self._broken(slot, str(e))
                 raise
             if reply is None:
                 self._replace(slot)  # stuck where nothing else reaches it: kill its group
@@ -153,6 +212,68 @@ class WorkerPool:
             return reply
         finally:
             self._free.put(slot)
+
+    def _reply(self, worker: _Worker, request_id: int, deadline: float) -> dict[str, Any] | None:
+        """The reply to request `request_id`, None at the deadline; WorkerProtocolError for any other line
+        (a forked child's notice aside) or for data after the reply."""
+        while True:
+            line = worker.read_line(deadline)
+            if line is None:
+                return None
+            message = _message(line)
+            if self._forked_notice(message):
+                continue
+            got = None if message is None else message.pop("id", None)
+            if type(got) is not int or got != request_id:  # JSON true is not id 1
+                raise WorkerProtocolError(
+                    f"wrote {_shown(line)} on its reply channel instead of reply {request_id}; that call failed"
+                )
+            stray = self._stray(worker)
+            if stray is not None:
+                raise WorkerProtocolError(
+                    f"wrote {stray} on its reply channel after reply {request_id}; that call failed"
+                )
+            return message
+
+    def _stray(self, worker: _Worker) -> str | None:
+        """What the reply channel holds now beyond the lines read, forked children's notices aside (counted):
+        None when nothing else, else a short quote of it."""
+        data = worker.unread()
+        lines = data.split(b"\n")
+        rest = [line for line in lines[:-1] if not self._forked_notice(_message(line))]
+        if lines[-1]:  # a line without its end
+            rest.append(lines[-1])
+        return _shown(b"\n".join(rest)) if rest else None
+
+    def _forked_notice(self, message: dict[str, Any] | None) -> bool:
+        """Whether `message` is the notice of a process the reward forked that came back into the worker
+        (`_worker.py` made it exit before it wrote a reply); counted, and said once."""
+        if message is None or set(message) != {"forked_child"}:
+            return False
+        self._counts.add("forked_returns")
+        self._say_once(
+            "forked",
+            f"reward {self.args[-1]}: a process it forked returned into its worker instead of ending with os._exit; "
+            "it was stopped before it could reply (counted as reward/forked_returns)",
+        )
+        return True
+
+    def _broken(self, slot: int, what: str) -> None:
+        """The worker in `slot` broke the reply protocol: counted, said once, replaced."""
+        self._counts.add("protocol_errors")
+        self._say_once(
+            "protocol",
+            f"reward {self.args[-1]}: its worker {what}; the worker was replaced (counted as reward/protocol_errors): "
+            "a reward must not write to the worker's file descriptors",
+        )
+        self._replace(slot)
+
+    def _say_once(self, kind: str, line: str) -> None:
+        with self._said_lock:  # calls run in threads
+            if kind in self._said:
+                return
+            self._said.add(kind)
+        log.warning("warning: %s", line)
 
     def run_many(self, fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
         """`[fn(item) for item in items]`, `size` at a time (fn calls `call`); results in order."""
@@ -181,15 +302,21 @@ class WorkerPool:
         worker = self._start(slot)
         if worker.ready:
             return worker
+        deadline = time.monotonic() + self.startup_timeout_s
         try:
-            reply = worker.read(time.monotonic() + self.startup_timeout_s)
+            line = worker.read_line(deadline)
+            while line is not None and self._forked_notice(_message(line)):
+                line = worker.read_line(deadline)
         except WorkerDied:
-            reply = {"died": True}
-        if reply is None or "ready" not in reply:
+            line = b'{"died": true}'
+        reply = None if line is None else _message(line)
+        if reply is None or set(reply) != {"ready"}:
             worker.close()
             self.workers[slot] = None
-            if reply is None:
+            if line is None:
                 raise WorkerStartError(f"did not start within {self.startup_timeout_s:g} s")
+            if reply is None or not reply.keys() & {"died", "fatal"}:
+                raise WorkerStartError(f"wrote {_shown(line)} on its reply channel instead of its ready line")
             fatal = reply.get("fatal")
             raise WorkerStartError("failed to start" if fatal else "exited while starting", fatal)
         worker.ready = True

@@ -110,12 +110,13 @@ class RunDirLock:
         self._fd = fd
         return self
 
-    def release(self, discard_empty: bool = False, remove_folder: bool = False) -> None:
+    def release(self, discard_empty: bool = False, made: str | os.PathLike | None = None) -> None:
         """Unlock. `discard_empty`: when nothing but the .lock is in the folder (a run refused or stopped before
-        it wrote anything), remove the .lock too, and with `remove_folder` (a folder the caller made) the folder,
-        so that the folder is left as it was found. The .lock is unlinked while still held: a second writer that
-        opened it already fails its flock; one that made the folder just before it is removed fails in one line
-        (no such file)."""
+        it wrote anything), remove the .lock too, and with `made` (the outermost folder the caller created on the
+        way to the run folder: the run folder itself, or a parent such as `runs/`; see `first_missing_folder`)
+        the run folder and its parents up to `made` while they are empty, so that the disk is left as it was
+        found. The .lock is unlinked while still held: a second writer that opened it already fails its flock;
+        one that made the folder just before it is removed fails in one line (no such file)."""
         if self._fd is None:
             return
         emptied = False
@@ -131,17 +132,37 @@ class RunDirLock:
         fcntl.flock(self._fd, fcntl.LOCK_UN)
         os.close(self._fd)
         self._fd = None
-        if emptied and remove_folder:
-            try:
-                self.run_dir.rmdir()  # fails, harmlessly, if another writer put something there meanwhile
-            except OSError:
-                pass
+        if emptied and made is not None:
+            _remove_empty_folders(self.run_dir, Path(made))
 
     def __enter__(self) -> RunDirLock:
         return self if self._fd is not None else self.acquire()
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def first_missing_folder(path: str | os.PathLike) -> Path | None:
+    """The outermost folder of `path` (`path` itself or one of its parents) that does not exist yet: the first
+    one making `path` creates. None when `path` exists (a link counts, even a dangling one)."""
+    path, top = Path(path), None
+    while not os.path.lexists(path) and path != path.parent:
+        top, path = path, path.parent
+    return top
+
+
+def _remove_empty_folders(folder: Path, top: Path) -> None:
+    """Remove `folder`, then its parents up to `top` (`folder` or one of its parents), each only while empty."""
+    if top != folder and top not in folder.parents:
+        top = folder  # not on its way: only the run folder itself
+    while True:
+        try:
+            folder.rmdir()  # fails, harmlessly, if another writer put something there meanwhile
+        except OSError:
+            return
+        if folder == top:
+            return
+        folder = folder.parent
 
 
 def _make_dir(path: Path) -> None:

@@ -2,7 +2,8 @@
 model is in memory. Each refusal is one `ConfigError` line (exit 2); each warning one log line.
 
 - `check_world`: the batch divides over the processes.
-- `check_api_keys`: a judge's / rewriter's `api_key_env` variable is set (null or "": no key is sent).
+- `check_api_keys`: a judge's / rewriter's `api_key_env` variable is set (null or "": no key is sent); the
+  keys are known to `regroup.net.redact` from then on (a reward's error quoting one is printed without it).
 - `announce_keys`: one line per remote client that will send a key: the variable's name and the host it
   goes to (a saved config or a shared recipe chooses both; the terminal says so before the first request).
 - `check_eval_file`: `data.eval_file` loads (else the first evaluation would fail mid-run).
@@ -29,6 +30,7 @@ from regroup.data.load import DataError
 from regroup.errors import ConfigError
 from regroup.models.memory import builtin_shape, check_memory, estimate_memory, model_shape
 from regroup.models.prompting import encode_response
+from regroup.net.redact import remember_secret
 from regroup.rewards import pop_counts, score_many
 from regroup.rewards.build import reward_fn_from_config
 from regroup.stages.anchors import is_verified
@@ -62,6 +64,8 @@ def _key_users(cfg: RunConfig) -> list[tuple[str, str | None]]:
 
 
 def check_api_keys(cfg: RunConfig, environ=os.environ) -> None:
+    for *_, variable in key_destinations(cfg):  # known to `redact` before the first check that may print (a reward's)
+        remember_secret(environ.get(variable))
     for key, name in _key_users(cfg):
         if name and not environ.get(name):
             raise ConfigError(
