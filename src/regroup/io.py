@@ -5,10 +5,13 @@
 - `append_text`, `read_bytes`, `open_nofollow`: what regroup opens inside a run folder is never followed
   through a symbolic link (`O_NOFOLLOW`): a planted link cannot make a run append to, truncate or read
   another file. A link is refused with a `SymlinkError` naming it.
+- `read_file_text`: a file the user names (a config), read only when it is a regular file and only up to a
+  limit: /dev/zero or a named pipe is refused before a byte is read, and opening one never waits.
 """
 
 from __future__ import annotations
 
+import codecs
 import errno
 import os
 import stat
@@ -18,6 +21,10 @@ from pathlib import Path
 
 class SymlinkError(OSError):
     """A file regroup opens inside a run folder is a symbolic link (never followed)."""
+
+
+class NotRegularFileError(OSError):
+    """A path given as a file is a named pipe, a device or a socket (never read)."""
 
 
 def _default_mode() -> int:
@@ -118,3 +125,41 @@ def read_bytes(path: str | os.PathLike) -> bytes:
 
 def read_text(path: str | os.PathLike) -> str:
     return read_bytes(path).decode("utf-8")
+
+
+def _file_kind(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "a named pipe (FIFO)"
+    if stat.S_ISCHR(mode):
+        return "a character device"
+    if stat.S_ISBLK(mode):
+        return "a block device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
+def read_file_text(path: str | os.PathLike, limit: int, *, follow_links: bool = True) -> str:
+    """The UTF-8 text of the regular file `path`, at most its first `limit` characters (a caller that refuses a
+    longer file asks for one more than it accepts): at most 4 * `limit` bytes are read. Opened without waiting
+    (`O_NONBLOCK`: a named pipe with no writer would block the open) and checked on the open descriptor: a named
+    pipe, device or socket is a `NotRegularFileError` naming it and what it is, a folder an `IsADirectoryError`,
+    before anything is read. Not UTF-8: `UnicodeDecodeError`. `follow_links=False`: a symbolic link is a
+    `SymlinkError` (inside a run folder)."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags) if follow_links else open_nofollow(path, flags)
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, f"{path} is a folder, not a file", str(path))
+        if not stat.S_ISREG(mode):
+            raise NotRegularFileError(errno.EINVAL, f"{path} is {_file_kind(mode)}, not a regular file", str(path))
+        chunks, left, ended = [], 4 * limit, False  # a UTF-8 character is at most 4 bytes
+        while left > 0 and not ended:
+            chunk = os.read(fd, min(left, 1 << 20))
+            chunks.append(chunk)
+            left, ended = left - len(chunk), not chunk
+    finally:
+        os.close(fd)
+    # Not at the end: a character cut by the byte limit waits for bytes never read (an error still names its byte).
+    return codecs.getincrementaldecoder("utf-8")().decode(b"".join(chunks), final=ended)[:limit]

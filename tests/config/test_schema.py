@@ -357,6 +357,134 @@ def test_yaml_nesting_and_size_limits_are_one_line():
         load_yaml("a: " + "x" * MAX_TEXT, "f")
 
 
+def alias_bomb(levels: int = 8, width: int = 10) -> str:
+    """A few hundred bytes of YAML whose `rewards.functions[0]` is width**levels strings once its aliases are
+    expanded (PyYAML builds each aliased list once and shares it: loading is instant, a repr is not)."""
+    names = "abcdefghijklmnopqrstuvwxyz"
+    lines = ["rewards:", "  functions:", f"  - - &a [{', '.join(['x'] * width)}]"]
+    for prev, name in zip(names[: levels - 1], names[1:levels]):
+        lines.append(f"    - &{name} [{', '.join([f'*{prev}'] * width)}]")
+    return "\n".join(lines) + "\n"
+
+
+def test_an_alias_bomb_is_one_line_before_anything_is_built(tmp_path):
+    """10^8 values from 412 bytes: refused by the loader while it counts the aliases' expansion, in the file, an
+    `extends:` parent and an override alike (before, a refusal's message repr'd all of them: minutes, gigabytes)."""
+    from regroup.config.fields import MAX_VALUES, load_yaml
+
+    bomb = alias_bomb()
+    assert len(bomb) < 503
+    bomb_file = tmp_path / "bomb.yaml"
+    bomb_file.write_text(bomb)
+    (tmp_path / "child.yaml").write_text("extends: bomb.yaml\n")
+    inline = "[" + ", ".join(f"&{n} [{', '.join([f'*{p}'] * 10)}]" for p, n in zip("abcdefg", "bcdefgh")) + "]"
+    override = "rewards.functions=[&a [x, x, x, x, x, x, x, x, x, x], " + inline[1:]
+    for load, source in (
+        (lambda: load_config(bomb_file), str(bomb_file)),
+        (lambda: read_yaml(tmp_path / "child.yaml"), str(bomb_file)),
+        (lambda: load_config(CONFIGS / "grpo.yaml", [override]), "override rewards.functions"),
+    ):
+        with pytest.raises(ConfigError) as e:
+            load()
+        assert str(e.value) == (
+            f"{source}: more than {MAX_VALUES} values once its aliases (*name) are expanded; a config holds a few "
+            "hundred"
+        )
+    assert load_yaml(alias_bomb(levels=4), "f")["rewards"]["functions"][0][3][0][0][0][0] == "x"  # 10^4 values pass
+
+
+def test_aliases_cannot_stand_for_more_characters_deeper_nesting_or_an_endless_value():
+    from regroup.config.fields import MAX_DEPTH, MAX_TEXT, load_yaml
+
+    long_string = "s: &s " + "x" * 5000 + "\nl: [" + ", ".join(["*s"] * 300) + "]\n"  # 1.5 M characters expanded
+    with pytest.raises(ConfigError, match=rf"^f: more than {MAX_TEXT} characters of values once its aliases"):
+        load_yaml(long_string, "f")
+    deep = "a: &a " + "[" * 20 + "]" * 20 + "\nb: &b " + "[" * 10 + "*a" + "]" * 10 + "\n"  # 31 levels: passes
+    assert load_yaml(deep, "f") is not None
+    with pytest.raises(ConfigError, match=rf"^f: nested more than {MAX_DEPTH} levels deep once its aliases"):
+        load_yaml(deep + "c: " + "[" * 2 + "*b" + "]" * 2 + "\n", "f")  # 2 + 10 + 21 + the mapping: 34
+    with pytest.raises(ConfigError, match=r"^f: an alias \(\*name\) stands inside the value it names"):
+        load_yaml("rewards: {functions: &a [x, *a]}\n", "f")
+
+
+def test_a_value_in_an_error_line_is_cut_short_without_its_whole_repr():
+    """A value that is huge when printed whole (here 10^6 leaves, each repr counted) is quoted from the first few
+    of them: `short` walks a bounded part of it, and so does the line a refused setting gets."""
+    from regroup.config.fields import F, Section, check, short
+
+    class Leaf:
+        reprs = 0
+
+        def __repr__(self) -> str:
+            Leaf.reprs += 1
+            return "leaf"
+
+    value: list = [Leaf()] * 10
+    for _ in range(5):
+        value = [value] * 10  # 10^6 leaves, 7 lists built
+
+    class Settings(Section):
+        names: list[str] = F([], "Names.")
+
+    text = short(value)
+    assert len(text) <= 80 and text.startswith("[[[")
+    with pytest.raises(ConfigError) as e:
+        check(Settings, {"names": value}, "k.")
+    assert str(e.value).startswith("k.names[0]: expected a string, got [[[") and len(str(e.value)) < 200
+    assert Leaf.reprs == 0  # reprlib stops at 3 levels: the leaves, 6 levels down, are never printed
+    assert short("x" * 1000) == repr("x" * 60) + "... (1000 characters)"
+    assert short([1, 2]) == "[1, 2]" and short({"a": 1}) == "{'a': 1}"
+    assert short(10**5000) == "a int"  # str() of it raises (Python's 4300-digit limit)
+    key = "k" * 10**6  # an unknown key is quoted short too
+    with pytest.raises(ConfigError) as e:
+        check(Settings, {key: 1}, "k.")
+    assert len(str(e.value)) < 300
+
+
+def test_a_config_is_read_only_from_a_regular_file_and_only_up_to_its_size_limit(tmp_path):
+    """/dev/zero never ends, a named pipe without a writer never opens: as --config or as an `extends:` parent,
+    each is one line naming it, and nothing is read from it (before: a MemoryError, a hang)."""
+    import os
+
+    from regroup.config.fields import MAX_TEXT
+
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    for parent, what in (("/dev/zero", "a character device"), (str(fifo), "a named pipe (FIFO)")):
+        (tmp_path / "child.yaml").write_text(f"extends: {parent}\n")
+        with pytest.raises(ConfigError) as e:
+            load_config(tmp_path / "child.yaml")
+        assert str(e.value) == f"{parent} is {what}, not a regular file; a config is a YAML file"
+        with pytest.raises(ConfigError, match="is not a regular file"):
+            load_config(parent)
+    big = tmp_path / "big.yaml"
+    big.write_text("a: " + "x" * (3 * MAX_TEXT))
+    with pytest.raises(ConfigError, match=rf"^{big}: over {MAX_TEXT} characters, more than a config may have$"):
+        read_yaml(big)
+    (tmp_path / "latin1.yaml").write_bytes(b"seed: 1\nrecipe: caf\xe9")  # cut at its end
+    with pytest.raises(ConfigError, match=r"latin1.yaml: not UTF-8 text \(unexpected end of data at byte 19\)"):
+        read_yaml(tmp_path / "latin1.yaml")
+
+
+@pytest.mark.parametrize("key", ["mask.scorer.base_url", "ta.base_url", "rollout.vllm_server_url"])
+def test_a_server_address_with_a_password_query_or_fragment_is_refused_naming_the_key(key):
+    """`user:pass@` is never sent (the key goes in a variable) yet would be kept and printed wherever the address
+    is; a request path would be appended after a query or a fragment. Neither the password nor the query (it
+    may carry a key) is printed."""
+    for url, words in (
+        ("https://user:hunter2@api.example.com/v1", "a user name or password in the address"),
+        ("https://user:pa/ss?#@api.example.com/v1", "a user name or password in the address"),
+        ("https://api.example.com/v1?api-version=hunter2", "has a query ('?...', not shown)"),
+        ("https://api.example.com/v1#hunter2", "has a fragment"),
+    ):
+        with pytest.raises(ConfigError) as e:
+            load_config(CONFIGS / "grpo.yaml", [f"{key}={url}"])
+        line = str(e.value)
+        assert line.startswith(f"{key}: ") and words in line and "(https://api.example.com/v1)" in line, line
+        assert "hunter2" not in line and "pa/ss" not in line and "\n" not in line
+    assert load_config(CONFIGS / "grpo.yaml", [f"{key}=http://127.0.0.1:9/v1"])  # a plain address passes
+
+
 # -- one mechanism: a piece's knobs and a config section take the same values the same way --------------------
 
 

@@ -242,6 +242,31 @@ def test_bad_arguments_are_named():
         ChatClient("http://x", "m", api_key_env=None).complete([{"role": "user"}])
 
 
+@pytest.mark.parametrize(
+    "base_url, words",
+    [
+        ("https://user:hunter2@api.example.com/v1", "a user name or password in the address ('...@') is never sent"),
+        ("https://api.example.com/v1?api-version=hunter2", "has a query ('?...', not shown)"),
+        ("https://api.example.com/v1#hunter2", "has a fragment ('#...')"),
+    ],
+)
+def test_a_base_url_with_a_password_query_or_fragment_is_refused_unprinted(base_url, words):
+    """A query got /chat/completions appended after it (POST /v1?api-version=X/chat/completions); `user:pass@` was
+    not sent, yet kept in repr(), to_dict() and the lines naming the host. Refused when the client is made, in one
+    line that shows the address without the secret."""
+    from regroup.errors import ConfigError
+    from regroup.net.client import RequestError, request_json
+
+    with pytest.raises(ConfigError) as e:
+        ChatClient(base_url, "m", api_key_env=None)
+    line = str(e.value)
+    assert line.startswith("base_url: ") and words in line and "(https://api.example.com/v1)" in line, line
+    assert "hunter2" not in line and "user" not in line.split("(")[-1]
+    with pytest.raises(RequestError) as e:
+        request_json(base_url + "/models")
+    assert "hunter2" not in str(e.value) and words in str(e.value)
+
+
 def test_repr_to_dict_and_pickle_never_hold_the_key(monkeypatch):
     secret = "sk-test-SECRET-repr-42"
     monkeypatch.setenv(ENV, secret)

@@ -249,3 +249,33 @@ def test_a_forked_child_uses_its_own_connections(serve):
     assert client.complete(MSG).text == "answer"
     ports = [port for _, port in srv.arrived]
     assert len(ports) == 3 and ports[0] == ports[2] != ports[1]  # the child had a connection of its own
+
+
+@pytest.mark.parametrize(
+    "key, problem",
+    [
+        ("sk-test-KEY-4711\r\n", "has a line break"),  # a .env file saved with Windows line endings
+        ("sk-test-KEY-4711é", "has a non-ASCII character"),
+        ("sk-test-KEY-4711 ", "has a space or a control character"),
+    ],
+)
+def test_a_key_no_header_can_carry_is_a_setup_error_before_any_request(serve, monkeypatch, key, problem):
+    """Such a key was a connection failure (httpcore refuses the header) retried with back-off on every call, where
+    a missing key is one setup error; now it is that error, and neither the client nor the server counts a request.
+    The line names the variable and what is wrong, never the key."""
+    from regroup.net import MissingAPIKeyError
+    from regroup.net.client import RequestError, request_json
+
+    srv = serve(lambda n, port: answer("never"))
+    monkeypatch.setenv("REGROUP_TEST_BAD_KEY", key)
+    client = ChatClient(srv.url, "m", api_key_env="REGROUP_TEST_BAD_KEY", timeout_s=5.0, max_retries=3, backoff_s=0.01)
+    for call in (lambda: client.complete(MSG), lambda: client.complete_many([MSG, MSG])):
+        with pytest.raises(MissingAPIKeyError) as e:
+            call()
+        line = str(e.value)
+        assert line.startswith(f"environment variable REGROUP_TEST_BAD_KEY {problem} (the value is not shown;")
+        assert "\n" not in line and "4711" not in line
+    with pytest.raises(RequestError) as e:
+        request_json(srv.url + "/models", api_key=key)
+    assert f"the API key {problem}" in str(e.value) and "4711" not in str(e.value)
+    assert client.stats["requests"] == 0 and settled(srv, client) == 0

@@ -194,6 +194,25 @@ def test_a_samples_or_config_link_is_not_followed(tmp_path):
     assert target.read_text() == "recipe: grpo\n"
 
 
+def test_a_saved_config_is_read_only_from_a_regular_file_and_only_up_to_its_size_limit(tmp_path):
+    """A run folder's config.yaml that is a named pipe (nothing writes to it: opening it would wait forever) or
+    larger than any config is one line naming it; at most MAX_TEXT + 1 characters of it are read."""
+    from regroup.config.fields import MAX_TEXT
+    from regroup.errors import ConfigError
+    from regroup.runtime.rundir import read_saved_config
+
+    run = tmp_path / "run"
+    run.mkdir()
+    os.mkfifo(run / "config.yaml")
+    with pytest.raises(ConfigError) as e:
+        read_saved_config(run / "config.yaml")
+    assert str(e.value) == f"{run / 'config.yaml'} is a named pipe (FIFO), not a regular file"
+    (run / "config.yaml").unlink()
+    (run / "config.yaml").write_text("recipe: " + "x" * (4 * MAX_TEXT))
+    with pytest.raises(ConfigError, match=f"config.yaml: over {MAX_TEXT} characters, more than a config may have"):
+        read_saved_config(run / "config.yaml")
+
+
 # --------------------------------------------------------------------------- 3. config it shows
 
 

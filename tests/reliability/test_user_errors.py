@@ -222,3 +222,37 @@ def test_missing_eval_files_are_one_line(tiny_model_dir, tmp_path, capsys):
     assert "--model: no such model folder" in h.one_line(capsys)
     assert main(["eval", "--model", str(tmp_path), "--data", str(tmp_path / "none.jsonl")]) == 2
     assert "has no config.json" in h.one_line(capsys)
+
+
+def _alias_bomb() -> str:
+    """412 bytes whose `rewards.functions[0]` is 10^8 strings once its aliases are expanded."""
+    lines = ["rewards:", "  functions:", "  - - &a [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"    - &{n} [{', '.join([f'*{p}'] * 10)}]" for p, n in zip("abcdefg", "bcdefgh")]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize(
+    "config, words",
+    [
+        ("bomb.yaml", "bomb.yaml: more than 100000 values once its aliases (*name) are expanded"),
+        ("/dev/zero", "/dev/zero is not a regular file"),
+        ("zero_parent.yaml", "/dev/zero is a character device, not a regular file"),
+        ("fifo_parent.yaml", "fifo.yaml is a named pipe (FIFO), not a regular file"),
+    ],
+)
+def test_a_hostile_config_file_is_one_line_and_exit_2_without_hanging(tmp_path, config, words):
+    """An alias bomb (10^8 values from 412 bytes; its refusal used to repr them all: minutes, gigabytes), /dev/zero
+    (read whole: a MemoryError) and a named pipe no one writes to (its open waited forever), as --config or as an
+    `extends:` parent: each one line and exit 2, in a real `regroup train` process (the timeout only guards a
+    hang)."""
+    (tmp_path / "bomb.yaml").write_text(_alias_bomb())
+    os.mkfifo(tmp_path / "fifo.yaml")
+    (tmp_path / "zero_parent.yaml").write_text("extends: /dev/zero\n")
+    (tmp_path / "fifo_parent.yaml").write_text("extends: fifo.yaml\n")
+    path = config if config.startswith("/") else str(tmp_path / config)
+    argv = ["train", "--config", path, f"run_dir={tmp_path / 'run'}"]
+    proc = h.finish(h.start(argv, tmp_path / "out", "train"), argv, timeout=120)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, (proc.returncode, proc.stderr[-2000:])
+    assert lines[0].startswith("config error: ") and words in lines[0] and len(lines[0]) < 300, lines[0]
+    assert not (tmp_path / "run").exists()

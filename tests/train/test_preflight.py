@@ -66,6 +66,29 @@ def test_unset_api_key_variable_is_refused_before_compute():
     preflight.check_api_keys(cfg, environ={})
 
 
+def test_a_key_no_header_can_carry_is_refused_before_compute_without_printing_it():
+    """A key read from a .env file with Windows line endings ends in "\\r": every judge request would fail (and be
+    retried) after the model loaded; refused here, the way an unset variable is."""
+    cfg = cfg_of(
+        "mask.enabled=true",
+        "mask.scorer.name=judge",
+        "mask.scorer.model=m",
+        "mask.scorer.api_key_env=REGROUP_TEST_CRLF_KEY",
+        recipe="dagrpo.yaml",
+    )
+    bad = (("sk-test-KEY-4711\r", "has a line break"), ("sk-tést-KEY-4711", "has a non-ASCII character"))
+    for value, problem in bad:
+        with pytest.raises(ConfigError) as e:
+            preflight.check_api_keys(cfg, environ={"REGROUP_TEST_CRLF_KEY": value})
+        line = str(e.value)
+        assert line.startswith(
+            f"mask.scorer.api_key_env=REGROUP_TEST_CRLF_KEY: the environment variable "
+            f"REGROUP_TEST_CRLF_KEY {problem} (the value is not shown;"
+        )
+        assert "4711" not in line and "\r" not in line
+    preflight.check_api_keys(cfg, environ={"REGROUP_TEST_CRLF_KEY": "sk-test-KEY-4711"})
+
+
 def test_every_question_too_long_is_refused_some_warned():
     problems = TASK.generate(8, seed=1)
     cfg = cfg_of("data.max_prompt_tokens=16")

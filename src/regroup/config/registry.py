@@ -14,7 +14,7 @@ import importlib
 from collections.abc import Mapping
 from typing import Any
 
-from regroup.config.fields import Knobs, check, did_you_mean
+from regroup.config.fields import Knobs, check, did_you_mean, short
 from regroup.errors import ConfigError, import_hint
 
 
@@ -186,7 +186,7 @@ def parse_args(args: type[Knobs] | None, given: Any, key: str, what: str) -> Any
     if args is not None and isinstance(given, args):
         return given
     if not isinstance(given, Mapping | None):
-        raise ConfigError(f"{key}: expected a mapping of knob: value, got {type(given).__name__} {given!r}")
+        raise ConfigError(f"{key}: expected a mapping of knob: value, got {type(given).__name__} {short(given)}")
     if args is None:
         if given:
             raise ConfigError(f"{key}: {what} takes no knobs, got {', '.join(map(str, given))}")

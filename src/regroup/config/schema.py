@@ -18,7 +18,7 @@ from typing import Any, Literal, Optional
 from pydantic import model_validator
 
 from regroup.config import fields
-from regroup.config.fields import Bounds, F, Section, check, did_you_mean, parse_override
+from regroup.config.fields import Bounds, F, Section, check, did_you_mean, parse_override, short
 from regroup.errors import ConfigError
 
 INT32 = 2**31 - 1
@@ -106,7 +106,7 @@ class RolloutConfig(Section):
     vllm_max_model_len: int = F(0, "vLLM engine max model length (0: prompt limit + max_new_tokens).", **EVERY)
     vllm_enable_sleep_mode: bool = F(False, "Let the colocated vLLM engine release GPU memory between rollouts.")
     vllm_tensor_parallel_size: int = F(1, "vLLM tensor-parallel size.", ge=1, le=1024)
-    vllm_server_url: str = F("http://127.0.0.1:8000", resume=True)
+    vllm_server_url: str = F("http://127.0.0.1:8000", url=True, resume=True)
     """Root URL of the vLLM server (backend=vllm_server), without /v1."""
     vllm_server_api_key_env: Optional[str] = F(None, resume=True)
     """NAME of the variable holding the server's --api-key; None or "": the server has no key."""
@@ -217,7 +217,7 @@ class TAConfig(Section):
     "pkg.mod:obj"."""
     ratio_anchor: Literal["original", "own"] = F("original")
     """original: every ratio on (q0, o) as the paper; own: each response on its own prompt."""
-    base_url: str = F("http://127.0.0.1:8000/v1", resume=True)
+    base_url: str = F("http://127.0.0.1:8000/v1", url=True, resume=True)
     """OpenAI-compatible endpoint of the LLM rewriter (rephraser=openai)."""
     model: str = F("gpt-4-turbo", "Rewriter model name.")
     api_key_env: Optional[str] = F("OPENAI_API_KEY", resume=True)
@@ -229,7 +229,7 @@ class ScorerConfig(Section):
     """Fine-grained scorer for DaGRPO masks."""
 
     name: str = F("step", "step | judge | similarity (the registered scorers) | a dotted path pkg.mod:obj.")
-    base_url: str = F("http://127.0.0.1:8000/v1", "OpenAI-compatible endpoint (judge).", resume=True)
+    base_url: str = F("http://127.0.0.1:8000/v1", "OpenAI-compatible endpoint (judge).", url=True, resume=True)
     model: str = F("gpt-4o", "Judge model name.")
     api_key_env: Optional[str] = F("OPENAI_API_KEY", resume=True)
     """Name of the environment variable holding the API key (the key itself never goes in a config); null or "" for a
@@ -418,7 +418,7 @@ class RunConfig(Section):
     def _cross_field(self) -> RunConfig:
         if not RECIPE_NAME.fullmatch(self.recipe):
             raise ValueError(
-                f"recipe: {self.recipe!r} is not a plain name (letters, digits and _ . + - = @, "
+                f"recipe: {short(self.recipe)} is not a plain name (letters, digits and _ . + - = @, "
                 "at most 100): it names run folders and labels plots and reports"
             )
         g = self.grpo
@@ -437,7 +437,7 @@ class RunConfig(Section):
         for name in self.train.report_to:
             if name not in TRACKERS:
                 raise ValueError(
-                    f"train.report_to: unknown tracker {name!r}{did_you_mean(name, TRACKERS)}; "
+                    f"train.report_to: unknown tracker {short(name)}{did_you_mean(name, TRACKERS)}; "
                     f"known: {', '.join(TRACKERS)}"
                 )
         return self
@@ -462,13 +462,17 @@ def parse_weighted(spec: str, key: str = "rewards") -> tuple[str, float]:
     weight): a reward of `rewards.functions`, a term of `grpo.loss_terms`. ConfigError naming `key` otherwise."""
     name, star, weight = (part.strip() for part in str(spec).partition("*"))
     if not name or any(c.isspace() for c in name):
-        raise ConfigError(f"{key}: {spec!r} is not 'name' or 'name*weight'")
+        raise ConfigError(f"{key}: {short(spec)} is not 'name' or 'name*weight'")
     try:
         value = float(weight) if star else 1.0
     except ValueError:
-        raise ConfigError(f"{key}: {spec!r}: the weight of {name!r} is not a number: {weight!r}") from None
+        raise ConfigError(
+            f"{key}: {short(spec)}: the weight of {short(name)} is not a number: {short(weight)}"
+        ) from None
     if not math.isfinite(value):
-        raise ConfigError(f"{key}: {spec!r}: the weight of {name!r} must be a finite number, got {weight!r}")
+        raise ConfigError(
+            f"{key}: {short(spec)}: the weight of {short(name)} must be a finite number, got {short(weight)}"
+        )
     return name, value
 
 
@@ -506,7 +510,7 @@ def apply_overrides(data: dict, overrides: list[str] | tuple[str, ...]) -> dict:
         for k in keys[:-1]:
             node = node.setdefault(k, {})
             if not isinstance(node, dict):
-                raise ConfigError(f"override {text!r}: {k} is not a section")
+                raise ConfigError(f"override {short(text)}: {short(k)} is not a section")
         node[keys[-1]] = value
     return data
 
@@ -521,6 +525,8 @@ def resolve_config_path(path: str | os.PathLike) -> Path:
     given = Path(path)
     if given.is_file():
         return given.resolve()
+    if given.exists() and not given.is_dir():  # never opened: /dev/zero has no end, a named pipe may never open
+        raise ConfigError(f"{path} is not a regular file (a named pipe, a device or a socket); a config is a YAML file")
     for name in (given, given.with_suffix(".yaml"), Path(given.name), Path(given.name).with_suffix(".yaml")):
         if str(path) and (PACKAGED_CONFIGS / name).is_file():
             return PACKAGED_CONFIGS / name

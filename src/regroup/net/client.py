@@ -15,8 +15,11 @@ retry. A reply over `max_response_bytes` is refused unread. Redirects are not fo
 read them (http_proxy, https_proxy, no_proxy), when the client is made.
 
 The API key is read from the environment variable *named* in the config at each call, and is never
-kept on the object: it cannot end up in a repr, a pickle or a config dump. Everything a server sends
-back (reply text, error bodies) passes through `regroup.net.redact` before anyone sees it.
+kept on the object: it cannot end up in a repr, a pickle or a config dump. A value no header can carry (a
+line break from a Windows .env file, a non-ASCII character) is refused as a missing one is, before any
+request. A `base_url` with a user name or password, a query or a fragment is refused when the client is made.
+Everything a server sends back (reply text, error bodies) passes through `regroup.net.redact` before anyone
+sees it.
 """
 
 from __future__ import annotations
@@ -44,7 +47,9 @@ from typing import Any
 # took ~700 more Python calls per request (measured at 64 concurrent calls).
 import httpcore2
 
-from regroup.net.redact import check_key_env_name, clip, redact, remember_secret
+from regroup.config.fields import address_problem, without_user_info
+from regroup.errors import ConfigError
+from regroup.net.redact import KEY_FIX, check_key_env_name, clip, key_value_problem, redact, remember_secret
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +77,8 @@ BASE_HEADERS = {"Accept": "application/json", "Accept-Encoding": "identity", "Us
 
 
 class MissingAPIKeyError(RuntimeError):
-    """The environment variable that should hold the API key is unset or empty."""
+    """The environment variable that should hold the API key is unset or empty, or holds a value no HTTP header can
+    carry (a line break, a non-ASCII character): a setup error, raised before any request is sent."""
 
 
 @dataclass(frozen=True)
@@ -309,7 +315,8 @@ def _http_message(status: int, head: dict[str, str], body: bytes, key: str | Non
 class ChatClient:
     """OpenAI-compatible `/chat/completions` client with retries, deadlines, a concurrency bound and counters.
 
-    `base_url` is the API root (e.g. `https://api.openai.com/v1` or a local vLLM `http://host:8000/v1`);
+    `base_url` is the API root (e.g. `https://api.openai.com/v1` or a local vLLM `http://host:8000/v1`), without
+    `user:pass@`, query or fragment (a `ConfigError` that never prints them);
     `api_key_env` names the environment variable holding the key (None or "": send no Authorization
     header, for local servers). `extra_body` is merged into every request body: server-specific options
     such as a `response_format` JSON schema, or vLLM's `structured_outputs`. `max_retries` counts retries
@@ -337,6 +344,8 @@ class ChatClient:
         max_response_bytes: int = 4 * 1024 * 1024,
         extra_body: Mapping[str, Any] | None = None,
     ) -> None:
+        if isinstance(base_url, str) and (problem := address_problem(base_url)):
+            raise ConfigError(f"base_url: {problem}")  # before anything keeps it: its password never reaches a repr
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must start with http:// or https://, got {base_url!r}")
         if not model:
@@ -428,6 +437,8 @@ class ChatClient:
                 f"environment variable {self.api_key_env} is not set; it must hold the API key for "
                 f"{self.base_url} (or set api_key_env to None for a server without authentication)"
             )
+        if problem := key_value_problem(key):  # httpcore would refuse the header at every attempt, each one retried
+            raise MissingAPIKeyError(f"environment variable {self.api_key_env} {problem} ({KEY_FIX})")
         remember_secret(key)  # so every later redact() in this process removes it, wherever text goes
         return key
 
@@ -666,6 +677,10 @@ def request_json(
     status with the server's detail, deadline, bad JSON); the key is redacted from anything quoted.
     Redirects are refused, as `ChatClient` refuses them: the key is never sent to the new address.
     """
+    if problem := address_problem(url):
+        raise RequestError(f"{without_user_info(url)}: {problem}")
+    if api_key and (problem := key_value_problem(api_key)):
+        raise RequestError(f"{url}: the API key {problem} ({KEY_FIX})")
     data = None if body is None else json.dumps(body).encode("utf-8")
     headers = dict(BASE_HEADERS)
     if data is not None:

@@ -94,6 +94,23 @@ def looks_like_a_key(name: str) -> bool:
     return len(name) >= 20 and mixed
 
 
+KEY_FIX = "the value is not shown; a key is one line of printable ASCII: check the .env file or the export"
+"""Said after `key_value_problem`'s words."""
+
+
+def key_value_problem(value: str) -> str | None:
+    """What keeps an API key's value out of an `Authorization` header, in words that never quote it (a line break,
+    a non-ASCII character, a space or a control character); None when it can be sent. The key is sent as read: a
+    line break from a Windows .env file is not stripped, as the OpenAI and httpx clients do not strip it."""
+    if "\r" in value or "\n" in value:
+        return "has a line break"
+    if not value.isascii():
+        return "has a non-ASCII character"
+    if any(not "!" <= c <= "~" for c in value):
+        return "has a space or a control character"
+    return None
+
+
 def check_key_env_name(name: str | None, field: str) -> None:
     """Refuse an `api_key_env` value that looks like a key, without ever printing it.
 

@@ -31,9 +31,9 @@ from typing import Any
 
 import yaml
 
-from regroup.config.fields import load_yaml
+from regroup.config.fields import MAX_TEXT, load_yaml
 from regroup.errors import ConfigError
-from regroup.io import SymlinkError, open_nofollow, read_text
+from regroup.io import NotRegularFileError, SymlinkError, open_nofollow, read_file_text
 
 LOCK_FILE = ".lock"
 RUN_OUTPUTS = (
@@ -292,11 +292,12 @@ def claim_eval_dir(out_dir: str | os.PathLike, overwrite: bool = False, log=prin
 
 
 def read_saved_config(path: str | os.PathLike) -> dict:
-    """The mapping in a run's config.yaml (never read through a link); ConfigError naming the file when it
-    is not valid YAML or not a mapping. Callers that build a RunConfig from it validate it further."""
+    """The mapping in a run's config.yaml (never read through a link, only a regular file, at most MAX_TEXT + 1
+    characters of it); ConfigError naming the file when it is not valid YAML or not a mapping. Callers that build
+    a RunConfig from it validate it further."""
     try:
-        data = load_yaml(read_text(path), str(path))
-    except SymlinkError as e:
+        data = load_yaml(read_file_text(path, MAX_TEXT + 1, follow_links=False), str(path))
+    except (SymlinkError, NotRegularFileError) as e:
         raise ConfigError(e.strerror) from None
     except UnicodeDecodeError as e:
         raise ConfigError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None

@@ -2,8 +2,9 @@
 model is in memory. Each refusal is one `ConfigError` line (exit 2); each warning one log line.
 
 - `check_world`: the batch divides over the processes.
-- `check_api_keys`: a judge's / rewriter's `api_key_env` variable is set (null or "": no key is sent); the
-  keys are known to `regroup.net.redact` from then on (a reward's error quoting one is printed without it).
+- `check_api_keys`: a judge's / rewriter's `api_key_env` variable is set (null or "": no key is sent), to a value
+  an HTTP header can carry (no line break, only ASCII); the keys are known to `regroup.net.redact` from then on
+  (a reward's error quoting one is printed without it).
 - `announce_keys`: one line per remote client that will send a key: the variable's name and the host it
   goes to (a saved config or a shared recipe chooses both; the terminal says so before the first request).
 - `check_eval_file`: `data.eval_file` loads (else the first evaluation would fail mid-run).
@@ -30,7 +31,7 @@ from regroup.data.load import DataError
 from regroup.errors import ConfigError
 from regroup.models.memory import builtin_shape, check_memory, estimate_memory, model_shape
 from regroup.models.prompting import encode_response
-from regroup.net.redact import remember_secret
+from regroup.net.redact import KEY_FIX, key_value_problem, remember_secret
 from regroup.rewards import pop_counts, score_many
 from regroup.rewards.build import reward_fn_from_config
 from regroup.stages.anchors import is_verified
@@ -72,6 +73,8 @@ def check_api_keys(cfg: RunConfig, environ=os.environ) -> None:
                 f"{key}={name}: the environment variable {name} is not set (export it, or set "
                 f"{key}=null for a server without authentication)"
             )
+        if name and (problem := key_value_problem(environ[name])):
+            raise ConfigError(f"{key}={name}: the environment variable {name} {problem} ({KEY_FIX})")
 
 
 def key_destinations(cfg: RunConfig) -> list[tuple[str, str, str, str]]:
