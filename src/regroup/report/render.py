@@ -376,7 +376,7 @@ def render_markdown(
                 # HTML-escaping them would show "β &gt; 0" to a reader of the .md file
                 lines += [f"![{o.title}]({o.path})", "", f"*{o.title}.* {o.description}", ""]
                 if o.note:  # values the figure could not draw, named with their run
-                    lines += [f"*Not drawn:* {_md_escape(o.note)}", ""]
+                    lines += [_md_escape(o.note), ""]
         omitted = [o for o in outcomes if o.section == section and not o.path]
         lines += [f"- {_md_escape(o.note or '')}" for o in omitted]
     lines += ["", f"Runs: {_md_escape(', '.join(run_dirs))}", ""]
