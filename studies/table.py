@@ -22,6 +22,7 @@ import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from regroup.data.load import DataError
 from regroup.io import write_atomic
 from studies.claims import T1, ArmResult
 
@@ -91,17 +92,79 @@ def write_table(rows: Iterable[dict], path: Path) -> Path:
 
 
 def read_table(path: Path) -> list[dict]:
+    """The rows of a kept table, each checked (`check_row`) as it is read: a results page's records are edited
+    and copied by hand, and a bad row must end in one line naming the file and the row (1-based, blank lines
+    counted), not in a traceback from deep inside a verdict."""
     rows = []
-    with open(path) as f:
+    with open(path, encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
             if not line.strip():
                 continue
-            r = json.loads(line)
-            missing = {"regime", "arm", "seed", "evals"} - set(r)
-            if missing:
-                raise ValueError(f"{path}:{number}: a row without {sorted(missing)}")
+            try:
+                r = json.loads(line)
+            except (ValueError, RecursionError) as exc:
+                raise DataError(path, number, None, f"not a JSON line ({exc})") from None
+            check_row(r, path, number)
             rows.append(r)
     return rows
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _count(value: object) -> bool:
+    """A non-negative integer (a seed, a sample count, a correct count)."""
+    return _is_int(value) and value >= 0  # type: ignore[operator]
+
+
+def check_row(r: object, path: Path, number: int) -> None:
+    """Raise DataError (file, row, field) unless `r` has the shape `row` writes: regime and arm strings, a
+    non-negative integer seed, `evals` mapping each protocol to its ids, n and correct counts of one length,
+    and `mechanisms` (numbers) and `extra` mappings."""
+
+    def bad(field: str | None, message: str) -> DataError:
+        return DataError(path, number, field, message)
+
+    if not isinstance(r, dict):
+        raise bad(None, f"not a JSON object but {type(r).__name__}")
+    missing = [k for k in ("regime", "arm", "seed", "evals", "extra") if k not in r]
+    if missing:
+        raise bad(None, f"a row without {', '.join(missing)}")
+    for key in ("regime", "arm"):
+        if not isinstance(r[key], str):
+            raise bad(key, f"not a string: {r[key]!r}"[:200])
+    if not _count(r["seed"]):
+        raise bad("seed", f"not a non-negative integer: {r['seed']!r}"[:200])
+    for key in ("evals", "mechanisms", "extra"):
+        if not isinstance(r.get(key, {}), dict):
+            raise bad(key, f"not a mapping but {type(r[key]).__name__}")
+    for name, value in r.get("mechanisms", {}).items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise bad(f"mechanisms.{name}", f"not a number: {value!r}"[:200])
+    for protocol, entry in r["evals"].items():
+        field = f"evals.{protocol}"
+        if not isinstance(entry, dict) or not {"ids", "n", "correct"} <= set(entry):
+            raise bad(field, "not a mapping with ids, n and correct")
+        ids, n, correct = entry["ids"], entry["n"], entry["correct"]
+        if isinstance(ids, str):
+            packed = _RANGE.match(ids)
+            if packed is None:
+                raise bad(f"{field}.ids", f"not a packed id range (prefix0..99) or a list: {ids!r}"[:200])
+            count = int(packed.group(3)) - int(packed.group(2)) + 1  # without unpacking: a range may be absurd
+        elif isinstance(ids, list) and all(isinstance(i, str) for i in ids):
+            count = len(ids)
+        else:
+            raise bad(f"{field}.ids", "not a packed id range or a list of strings")
+        if not isinstance(correct, list) or not all(_count(c) for c in correct):
+            raise bad(f"{field}.correct", "not a list of non-negative integers")
+        ns = n if isinstance(n, list) else [n] * len(correct)
+        if not all(_count(k) and k > 0 for k in ns):
+            raise bad(f"{field}.n", "not a positive integer or a list of them")
+        if not count == len(ns) == len(correct):
+            raise bad(field, f"ids, n and correct differ in length ({count}, {len(ns)}, {len(correct)})")
+        if any(c > k for c, k in zip(correct, ns)):
+            raise bad(f"{field}.correct", "a correct count above its n")
 
 
 def arm_results(rows: Iterable[dict]) -> dict[str, dict[str, ArmResult]]:

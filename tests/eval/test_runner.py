@@ -394,3 +394,99 @@ def test_prompt_config_file_gives_a_plain_model_the_run_prompting(tmp_path, tiny
     setup = runner.load_eval_setup(tiny_model_dir, config_file=str(recipe))
     assert setup.prompter.template == "Q: {question}" and setup.correct_threshold == 0.5
     assert setup.run_config == str(recipe)
+
+
+# ---------------------------------------------------------------------- a torn or edited checkpoint
+
+
+@pytest.fixture(scope="module")
+def trained_checkpoint(tiny_model_dir, tmp_path_factory):
+    """The step-1 checkpoint of a real one-step training run on the tiny model, through the CLI."""
+    from pathlib import Path
+
+    from regroup.cli import main
+
+    run = tmp_path_factory.mktemp("trained") / "run"
+    configs = Path(__file__).resolve().parents[2] / "configs"
+    overrides = ["data.num_train=8", "grpo.prompts_per_step=2", "grpo.num_generations=2", "rollout.max_new_tokens=4"]
+    overrides += ["train.steps=1", "train.checkpoint_every=1", "train.progress=false", "train.threads=1"]
+    overrides += ["diagnostics.diversity_every=0", "diagnostics.grad_conflict_every=0"]
+    args = ["train", "--config", str(configs / "grpo.yaml"), f"model.path={tiny_model_dir}", f"run_dir={run}"]
+    assert main(args + overrides) == 0
+    return run / "checkpoints" / "step-000001"
+
+
+def _eval_a_copy(checkpoint, tmp_path, capsys, change) -> tuple[int, list[str]]:
+    """`regroup eval --model` on a copy of the checkpoint (in a run folder of its own) after `change(copy)`:
+    the exit code and the lines it wrote to stderr."""
+    import shutil
+
+    from regroup.cli import main
+
+    run = tmp_path / "run"
+    shutil.copytree(checkpoint.parent.parent, run)
+    copy = run / "checkpoints" / checkpoint.name
+    change(copy)
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"id": "a", "question": "1+1", "answer": "2"}) + "\n")
+    capsys.readouterr()
+    code = main(["eval", "--model", str(copy), "--data", str(data), "--out", str(tmp_path / "out"), "--n", "1"])
+    return code, capsys.readouterr().err.strip().splitlines()
+
+
+def _flip_header_byte(folder) -> None:
+    """A byte of model.safetensors' JSON header turned into one the header cannot hold (a torn write)."""
+    weights = folder / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[8 + 2] = 0xFF  # after the 8-byte header length: inside the header's JSON
+    weights.write_bytes(bytes(data))
+
+
+def test_eval_of_a_checkpoint_with_a_torn_header_is_one_line(trained_checkpoint, tmp_path, capsys):
+    """A corrupt model.safetensors header printed a 34-line SafetensorError traceback: the manifest was not checked."""
+    code, lines = _eval_a_copy(trained_checkpoint, tmp_path, capsys, _flip_header_byte)
+    assert code == 2 and len(lines) == 1, lines
+    assert lines[0].startswith("checkpoint error: ") and "step-000001" in lines[0]
+    assert "model.safetensors does not match its sha256" in lines[0]
+
+
+def test_eval_of_a_checkpoint_with_a_file_changed_after_its_manifest_is_one_line(trained_checkpoint, tmp_path, capsys):
+    def edit_config(folder) -> None:
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 7}))
+
+    code, lines = _eval_a_copy(trained_checkpoint, tmp_path, capsys, edit_config)
+    assert code == 2 and len(lines) == 1, lines
+    assert lines[0].startswith("checkpoint error: ") and "config.json does not match its sha256" in lines[0]
+
+
+def test_eval_of_a_plain_model_folder_that_does_not_load_is_one_line(trained_checkpoint, tmp_path, capsys):
+    """Without a manifest there is nothing to verify: the load error itself is worded, naming the folder."""
+
+    def plain_and_torn(folder) -> None:
+        for name in ("manifest.json", "trainer_state.pt", "run_config.json"):
+            (folder / name).unlink()
+        _flip_header_byte(folder)
+
+    code, lines = _eval_a_copy(trained_checkpoint, tmp_path, capsys, plain_and_torn)
+    assert code == 2 and len(lines) == 1, lines
+    assert lines[0].startswith("eval error: --model ") and "step-000001" in lines[0]
+    assert "the model could not be loaded: SafetensorError" in lines[0]
+
+
+def test_eval_verifies_a_checkpoint_of_any_format_that_a_resume_refuses(trained_checkpoint, tmp_path):
+    """The weights of an older-format checkpoint are plain safetensors: eval reads them, a resume does not."""
+    import shutil
+
+    from regroup.runtime.checkpoint import CheckpointRefused, verify_checkpoint
+
+    copy = tmp_path / "step-000001"
+    shutil.copytree(trained_checkpoint, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    (copy / "manifest.json").write_text(json.dumps({**manifest, "format": 1}))
+    with pytest.raises(CheckpointRefused, match="older regroup"):
+        verify_checkpoint(copy)
+    runner.check_model_folder(str(copy))  # passes: every listed file matches its sha256
+    (copy / "extra.safetensors").write_bytes(b"planted")
+    with pytest.raises(CheckpointRefused, match="extra.safetensors is not listed"):
+        runner.check_model_folder(str(copy))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import math
 import re
@@ -421,3 +422,78 @@ def test_learning_curves_are_drawn_with_a_band_over_seeds(tmp_path):
     html_path, _ = build_report([plain], str(tmp_path / "rep2"))
     assert "Learning curves: no run evaluated 2 or more checkpoints" in open(html_path).read()
     assert not (tmp_path / "rep2" / "plots" / "curves.png").exists()
+
+
+def _as_read(markdown: str) -> str:
+    """report.md's text as a reader of the rendered page sees it: backslash escapes and HTML entities resolved."""
+    return html.unescape(re.sub(r"\\([!-/:-@\[-`{-~])", r"\1", markdown))
+
+
+@pytest.mark.parametrize(
+    ("lines", "named"),
+    [
+        (['{"step": 2, "reward/mean": 1e308}'], "step 2: reward/mean = 1e+308"),  # the one point of its run
+        (['{"step": 2, "reward/mean": -1e308}', '{"step": 3, "reward/mean": 1e308}'], "step 2: reward/mean = -1e+308"),
+        (['{"step": 2, "reward/mean": 1' + "0" * 400 + "}"], "step 2: reward/mean = an integer of about 401 digits"),
+        (['{"step": 2, "reward/mean": Infinity}', '{"step": 3, "reward/mean": NaN}'], "step 3: reward/mean = nan"),
+        (['{"step": 1' + "0" * 308 + ', "reward/mean": 0.5}'], "step 1e+308: reward/mean = 0.5"),
+    ],
+    ids=["one-huge-point", "huge-range", "huge-int", "non-finite", "huge-step"],
+)
+def test_a_value_no_axis_can_show_is_left_out_and_named(tmp_path, lines, named):
+    """A run whose reward/mean held one point of 1e308 failed the whole report ("arange: cannot compute length")."""
+    root = tmp_path / "runs"
+    root.mkdir()
+    good = _write_run(root, "grpo", BASE_CONFIG, ["reward/mean", "entropy"], 0.5)
+    bad = root / "huge"
+    bad.mkdir()
+    (bad / "config.yaml").write_text(yaml.safe_dump({**BASE_CONFIG, "recipe": "dagrpo"}))
+    (bad / "metrics.jsonl").write_text("".join(line + "\n" for line in lines))
+    html_path, md_path = build_report([good, str(bad)], str(tmp_path / "rep"))
+    assert (tmp_path / "rep" / "plots" / "reward.png").stat().st_size > 1000
+    assert (tmp_path / "rep" / "plots" / "entropy.png").stat().st_size > 1000  # the other plots render too
+    page, md = open(html_path).read(), _as_read(open(md_path).read())
+    for text in (page, md):
+        assert f"Reward: {len(lines)} logged value(s) not drawn" in text
+        assert f"run huge, {named}" in text
+        assert "Entropy: " not in text.replace("Entropy: not logged", "")  # nothing of entropy was left out
+
+
+def test_a_plotted_value_within_the_limit_is_drawn_and_not_named(tmp_path):
+    """±1e300 is drawn (the limit is inclusive); the bound sits below where the axis math overflows."""
+    run = tmp_path / "edge"
+    run.mkdir()
+    (run / "config.yaml").write_text(yaml.safe_dump(BASE_CONFIG))
+    (run / "metrics.jsonl").write_text('{"step": 1, "reward/mean": -1e300}\n{"step": 2, "reward/mean": 1e300}\n')
+    html_path, _ = build_report([str(run)], str(tmp_path / "rep"))
+    assert (tmp_path / "rep" / "plots" / "reward.png").exists()
+    assert "not drawn" not in open(html_path).read()
+
+
+def test_report_md_shows_markdown_from_a_run_folder_as_text(tmp_path):
+    """A recipe label `![t](http://host/t.png)` rendered as an image fetched from outside, `[c](...)` as a link."""
+    image, link = "![t](http://host/t.png)", "[c](http://c.example/x)"
+    root = tmp_path / "runs"
+    root.mkdir()
+    base = _write_run(root, "grpo", BASE_CONFIG, ["reward/mean"], 0.5)
+    other = _write_run(
+        root,
+        "odd_name",
+        {**BASE_CONFIG, "recipe": image, "optim": {"lr": link}, "seed": "*s* `x` | # _y_"},
+        ["reward/mean"],
+        0.6,
+    )
+    html_path, md_path = build_report([base, other], str(tmp_path / "rep"))
+    raw = open(md_path).read()
+    # the report's own figures are its only images, each on a line of its own
+    own = [line for line in raw.splitlines() if not re.fullmatch(r"!\[[\w@ ]+\]\(plots/\w+\.png\)", line)]
+    assert not any("![" in line or "](" in line for line in own)
+    assert "[c]" not in raw and "<b>" not in raw
+    assert "\\!\\[t\\]\\(http://host/t\\.png\\)" in raw  # escaped, character for character
+    assert "\\[c\\]\\(http://c\\.example/x\\)" in raw
+    assert "\\*s\\* \\`x\\` \\| \\# \\_y\\_" in raw  # the seed: emphasis, code, a pipe and a heading mark
+    assert "odd_name" in raw  # an underscore inside a word cannot start emphasis and is kept as it is
+    read = _as_read(raw)
+    assert f"**{image}**" in read and link in read and "*s* `x` | # _y_" in read
+    page = open(html_path).read()  # the HTML page was safe already: the label as escaped text
+    assert "<b>![t](http://host/t.png)</b>" in page and '<img src="http' not in page

@@ -11,14 +11,15 @@ def _entry(correct, n=4):
 
 
 def _rows(final_a, final_b):
-    start = {"regime": "gate", "arm": "start", "seed": 0, "evals": {"t1": _entry([1, 2, 0, 1])}}
+    start = {"regime": "gate", "arm": "start", "seed": 0, "evals": {"t1": _entry([1, 2, 0, 1])}, "extra": {}}
     a = {
         "regime": "gate",
         "arm": "drgrpo_lr0.0001",
         "seed": 0,
         "evals": {"step50": _entry([1, 2, 1, 1]), "step150": _entry(final_a)},
+        "extra": {},
     }
-    b = {"regime": "gate", "arm": "drgrpo_lr0.0002", "seed": 0, "evals": {"step150": _entry(final_b)}}
+    b = {"regime": "gate", "arm": "drgrpo_lr0.0002", "seed": 0, "evals": {"step150": _entry(final_b)}, "extra": {}}
     return [start, a, b]
 
 

@@ -2,6 +2,7 @@
 summarized from there."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -100,3 +101,50 @@ def test_packed_ids_round_trip():
     assert pack_ids(["a1", "a3"]) == ["a1", "a3"] and pack_ids(["x", "y"]) == ["x", "y"]
     for ids in (["q7", "q8"], ["a1", "a3"], ["p0"]):
         assert unpack_ids(pack_ids(ids)) == ids
+
+
+KEPT_STUDY = Path(__file__).resolve().parents[2] / "docs" / "results" / "study-2026-12-03"
+
+
+def _row_with(**changes) -> str:
+    """A row of the kept miniature study with `changes` (a value None drops the key), as a JSON line."""
+    good = json.loads((KEPT_STUDY / "runs.jsonl").read_text().splitlines()[0])
+    for key, value in changes.items():
+        if value is None:
+            good.pop(key)
+        else:
+            good[key] = value
+    return json.dumps(good)
+
+
+@pytest.mark.parametrize(
+    ("line", "said"),
+    [
+        ('{"arm": "grpo", "seed": ', "row 3: not a JSON line"),
+        ("42", "row 3: not a JSON object but int"),
+        (_row_with(seed="x"), "row 3 field 'seed': not a non-negative integer: 'x'"),
+        (
+            _row_with(seed=1).replace('"seed": 1', '"seed": 1e400'),
+            "row 3 field 'seed': not a non-negative integer: inf",
+        ),
+        (_row_with(evals=[1, 2]), "row 3 field 'evals': not a mapping but list"),
+        (_row_with(evals={"t1": {"ids": "p0..1", "n": 2, "correct": [1]}}), "field 'evals.t1': ids, n and correct"),
+        (_row_with(extra=None), "row 3: a row without extra"),
+    ],
+    ids=["not-json", "a-number", "seed-x", "seed-1e400", "evals-a-list", "evals-lengths", "no-extra"],
+)
+def test_a_malformed_kept_table_row_is_one_line_naming_the_file_and_row(tmp_path, capsys, line, said):
+    """`--summarize` checked plan.json and regimes.json but not runs.jsonl: a bad row ended in a traceback."""
+    from studies.cli import main
+
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    for name in ("plan.json", "regimes.json"):
+        (kept / name).write_text((KEPT_STUDY / name).read_text())
+    first = (KEPT_STUDY / "runs.jsonl").read_text().splitlines()[0]
+    (kept / "runs.jsonl").write_text(f"{first}\n\n{line}\n{first}\n")  # the blank line 2 is counted
+    assert main(["--summarize", str(kept), "--out", str(tmp_path / "page")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "Traceback" not in err
+    assert err.startswith(f"data error: {kept / 'runs.jsonl'} row 3") and said in err
+    assert not (tmp_path / "page" / "study.html").exists()

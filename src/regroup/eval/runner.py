@@ -19,6 +19,7 @@ import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from tqdm.auto import tqdm
@@ -372,6 +373,35 @@ EVAL_SECTIONS = ("data", "rewards", "model")
 """What an evaluation reads of a run's config."""
 
 
+class ModelLoadError(ValueError):
+    """The model folder could not be loaded (torn weights, a broken config.json): one line naming the folder."""
+
+
+def check_model_folder(model_path: str) -> None:
+    """A regroup checkpoint (a folder with a manifest.json) must verify as a resume's does before any of it is
+    read: every listed file present with its sha256, no unlisted file or link (`verify_checkpoint`), so a torn
+    or edited checkpoint is a CheckpointError naming the file. Any checkpoint format: only the weights are read.
+    A plain Hugging Face folder has no manifest and is not checked here."""
+    from regroup.runtime.checkpoint import MANIFEST, verify_checkpoint  # heavy (torch): when a model is loaded
+
+    if os.path.lexists(os.path.join(model_path, MANIFEST)):
+        verify_checkpoint(Path(model_path), any_format=True)
+
+
+def _load_model(model_path: str, dtype: str, device: str | None, base_path: str | None):
+    """`load_for_inference`, its failure on the folder's files (a corrupt safetensors header, a config.json
+    that does not parse, weights of the wrong shape) worded as one ModelLoadError."""
+    from safetensors import SafetensorError  # the weights reader's own error type (not an OSError)
+
+    try:
+        return load_for_inference(model_path, dtype=dtype, device=device, base_path=base_path)
+    except (OSError, ValueError, RuntimeError, SafetensorError) as exc:
+        cause = " ".join(str(exc).split())[:300] or "no detail"
+        raise ModelLoadError(
+            f"--model {model_path}: the model could not be loaded: {type(exc).__name__}: {cause}"
+        ) from exc
+
+
 def load_eval_setup(
     model_path: str,
     *,
@@ -390,9 +420,12 @@ def load_eval_setup(
     run config, e.g. to evaluate the starting model as the run will prompt it); explicit arguments
     override them. Only those sections (and `model`, for a LoRA checkpoint's base) are read
     (`EVAL_SECTIONS`): nothing the config names is imported, and none of its files need to exist.
+    A checkpoint is verified against its manifest first (`check_model_folder`); a folder that does not load is
+    a ModelLoadError.
     """
     if not os.path.isdir(model_path):
         raise FileNotFoundError(f"model directory not found: {model_path}")
+    check_model_folder(model_path)  # before anything in it is read
     cfg_path = config_file or run_config_path(model_path)
     sections = None
     if config_file is not None:
@@ -403,7 +436,7 @@ def load_eval_setup(
     base_path = None
     if sections and sections["model"].path and is_adapter_dir(model_path):
         base_path = configured_model_path(sections["model"])  # a LoRA checkpoint's base (GGUF: the cached conversion)
-    model, tokenizer = load_for_inference(model_path, dtype=dtype, device=device, base_path=base_path)
+    model, tokenizer = _load_model(model_path, dtype, device, base_path)
     for key, value in (
         ("system_prompt", system_prompt),
         ("prompt_template", prompt_template),

@@ -69,6 +69,7 @@ class PlotOutcome:
     path: str | None = None
     """Path relative to the report folder, e.g. "plots/reward.png"."""
     note: str | None = None
+    """Why the figure was omitted; for a drawn one, the logged values it could not draw (None: all drawn)."""
     keys: list[str] = field(default_factory=list)
 
 
@@ -218,31 +219,97 @@ def _marks(style: LineStyle, points: int, curves: int) -> tuple[int, int]:
     return style.index % every, every
 
 
+MAX_PLOTTABLE = 1e300
+"""The largest magnitude a curve draws. matplotlib derives an axis from max − min, a margin around it and a tick
+spacing, which overflow to inf (and fail the whole figure) for values near the float limit of 1.8e308; within
+±1e300 all of these stay finite. A metric value or step beyond it (or NaN, ±inf) is left out of the plot and
+named under it (`skipped_points`)."""
+
+
+def _is_numeric(value: Any) -> bool:
+    """An int or float (bool excluded), whatever its size."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _is_number(value: Any) -> TypeGuard[float]:
-    """A finite int/float (bool excluded)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    """A number a plot can draw: an int/float (bool excluded), finite and within ±MAX_PLOTTABLE."""
+    if not _is_numeric(value):
+        return False
+    try:
+        return abs(float(value)) <= MAX_PLOTTABLE  # False for NaN
+    except OverflowError:  # an int past the float range
+        return False
+
+
+def _step_of(rec: dict[str, Any], position: int) -> float | None:
+    """The record's `step` as a float (its 1-based position in the file when it has none); None when the step
+    is a number no axis can show."""
+    step = rec.get("step")
+    if _is_number(step):
+        return float(step)
+    return None if _is_numeric(step) else float(position)
 
 
 def group_series(group: RunGroup, key: str) -> tuple[list[float], list[float]]:
     """(steps, values) of a metric for a group: at each step the mean over its runs (seeds) that
-    logged a finite value there. Records without `step` use their 1-based position."""
+    logged a drawable value there (`_is_number`). Records without `step` use their 1-based position."""
     by_step: dict[float, list[float]] = {}
     for run in group.runs:
         for i, rec in enumerate(run.metrics):
-            value, step = rec.get(key), rec.get("step")
-            if _is_number(value):
-                by_step.setdefault(float(step) if _is_number(step) else float(i + 1), []).append(float(value))
+            value, step = rec.get(key), _step_of(rec, i + 1)
+            if _is_number(value) and step is not None:
+                by_step.setdefault(step, []).append(float(value))
     steps = sorted(by_step)
     return steps, [sum(by_step[s]) / len(by_step[s]) for s in steps]
 
 
+def skipped_points(groups: Sequence[RunGroup], keys: Sequence[str]) -> list[str]:
+    """One description per logged number of `keys` that `group_series` leaves out ("run r1, step 2:
+    reward/mean = 1e+308"): a non-finite value, one beyond ±MAX_PLOTTABLE, or any value at such a step."""
+    out = []
+    for g in groups:
+        for run in g.runs:
+            for i, rec in enumerate(run.metrics):
+                step = _step_of(rec, i + 1)
+                for key in keys:
+                    value = rec.get(key)
+                    if _is_numeric(value) and (step is None or not _is_number(value)):
+                        out.append(f"run {run.name}, step {_show(rec.get('step', i + 1))}: {key} = {_show(value)}")
+    return out
+
+
+def _show(number: Any) -> str:
+    """A number in at most 6 significant digits; an int past the float range by its digit count."""
+    try:
+        return f"{number:.6g}"
+    except OverflowError:
+        return f"an integer of about {int(int(number).bit_length() * math.log10(2)) + 1} digits"
+
+
+SKIPPED_SHOWN = 5
+"""Undrawable points named in a figure's note; more are counted."""
+
+
+def skipped_note(title: str, skipped: Sequence[str]) -> str | None:
+    """The note under a figure that left points out (None when it left none)."""
+    if not skipped:
+        return None
+    shown = "; ".join(skipped[:SKIPPED_SHOWN])
+    more = f"; and {len(skipped) - SKIPPED_SHOWN} more" if len(skipped) > SKIPPED_SHOWN else ""
+    return (
+        f"{title}: {len(skipped)} logged value(s) not drawn (NaN, ±inf, or beyond ±{MAX_PLOTTABLE:g}, where the "
+        f"axis cannot be computed): {shown}{more}."
+    )
+
+
 def _expand_keys(spec: PlotSpec, groups: Sequence[RunGroup]) -> list[tuple[str, str]]:
-    """The spec's panels with wildcard keys expanded to the logged keys they match."""
+    """The spec's panels with wildcard keys expanded to the logged keys they match (a key counts as logged when
+    a run wrote a number for it, drawable or not: an undrawable one is named under the figure)."""
     logged: set[str] = set()
     for g in groups:
         for run in g.runs:
             for rec in run.metrics:
-                logged.update(k for k, v in rec.items() if _is_number(v))
+                logged.update(k for k, v in rec.items() if _is_numeric(v) and k != "step")
     panels = []
     for key, title in spec.panels:
         if key.endswith("*"):
@@ -552,6 +619,7 @@ def make_plots(
             _remove(path)
         else:
             out.path, out.keys = f"{rel}/{spec.name}.png", keys
+            out.note = skipped_note(spec.title, skipped_points(groups, keys))
         outcomes.append(out)
 
     for name, draw, desc, missing in (

@@ -3,6 +3,7 @@ plot outcomes and findings. No computation happens here beyond formatting."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from html import escape
 from typing import Any
@@ -160,7 +161,8 @@ def runs_table_html(rows: Sequence[dict[str, Any]], colors: dict[str, str]) -> s
 
 
 def _figures_html(outcomes: Sequence[PlotOutcome], section: str) -> str:
-    """Figures of one section, followed by the notes of the figures that were omitted."""
+    """Figures of one section (a figure that left values out says which under its caption), followed by the
+    notes of the figures that were omitted."""
     figs = [o for o in outcomes if o.section == section and o.path]
     omitted = [o for o in outcomes if o.section == section and not o.path]
     parts = ['<div class="grid">']
@@ -169,7 +171,9 @@ def _figures_html(outcomes: Sequence[PlotOutcome], section: str) -> str:
         wide = ' class="wide"' if len(o.keys) > 1 or o.name in ("difficulty", "curves") else ""
         parts.append(
             f'<figure{wide}><img src="{escape(o.path or "")}" alt="{escape(o.title)}" loading="lazy">'
-            f"<figcaption><b>{escape(o.title)}.</b> {escape(o.description or '')}</figcaption></figure>"
+            f"<figcaption><b>{escape(o.title)}.</b> {escape(o.description or '')}"
+            + (f'<p class="note">{escape(o.note)}</p>' if o.note else "")
+            + "</figcaption></figure>"
         )
     parts.append("</div>")
     if omitted:
@@ -219,11 +223,49 @@ def render_html(
 """
 
 
-def _md_escape(text: str) -> str:
-    """Text from run folders (recipe names, paths, config values) as inert Markdown: HTML special characters
-    as entities (Markdown passes raw HTML such as `<script>` through to the page), the pipe escaped so a
-    cell cannot break a table."""
+_MD_SPECIAL = re.compile(r"[\\`*{}\[\]()#+\-.!|~]|_+")
+"""The characters with a meaning in CommonMark or GitHub's Markdown (emphasis, code, links and images, headings,
+lists, tables, strikethrough) other than `<`, `>` and `&`, which become HTML entities. Underscores are matched as
+runs: a run between two letters or digits ("ta_grpo") cannot open or close emphasis (CommonMark's flanking rule)
+and is left as it is, so names stay searchable in the file."""
+
+
+def _md_special(match: re.Match[str]) -> str:
+    """A backslash before each character of the match, except an underscore run inside a word."""
+    text, start, end = match.string, match.start(), match.end()
+    inside_word = (
+        match.group().startswith("_")
+        and 0 < start
+        and end < len(text)
+        and text[start - 1].isalnum()
+        and text[end].isalnum()
+    )
+    return match.group() if inside_word else "".join("\\" + c for c in match.group())
+
+
+def _md_escape(text: Any) -> str:
+    """Text from run folders (recipe names, paths, config values, findings that quote them) as inert Markdown
+    that reads as the same characters: `&`, `<` and `>` as HTML entities (Markdown passes raw HTML such as
+    `<script>` and autolinks such as `<http://x>` through), every other Markdown special character
+    backslash-escaped (so `![t](http://host/t.png)` shows as text instead of fetching an image, and a pipe
+    cannot break a table cell), and line breaks as spaces (a text cannot end a table row or start a heading)."""
+    return _MD_SPECIAL.sub(_md_special, escape(" ".join(str(text).splitlines()), quote=False))
+
+
+def _md_own_text(text: str) -> str:
+    """The caller's own text (the title, the notes the demo passes): HTML special characters as entities and the
+    pipe escaped, its Markdown left to work (it is not read from a run folder)."""
     return escape(str(text), quote=False).replace("|", "\\|")
+
+
+def _md_code_cell(text: Any) -> str:
+    """Text from a run folder as a Markdown code span inside a table cell (shown verbatim: nothing inside a code
+    span is Markdown or HTML), fenced by one backtick more than the longest run of backticks in it; `|` escaped,
+    which GitHub's tables read as a pipe of the cell even inside a code span."""
+    flat = " ".join(str(text).splitlines()).replace("|", "\\|")
+    fence = "`" * (max((len(run) for run in re.findall("`+", flat)), default=0) + 1)
+    pad = " " if flat.startswith("`") or flat.endswith("`") else ""
+    return f"{fence}{pad}{flat}{pad}{fence}"
 
 
 def render_markdown(
@@ -240,11 +282,11 @@ def render_markdown(
     n_name = _mean_header(rows)
     base = next((r for r in rows if r["is_baseline"]), None)
     lines = [
-        f"# {_md_escape(title)}",
+        f"# {_md_own_text(title)}",
         "",
         f"{len(run_dirs)} run folder(s) · {len(rows)} recipe setting(s) · generated {generated}",
         "",
-        *[line for n in notes for line in (f"> **{_md_escape(n)}**", "")],
+        *[line for n in notes for line in (f"> **{_md_own_text(n)}**", "")],
         "## What the results show",
         "",
     ]
@@ -254,7 +296,7 @@ def render_markdown(
         "recipe",
         "runs",
         *[f"pass@{k}" for k in ks],
-        f"{n_name} ± SE",
+        f"{_md_escape(n_name)} ± SE",
         "greedy",
         "Δ vs start (±2 SE)",
         f"Δ vs {_md_escape(base['label']) if base else 'baseline'} (±2 SE)",
@@ -313,17 +355,16 @@ def render_markdown(
         if r["diff_against"] is None:
             diff = "reference for the config diff"
         elif not r["config_diff"]:
-            diff = f"same settings as {r['diff_against']}"  # escaped with the cell below
+            diff = f"same settings as {_md_escape(r['diff_against'])}"
         else:
             # each change escaped on its own, joined by a raw <br>: the one line break a Markdown table cell has
             diff = "<br>".join(
-                _md_escape(f"`{k}`: {format_value(a)} → **{format_value(b)}**") for k, a, b in r["config_diff"]
+                f"{_md_code_cell(k)}: {_md_escape(format_value(a))} → **{_md_escape(format_value(b))}**"
+                for k, a, b in r["config_diff"]
             )
-        if r["diff_against"] is None or not r["config_diff"]:
-            diff = _md_escape(diff)
         lines.append(
             f"| {_md_escape(r['label'])} | {_md_escape(', '.join(r['runs']))} | "
-            f"{', '.join(str(s) for s in r['seeds'])} | {diff} |"
+            f"{_md_escape(', '.join(str(s) for s in r['seeds']))} | {diff} |"
         )
     for section, heading in (("evaluation", "Evaluation"), ("training", "Training")):
         lines += ["", f"## {heading}", ""]
@@ -334,6 +375,8 @@ def render_markdown(
                 # the figures' titles and captions are this package's own text (plots.TRAINING_PLOTS), not a run's:
                 # HTML-escaping them would show "β &gt; 0" to a reader of the .md file
                 lines += [f"![{o.title}]({o.path})", "", f"*{o.title}.* {o.description}", ""]
+                if o.note:  # values the figure could not draw, named with their run
+                    lines += [_md_escape(o.note), ""]
         omitted = [o for o in outcomes if o.section == section and not o.path]
         lines += [f"- {_md_escape(o.note or '')}" for o in omitted]
     lines += ["", f"Runs: {_md_escape(', '.join(run_dirs))}", ""]

@@ -272,9 +272,10 @@ def list_checkpoints(run_dir) -> list[Path]:
     return sorted(found, key=lambda p: checkpoint_step(p) or 0)  # each has one: filtered above
 
 
-def read_manifest(path: Path) -> dict:
+def read_manifest(path: Path, any_format: bool = False) -> dict:
     """The checkpoint's manifest ({"step", "format", "files": {relative name: sha256}}); CheckpointError
-    when absent or unreadable (an incomplete checkpoint), CheckpointRefused for a link or an older format."""
+    when absent or unreadable (an incomplete checkpoint), CheckpointRefused for a link or, unless `any_format`
+    (a reader of the weights alone, which are plain safetensors in every format), an older or newer format."""
     manifest = path / MANIFEST
     if not os.path.lexists(manifest):
         raise CheckpointError(f"{path}: no {MANIFEST} (incomplete checkpoint)")
@@ -287,6 +288,8 @@ def read_manifest(path: Path) -> dict:
     except (ValueError, RecursionError, UnicodeDecodeError, KeyError, TypeError) as e:  # JSONDecodeError: a ValueError
         raise CheckpointError(f"{path}: unreadable {MANIFEST}: {type(e).__name__}: {str(e)[:200]}") from None
     written = data.get("format")
+    if any_format:
+        written = FORMAT  # the format tells how trainer_state.pt was written, which such a reader never opens
     if isinstance(written, int) and not isinstance(written, bool) and written > FORMAT:
         raise CheckpointRefused(
             f"{path} was written by a newer regroup (checkpoint format {written}; this version reads format "
@@ -320,12 +323,12 @@ def _unlisted(path: Path, listed: set[str]) -> list[str]:
     return found
 
 
-def check_listing(path: Path) -> dict[str, str]:
+def check_listing(path: Path, any_format: bool = False) -> dict[str, str]:
     """The manifest's {file: sha256}, after refusing (CheckpointRefused) a checkpoint that is a link, holds
     a link or a file the manifest does not list, or is of the older format. Reads no file but the manifest."""
     if path.is_symlink():
         raise CheckpointRefused(f"{path} is a symbolic link; regroup does not follow links inside a run folder")
-    files = read_manifest(path)["files"]
+    files = read_manifest(path, any_format)["files"]
     extra = _unlisted(path, set(files))
     if extra:
         raise CheckpointRefused(
@@ -335,11 +338,11 @@ def check_listing(path: Path) -> dict[str, str]:
     return files
 
 
-def verify_checkpoint(path: Path) -> None:
+def verify_checkpoint(path: Path, any_format: bool = False) -> None:
     """Raise CheckpointError unless every file listed in the manifest is there with its hash;
     CheckpointRefused (the subclass) when the folder holds a file the manifest does not list, a link,
-    or is of the older pickled format."""
-    files = check_listing(path)
+    or (unless `any_format`: `regroup eval` reads only the weights) is of the older pickled format."""
+    files = check_listing(path, any_format)
     for name, digest in files.items():
         f = path / name
         if not os.path.lexists(f) or (f.is_dir() and not f.is_symlink()):
