@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -22,14 +23,19 @@ from regroup.algo.advantages import group_advantages
 from regroup.errors import ConfigError
 from regroup.integrations.trl import STAGE_STATES, RegroupGRPOTrainer, grpo_args
 from regroup.integrations.trl_helpers import (
+    ADAPTER_SETTINGS,
     ANCHOR_MASK,
     GROUP_ID,
     IS_ANCHOR,
     Q0_PROMPT,
     QUESTION_ID,
+    SHARED_SETTINGS,
+    TRL_VERSIONS,
     VARIANT,
     PooledRepeatSampler,
+    check_adapter_settings,
     check_shared_settings,
+    check_trl_version,
     loss_totals,
     problem_rows,
 )
@@ -166,6 +172,117 @@ def test_shared_settings_must_agree():
             check_shared_settings(cfg, bad)
     matched = _cfg("grpo_matched", "grpo.num_generations=2")  # (multiplier 4)·G = 8 samples of q0 per TRL prompt
     assert grpo_args(matched, output_dir="x", use_cpu=True).num_generations == 8
+
+
+@pytest.mark.parametrize(
+    ("version", "inside"),
+    [("1.16.0", True), ("1.16.9", True), ("1.16.1.dev0", True), ("1.15.2", False), ("1.17.0", False),
+     ("1.17.0rc1", False), ("2.0.0", False), ("not-a-version", False)],
+)  # fmt: skip
+def test_trl_outside_the_window_is_refused_in_one_line(version, inside, monkeypatch):
+    import trl
+
+    monkeypatch.setattr(trl, "__version__", version)
+    if inside:
+        check_trl_version()
+        return
+    for build in (
+        lambda: grpo_args(_cfg("grpo"), output_dir="x", use_cpu=True),
+        lambda: RegroupGRPOTrainer(model="no-such-model", args=None, regroup_config=_cfg("grpo")),
+    ):
+        with pytest.raises(ConfigError) as raised:
+            build()
+        line = str(raised.value)
+        assert "\n" not in line
+        assert f"trl {version} is installed" in line and "trl>=1.16,<1.17 only" in line
+
+
+def test_the_trl_extra_is_the_window_the_adapter_checks():
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    meta = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    extras = meta["project"]["optional-dependencies"]
+    assert extras["trl"] == [f"trl{TRL_VERSIONS}"]
+    assert f"trl{TRL_VERSIONS}" in extras["dev"]  # the tests run the adapter
+    check_trl_version()  # the installed TRL is inside it
+
+
+def test_grpo_args_sets_every_field_the_adapter_depends_on(monkeypatch):
+    import trl
+
+    given = {}
+    real = trl.GRPOConfig
+    monkeypatch.setattr(trl, "GRPOConfig", lambda **kw: given.update(kw) or real(**kw))
+    grpo_args(_cfg("grpo"), output_dir="x", use_cpu=True)
+    names = {name for name, _, _ in SHARED_SETTINGS} | {name for name, _, _ in ADAPTER_SETTINGS}
+    assert names <= set(given)  # none left to TRL's defaults
+    for field in (
+        "use_bias_correction_kl",
+        "max_completion_length",
+        "loss_type",
+        "beta",
+        "epsilon",
+        "epsilon_high",
+        "scale_rewards",
+        "importance_sampling_level",
+        "mask_truncated_completions",
+        "vllm_importance_sampling_correction",
+        "vllm_importance_sampling_mode",
+        "sync_ref_model",
+        "top_k",
+    ):
+        assert field in names  # fmt: skip
+
+
+@pytest.mark.parametrize("correction", [False, True])
+def test_grpo_args_takes_each_shared_field_from_the_config(correction):
+    cfg = _cfg(
+        "grpo",
+        "grpo.beta=0.01",
+        f"grpo.kl_ratio_correction={str(correction).lower()}",
+        "grpo.eps_low=0.15",
+        "grpo.eps_high=0.28",
+        "grpo.loss_agg=seq_mean_token_mean",
+        "grpo.advantage_estimator_args={scale: batch}",
+        "grpo.policy_loss=gspo",
+        "rollout.tis_cap=2.5",
+        "rollout.is_mode=sequence_mask",
+        "rollout.is_min=0.5",
+    )
+    args = grpo_args(cfg, output_dir="x", use_cpu=True)
+    assert args.use_bias_correction_kl is correction  # TRL 1.16's default: True
+    assert args.max_completion_length == MAX_LEN  # TRL 1.16's default: 512
+    assert (args.beta, args.epsilon, args.epsilon_high) == (0.01, 0.15, 0.28)
+    assert (args.loss_type, args.scale_rewards, args.importance_sampling_level) == ("grpo", "batch", "sequence")
+    assert args.vllm_importance_sampling_correction is True
+    assert args.vllm_importance_sampling_mode == "sequence_mask"  # TRL 1.16's default too; set all the same
+    assert (args.vllm_importance_sampling_clip_max, args.vllm_importance_sampling_clip_min) == (2.5, 0.5)
+    plain = grpo_args(_cfg("grpo"), output_dir="x", use_cpu=True)
+    assert plain.vllm_importance_sampling_correction is False  # rollout.tis_cap=0; TRL 1.16's default: True
+    assert plain.use_bias_correction_kl is False  # grpo.kl_ratio_correction's default
+    for name, value, _ in ADAPTER_SETTINGS:
+        assert getattr(plain, name) == value
+
+
+def test_a_hand_built_config_with_another_adapter_setting_or_is_correction_is_refused():
+    cfg = _cfg("grpo")
+    with pytest.raises(ConfigError, match=r"GRPOConfig\.mask_truncated_completions=True: truncated responses"):
+        check_adapter_settings(grpo_args(cfg, output_dir="x", use_cpu=True, mask_truncated_completions=True))
+    with pytest.raises(ConfigError, match=r"GRPOConfig\.top_k=20: regroup samples"):
+        check_adapter_settings(grpo_args(cfg, output_dir="x", use_cpu=True, top_k=20))
+    # TRL's IS correction on vLLM's samples (its default) while the recipe has none: refused under vLLM only
+    is_on = dict(
+        output_dir="x", use_cpu=True, vllm_importance_sampling_correction=True, vllm_importance_sampling_clip_max=3.0
+    )
+    check_shared_settings(cfg, grpo_args(cfg, **is_on))  # TRL's own generation: TRL reads no IS setting
+    with_vllm = SimpleNamespace(**{**vars(grpo_args(cfg, **is_on)), "use_vllm": True})
+    with pytest.raises(ConfigError, match=r"vllm_importance_sampling_correction=True disagrees with rollout\.tis_cap"):
+        check_shared_settings(cfg, with_vllm)
+    capped = _cfg("grpo", "rollout.tis_cap=3", "rollout.is_mode=token_mask")
+    args = SimpleNamespace(**{**vars(grpo_args(capped, output_dir="x", use_cpu=True)), "use_vllm": True})
+    check_shared_settings(capped, args)
+    args.vllm_importance_sampling_clip_max = 2.0
+    with pytest.raises(ConfigError, match=r"vllm_importance_sampling_clip_max=2\.0 disagrees with rollout\.tis_cap"):
+        check_shared_settings(capped, args)
 
 
 def test_pooled_sampler_keeps_pools_in_one_chunk():

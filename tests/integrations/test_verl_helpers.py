@@ -4,6 +4,8 @@ sample answers, and the micro-batch loss with verl's normaliser, against hand-co
 from __future__ import annotations
 
 import json
+import os
+import sys
 
 import pytest
 import torch
@@ -11,17 +13,20 @@ from loss_call import loss_spec
 
 from regroup.algo.loss_config import resolve_loss
 from regroup.errors import ConfigError
+from regroup.integrations import verl_reward
 from regroup.integrations.verl_helpers import (
     ADVANTAGE,
     IS_ANCHOR,
     PROMPTS,
     QUESTION_ID,
+    REWARD_FILE,
     SHARED_SETTINGS,
     VARIANT,
     WEIGHT,
     check_shared_settings,
     micro_batch_loss,
     problem_rows,
+    reward_function_settings,
     variant_of,
     verl_overrides,
 )
@@ -135,3 +140,67 @@ def test_verls_fixed_shape_batch_refuses_growing_or_refilling_groups(overrides, 
     recipe.check_front_end("native")
     with pytest.raises(ConfigError, match=rf"{key}.*the verl batch.*not supported by the verl front-end"):
         recipe.check_front_end("verl")
+
+
+# --- verl's reward function: the config names the task, a dataset row may name a registered one only ---------
+
+
+def _module_with_side_effect(folder, name: str) -> None:
+    """A module `name` in `folder` that, when imported, writes `folder/<name>.imported`; it holds a task
+    `Task` whose grade is 0.25 on any response (so its use shows)."""
+    (folder / f"{name}.py").write_text(
+        "from pathlib import Path\n"
+        f"Path(__file__).with_name('{name}.imported').write_text('imported')\n"
+        "class Task:\n"
+        "    name = 'quarter'\n"
+        "    def grade(self, response, problem):\n"
+        "        return 0.25\n"
+    )
+
+
+@pytest.mark.parametrize("named", ["row_task_with_side_effect:Task", "os:system"])
+def test_a_row_naming_a_dotted_task_is_refused_and_nothing_is_imported(named, tmp_path, monkeypatch):
+    _module_with_side_effect(tmp_path, "row_task_with_side_effect")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "row_task_with_side_effect", raising=False)
+    calls = []
+    monkeypatch.setattr(os, "system", lambda *a: calls.append(a))
+    verl_reward._task.cache_clear()
+    with pytest.raises(ValueError, match=r"a dataset row may name a registered task only \(arithmetic"):
+        verl_reward.compute_score("regroup", "5", "5", extra_info={"regroup_task": named})
+    assert "row_task_with_side_effect" not in sys.modules
+    assert not (tmp_path / "row_task_with_side_effect.imported").exists()
+    assert calls == []
+    # a registered name in a row still grades (arithmetic: 1 for the right answer, 0 otherwise)
+    assert verl_reward.compute_score("regroup", "#### 5", "5", extra_info={"regroup_task": "arithmetic"}) == 1.0
+    assert verl_reward.compute_score("regroup", "#### 4", "5", extra_info={}) == 0.0
+
+
+def test_the_recipes_task_reaches_verls_reward_through_the_config(tmp_path, monkeypatch):
+    _module_with_side_effect(tmp_path, "config_task_mod")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "config_task_mod", raising=False)
+    cfg = load_config("grpo", ["data.task=config_task_mod:Task"])
+    # verl's defaults: no reward function named; the plug-in names regroup's and the recipe's task
+    section = reward_function_settings(cfg, {"path": None, "name": "compute_score"})
+    assert section["path"] == str(REWARD_FILE) and section["name"] == "compute_score"
+    assert section["reward_kwargs"] == {"regroup_task": "config_task_mod:Task"}
+    # the rows the plug-in writes name no task: the config's reaches every call through verl's reward_kwargs
+    rows, _ = problem_rows([Problem(id="a", question="q", answer="5")], None, lambda t: t, 0)
+    assert "regroup_task" not in rows[0]["extra_info"]
+    verl_reward._task.cache_clear()
+    score = verl_reward.compute_score(
+        "regroup", "#### 5", "5", extra_info=rows[0]["extra_info"], **section["reward_kwargs"]
+    )
+    assert score == 0.25  # the recipe's task graded, not arithmetic (which gives 1.0 here)
+    # regroup's file named by path (as tests/verl_cpu's harness does) is told the task too
+    named = reward_function_settings(cfg, {"path": str(REWARD_FILE), "name": "compute_score"})
+    assert named["reward_kwargs"] == {"regroup_task": "config_task_mod:Task"}
+
+
+def test_a_users_own_reward_function_is_left_alone_and_a_disagreeing_task_refused(tmp_path):
+    cfg = load_config("grpo", [])
+    own = {"path": str(tmp_path / "mine.py"), "name": "score", "reward_kwargs": {"k": 1}}
+    assert reward_function_settings(cfg, own) == own
+    with pytest.raises(ConfigError, match=r"reward_kwargs.regroup_task='other' disagrees with data.task='arithmetic'"):
+        reward_function_settings(cfg, {"path": None, "reward_kwargs": {"regroup_task": "other"}})

@@ -1,6 +1,7 @@
 """TRL adapter: TRL's `GRPOTrainer` samples; regroup's recipe does the rest, exactly as in the native trainer.
 
 For users who keep TRL's stack (vLLM, DeepSpeed, PEFT). Written against trl 1.16.0 / transformers 5.24.
+Runs under trl>=1.16,<1.17 only (`TRL_VERSIONS`, the `trl` extra): the private methods it hooks change within 1.x.
 Its settings are a regroup `RunConfig` (`regroup_config=load_config("dagrpo", [...])`); the recipe built
 from it (`regroup.train.recipes.build_recipe`) is the one the native trainer runs, and the adapter holds no
 variant logic of its own:
@@ -57,7 +58,9 @@ from regroup.integrations.trl_helpers import (
     SAMPLE_WEIGHT,
     VARIANT,
     PooledRepeatSampler,
+    check_adapter_settings,
     check_shared_settings,
+    check_trl_version,
     completion_text,
     grpo_args,
     loss_totals,
@@ -96,13 +99,6 @@ _FORWARD_KEYS = (
     "image_position_ids",
 )
 
-# TRL loss features regroup's `policy_loss` does not compute: (GRPOConfig field, is it on?, the value to use).
-_TRL_REFUSED = (
-    ("top_entropy_quantile", lambda a: a.top_entropy_quantile != 1.0, "1.0"),
-    ("entropy_coef", lambda a: a.entropy_coef != 0.0, "0.0"),
-    ("use_adaptive_entropy", lambda a: a.use_adaptive_entropy, "False"),
-    ("remove_unused_columns", lambda a: bool(a.remove_unused_columns), "False (the adapter's columns are read)"),
-)
 # GRPOTrainer arguments the adapter fills from the recipe, or cannot combine with it.
 _TRL_ARGS_REFUSED = {
     "reward_funcs": "the reward is the recipe's (rewards.functions)",
@@ -142,6 +138,7 @@ class RegroupGRPOTrainer(GRPOTrainer):
         processing_class: Any = None,
         **kwargs: Any,
     ) -> None:
+        check_trl_version()
         cfg = regroup_config
         if not isinstance(cfg, RunConfig):
             raise TypeError(f"regroup_config must be a regroup RunConfig (load_config(...)), got {type(cfg).__name__}")
@@ -149,11 +146,12 @@ class RegroupGRPOTrainer(GRPOTrainer):
             if kwargs.get(name) is not None:
                 raise ValueError(f"RegroupGRPOTrainer takes no {name}: {why}")
         check_shared_settings(cfg, args)
-        for name, is_on, use in _TRL_REFUSED:
-            if is_on(args):
-                raise ConfigError(f"GRPOConfig.{name}: the recipe's loss does not implement it; use {use}")
-        if cfg.rollout.tis_cap > 0:
-            raise ConfigError("rollout.tis_cap > 0: under TRL use GRPOConfig.vllm_importance_sampling_correction")
+        check_adapter_settings(args)
+        if cfg.rollout.tis_cap > 0 and not args.use_vllm:
+            raise ConfigError(
+                "rollout.tis_cap > 0 corrects vLLM's samples: under TRL set GRPOConfig.use_vllm=True (TRL's "
+                "vllm_importance_sampling_* then follow rollout.tis_cap / is_mode / is_min) or rollout.tis_cap=0"
+            )
         if features(cfg).variants and cfg.grpo.samples_multiplier != 1:
             raise ConfigError("grpo.samples_multiplier with ta.enabled: TRL samples every prompt row equally often")
         if features(cfg).variants:

@@ -9,12 +9,38 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
 from torch import Tensor
 from torch.utils.data import Sampler
 
 from regroup.config.schema import RunConfig
 from regroup.errors import ConfigError
 from regroup.train.recipes import features
+
+TRL_VERSIONS = ">=1.16,<1.17"
+"""The TRL versions the adapter runs under (the `trl` extra's pin): it overrides TRL's private methods
+(`_generate_and_score_completions`, `_compute_loss`, ...) as trl 1.16 writes them, and TRL changes them, and
+its defaults, within 1.x; a new minor version is allowed once the adapter's tests pass under it."""
+
+
+def check_trl_version(version: str | None = None) -> None:
+    """ConfigError, in one line, when TRL's version (default: the imported `trl.__version__`) is outside
+    `TRL_VERSIONS`."""
+    if version is None:
+        import trl  # optional (trl): the TRL front-end only
+
+        version = str(trl.__version__)
+    try:
+        inside = SpecifierSet(TRL_VERSIONS).contains(Version(version), prereleases=True)
+    except InvalidVersion:
+        inside = False
+    if not inside:
+        raise ConfigError(
+            f"trl {version} is installed; regroup's TRL adapter overrides TRL internals and runs under trl"
+            f"{TRL_VERSIONS} only: pip install 'regroup-rl[trl]'"
+        )
+
 
 # Dataset columns of the rows the adapter builds (one row per (question, variant)).
 GROUP_ID, VARIANT, QUESTION_ID, QUESTION, Q0_PROMPT = (
@@ -52,6 +78,30 @@ SHARED_SETTINGS: tuple[tuple[str, str, Callable[[RunConfig], Any]], ...] = (
     ("loss_type", "grpo.loss_agg", lambda c: {v: k for k, v in LOSS_AGG.items() if k != "bnpo"}[c.grpo.loss_agg]),
     ("delta", "grpo.policy_loss_args.delta", lambda c: c.grpo.policy_loss_args.get("delta")),
     ("off_policy_mask_threshold", "grpo.off_policy_mask_threshold", lambda c: c.grpo.off_policy_mask_threshold),
+    # the sampler IS correction (TRL applies it to vLLM's samples only): rollout.tis_cap > 0 turns it on
+    ("vllm_importance_sampling_correction", "rollout.tis_cap", lambda c: c.rollout.tis_cap > 0),
+    ("vllm_importance_sampling_mode", "rollout.is_mode", lambda c: c.rollout.is_mode),
+    ("vllm_importance_sampling_clip_max", "rollout.tis_cap", lambda c: c.rollout.tis_cap or None),
+    ("vllm_importance_sampling_clip_min", "rollout.is_min", lambda c: c.rollout.is_min or None),
+)
+_IS_FIELDS = ("vllm_importance_sampling_mode", "vllm_importance_sampling_clip_max", "vllm_importance_sampling_clip_min")
+
+# GRPOConfig fields the adapter needs at one value, whatever regroup's config: (field, value, why). TRL's
+# defaults for them have moved within 1.x, so `grpo_args` sets each and the trainer refuses another value.
+ADAPTER_SETTINGS: tuple[tuple[str, Any, str], ...] = (
+    (
+        "mask_truncated_completions",
+        False,
+        "truncated responses are the recipe's (overlong.filter); TRL's mask would also change the normaliser",
+    ),
+    ("top_entropy_quantile", 1.0, "the recipe's loss does not implement it"),
+    ("entropy_coef", 0.0, "the recipe's loss does not implement it; the entropy bonus is grpo.entropy_coef"),
+    ("use_adaptive_entropy", False, "the recipe's loss does not implement it"),
+    ("remove_unused_columns", False, "the adapter reads its own dataset columns"),
+    ("sync_ref_model", False, "the reference policy is frozen, as in the native trainer"),
+    ("top_k", 0, "regroup samples with rollout.temperature and rollout.top_p only"),
+    ("min_p", None, "regroup samples with rollout.temperature and rollout.top_p only"),
+    ("repetition_penalty", 1.0, "regroup samples with rollout.temperature and rollout.top_p only"),
 )
 
 
@@ -80,6 +130,10 @@ def _trl_value(args: Any, name: str) -> Any:
 def check_shared_settings(cfg: RunConfig, args: Any) -> None:
     """Raise ConfigError naming both keys when a GRPOConfig field disagrees with regroup's config."""
     for name, key, want in SHARED_SETTINGS:
+        if name.startswith("vllm_importance_sampling") and not getattr(args, "use_vllm", False):
+            continue  # TRL's own generation is the learner: TRL reads no IS setting
+        if name in _IS_FIELDS and not cfg.rollout.tis_cap > 0:
+            continue  # the correction is off on both sides (checked just before): its bounds change nothing
         got, need = _trl_value(args, name), want(cfg)
         if name == "use_bias_correction_kl" and cfg.grpo.beta == 0:
             continue  # no KL term: TRL's default (True) changes nothing
@@ -95,13 +149,24 @@ def check_shared_settings(cfg: RunConfig, args: Any) -> None:
             )
 
 
+def check_adapter_settings(args: Any) -> None:
+    """Raise ConfigError when a GRPOConfig field the adapter needs at one value (`ADAPTER_SETTINGS`) differs."""
+    for name, need, why in ADAPTER_SETTINGS:
+        got = getattr(args, name)
+        if got != need:
+            raise ConfigError(f"GRPOConfig.{name}={got!r}: {why}; use {need!r} (grpo_args sets it)")
+
+
 def grpo_args(cfg: RunConfig, **trl_only: Any) -> Any:
-    """TRL's `GRPOConfig` with the fields regroup's config decides filled from `cfg` (`SHARED_SETTINGS`) and
-    the rest (output_dir, batch sizes, steps, logging, ...) from `trl_only`."""
+    """TRL's `GRPOConfig` with every field the adapter depends on set explicitly, never left to TRL's
+    defaults: those regroup's config decides from `cfg` (`SHARED_SETTINGS`), those the adapter needs at one
+    value (`ADAPTER_SETTINGS`); the rest (output_dir, batch sizes, steps, logging, vLLM, ...) from `trl_only`."""
+    check_trl_version()
     from trl import GRPOConfig  # optional (trl): the TRL front-end only
 
+    pinned = {name: value for name, value, _ in ADAPTER_SETTINGS}
     shared = {name: want(cfg) for name, _, want in SHARED_SETTINGS}
-    return GRPOConfig(**{**shared, **trl_only})
+    return GRPOConfig(**{**pinned, **shared, **trl_only})
 
 
 def completion_text(completion: Any) -> str:

@@ -74,6 +74,7 @@ from regroup.integrations.verl_helpers import (
     check_shared_settings,
     micro_batch_loss,
     problem_rows,
+    reward_function_settings,
     variant_of,
 )
 from regroup.io import write_atomic
@@ -94,7 +95,6 @@ STAGE_STATES = "regroup_stages.json"
 """The recipe's stage states in each verl checkpoint folder (`global_step_N/`)."""
 WATCH_STATE = "regroup_watch.json"
 """The signal watch's streaks in each verl checkpoint folder, so a resumed run warns when the straight one would."""
-_REWARD_FILE = Path(__file__).with_name("verl_reward.py")
 
 
 def load_regroup_config(verl_config: Any) -> RunConfig:
@@ -204,10 +204,9 @@ class RegroupTrainer(PPOTrainerSync):
         section = OmegaConf.select(config, "regroup")
         self._capture_dir = section.get("capture_dir") if section is not None else None
         self._run_dir = Path(config.trainer.default_local_dir) / "regroup"
-        with open_dict(config):
-            if not OmegaConf.select(config, "reward.custom_reward_function.path"):
-                config.reward.custom_reward_function.path = str(_REWARD_FILE)
-                config.reward.custom_reward_function.name = "compute_score"
+        with open_dict(config):  # regroup's reward function, told the recipe's task by the config (not the rows)
+            given = _plain(OmegaConf.select(config, "reward.custom_reward_function"))
+            config.reward.custom_reward_function = reward_function_settings(self.regroup_config, given)
         super().__init__(config)
 
     # --- start-up -------------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from torch import Tensor
@@ -108,6 +109,37 @@ def verl_overrides(cfg: RunConfig) -> list[str]:
         value = want(cfg)
         out.append(f"{key}={str(value).lower() if isinstance(value, bool) else value}")
     return out
+
+
+REWARD_FILE = Path(__file__).with_name("verl_reward.py")
+"""regroup's reward function for verl (`compute_score`): the task's grade."""
+REWARD_TASK = "regroup_task"
+"""The keyword `verl_reward.compute_score` reads the task from (verl's `reward_kwargs`)."""
+
+
+def reward_function_settings(cfg: Any, given: dict | None, reward_file: Path = REWARD_FILE) -> dict:
+    """verl's `reward.custom_reward_function` for a regroup run, from what verl's config `given` holds.
+
+    None given (no `path`): regroup's `reward_file` (`compute_score`). When the function is regroup's, the
+    recipe's task (`data.task`) reaches it through `reward_kwargs.regroup_task`, which verl passes to every
+    call: the config names the task, never the dataset's rows. A user's own reward function is left as given.
+    A `regroup_task` that disagrees with `data.task` is refused in one line."""
+    section = dict(given or {})
+    path = section.get("path")
+    if path and Path(str(path)).resolve() != Path(reward_file).resolve():
+        return section
+    if not path:
+        section.update(path=str(reward_file), name="compute_score")
+    kwargs = dict(section.get("reward_kwargs") or {})
+    named = kwargs.get(REWARD_TASK)
+    if named is not None and named != cfg.data.task:
+        raise ConfigError(
+            f"reward.custom_reward_function.reward_kwargs.{REWARD_TASK}={named!r} disagrees with data.task="
+            f"{cfg.data.task!r}: verl's reward and the recipe grade with one task; drop the verl setting"
+        )
+    kwargs[REWARD_TASK] = cfg.data.task
+    section["reward_kwargs"] = kwargs
+    return section
 
 
 def problem_rows(problems: list, variants: list[list[str]] | None, messages: Callable[[str], Any], n_variants: int):
