@@ -263,7 +263,7 @@ def _check_resume_config(run_dir: Path, cfg: RunConfig) -> None:
         check_resume_config(found[0], found[1], cfg.to_dict(), str(run_dir / "config.yaml"))
 
 
-def _schedule_note(run_dir: Path, cfg, step: int) -> str | None:
+def _schedule_note(run_dir: Path, cfg: RunConfig, step: int) -> str | None:
     """The line saying what a changed `train.steps` does to the lr schedule of a run resumed at `step`: the
     checkpoint the trainer loaded, which is not the newest one when that one failed its check. None when
     nothing changes, and from step 0 (no checkpoint loaded: the schedule starts afresh over `train.steps`)."""

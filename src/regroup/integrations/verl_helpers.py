@@ -117,7 +117,7 @@ REWARD_TASK = "regroup_task"
 """The keyword `verl_reward.compute_score` reads the task from (verl's `reward_kwargs`)."""
 
 
-def reward_function_settings(cfg: Any, given: dict | None, reward_file: Path = REWARD_FILE) -> dict:
+def reward_function_settings(cfg: RunConfig, given: dict | None, reward_file: Path = REWARD_FILE) -> dict:
     """verl's `reward.custom_reward_function` for a regroup run, from what verl's config `given` holds.
 
     None given (no `path`): regroup's `reward_file` (`compute_score`). When the function is regroup's, the
