@@ -63,6 +63,12 @@ def test_per_token_advantages_accepted():
     assert torch.allclose(shaped_pg_loss(lp, adv, 0.1), torch.tensor([[-0.5, 1.0]], dtype=torch.float64))
 
 
-def test_gamma_must_be_positive():
-    with pytest.raises(ValueError, match="gamma"):
-        shaped_objective(torch.zeros(2), 0.0)
+@pytest.mark.parametrize("gamma", ["0", "-0.1"])
+def test_gamma_must_be_positive(gamma):
+    """γ > 0 is checked once, where it is declared (`anchors.gamma`), before the loss ever sees it."""
+    from regroup.config.fields import check
+    from regroup.config.schema import RunConfig
+    from regroup.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="anchors.gamma must be .*> 0"):
+        check(RunConfig, {"anchors": {"gamma": float(gamma)}})
