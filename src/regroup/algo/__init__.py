@@ -1,4 +1,4 @@
-"""Pure algorithm pieces: tensors in, tensors out (SPEC §1–§3). No I/O, models, or config here.
+"""Pure algorithm pieces: tensors in, tensors out (SPEC §1–§3). No I/O or models here.
 
 Importing the package registers every built-in loss piece and advantage estimator (`regroup.config.registry`:
 POLICY_LOSSES, KL_ESTIMATORS, LOSS_TERMS, ADV_ESTIMATORS), each in its own module with its knobs.
