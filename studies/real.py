@@ -190,6 +190,7 @@ REAL_PRIMARIES = [
         regime=REGIME,
         effect=0.029,
         effect_source="the anchors' share of DaGRPO's gain, 48.8 − 45.9 (SPEC §6)",
+        effect_derived=True,
     ),
     Claim(
         "DaGRPO",
