@@ -396,6 +396,14 @@ def judge_all(
     return out
 
 
+def effect_note(claim: Claim) -> str:
+    """What a page adds after the paper's effect: " (derived)" for one computed from the paper's figures,
+    " (vs BASELINE)" for the paper's figure against another baseline, else nothing."""
+    if claim.effect_baseline is not None:
+        return f" (vs {claim.effect_baseline})"
+    return " (derived)" if claim.effect_derived else ""
+
+
 LOW_POWER = 0.8
 """Under this power at the paper's effect, an inconclusive verdict says "not detected", never "rules out"."""
 

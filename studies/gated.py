@@ -73,6 +73,7 @@ from studies.miniature import (
     run_row,
 )
 from studies.stats import (
+    crossed_anova_interval,
     crossed_bootstrap,
     paired_t_power,
     percentile_interval,
@@ -440,7 +441,8 @@ def _seed_span(seeds) -> str:
 def primary_checks(rows: list[dict], g: GatedSettings, resamples: int = BOOTSTRAP_RESAMPLES) -> dict[str, dict]:
     """Each primary's checks beside the registered test (keyed by its arm): the 95 % percentile intervals of
     the seeds-only and the two-way (seeds × problems) bootstrap of its mean paired difference, the share of
-    two-way resamples on the other side of 0 from the estimate, and, for a design in MACHINES, the difference
+    two-way resamples on the other side of 0 from the estimate, the crossed random-effects interval (ANOVA
+    variance, Satterthwaite df: `crossed_anova_interval`), and, for a design in MACHINES, the difference
     over each machine's seeds (paired t) and stratified by machine (`stratified_mean_test`)."""
     import numpy as np
 
@@ -460,6 +462,7 @@ def primary_checks(rows: list[dict], g: GatedSettings, resamples: int = BOOTSTRA
         check = {
             "seeds_only": percentile_interval(crossed_bootstrap(d, resamples, problems=False)),
             "two_way": percentile_interval(draws),
+            "crossed": crossed_anova_interval(d),
             "other_side": float(np.mean(draws <= 0) if delta > 0 else np.mean(draws >= 0)),
             "problems": len(problems),
             "machines": [],
@@ -501,12 +504,16 @@ def primary_label(v: Verdict, steps: int, check: dict | None) -> str:
                 f"p = {alone_p}; stratified by machine "
                 f"p = {check['stratified_p']:.2g} (machines differ: p = {check['heterogeneity_p']:.2g})"
             )
-    lo, hi = check["two_way"]
-    if lo <= 0 <= hi:
-        label += (
-            f"; with problems as a random effect the two-way bootstrap's 95 % interval, [{100 * lo:+.2f}, "
-            f"{100 * hi:+.2f}], includes 0"
-        )
+    crossed = {
+        "the two-way bootstrap's 95 % interval": check["two_way"],
+        "the crossed random-effects 95 % interval": check["crossed"][3],
+    }
+    shown = {name: f"{name}, [{100 * lo:+.2f}, {100 * hi:+.2f}]," for name, (lo, hi) in crossed.items()}
+    including = [name for name, (lo, hi) in crossed.items() if lo <= 0 <= hi]
+    if including:
+        verb = "include" if len(including) > 1 else "includes"
+        label += f"; with problems as a random effect {' and '.join(shown[n] for n in including)} {verb} 0"
+        label += "".join(f" ({shown[n]} does not)" for n in crossed if n not in including)
     return label
 
 
@@ -539,11 +546,14 @@ def _check_tables(verdicts: list[Verdict], checks: dict[str, dict]) -> list[str]
         "treats them as a sample too: each resample draws the seeds and the problems with replacement, "
         f"independently, and recomputes the mean paired difference ({BOOTSTRAP_RESAMPLES:,} resamples, RNG "
         "seed 0, 95 % percentile interval; `studies.stats.crossed_bootstrap`). It counts the seed × problem "
-        "noise in both margins, so it is the most conservative of the crossed intervals.",
+        "noise in both margins, so it is the most conservative of these intervals. The crossed random-effects "
+        "interval counts it once: the mean's variance from the ANOVA mean squares, t with Satterthwaite's df "
+        "(`studies.stats.crossed_anova_interval`).",
         "",
         "| endpoint | Δ | paired t over seeds (registered) | bootstrap over seeds | two-way bootstrap, seeds × "
-        "problems | width against the registered | two-way resamples across 0 |",
-        "|---|---|---|---|---|---|---|",
+        "problems | its width against the registered | two-way resamples across 0 | crossed random effects "
+        "(df) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for x in primaries:
         c, ci, check = x.comparison, x.ci, checks[x.claim.arm]
@@ -556,7 +566,8 @@ def _check_tables(verdicts: list[Verdict], checks: dict[str, dict]) -> list[str]
         lines.append(
             f"| {x.claim.arm} − {x.claim.against}, {x.claim.measure} | {100 * c.delta:+.2f} | {interval(ci)} | "
             f"{interval(check['seeds_only'])} | {interval(check['two_way'])} | "
-            f"{(hi - lo) / (ci[1] - ci[0]):.1f}x | {100 * check['other_side']:.1f} % |"
+            f"{(hi - lo) / (ci[1] - ci[0]):.1f}x | {100 * check['other_side']:.1f} % | "
+            f"{interval(check['crossed'][3])} ({check['crossed'][2]:.0f}) |"
         )
     split = [x for x in primaries if checks[x.claim.arm]["machines"]]
     if split:

@@ -164,3 +164,30 @@ def stratified_mean_test(groups: Sequence[Sequence[float]]) -> tuple[float, floa
     se = math.sqrt(pooled * sum((k / n) ** 2 / k for k in sizes))
     p = 1.0 if se == 0 else min(1.0, 2.0 * t_sf(abs(estimate) / se, n - h))
     return estimate, p, float(sps.f_oneway(*groups).pvalue)
+
+
+def crossed_anova_interval(diffs, level: float = 0.95) -> tuple[float, float, float, tuple[float, float]]:
+    """(mean, SE, df, interval) of the mean of a seeds × problems matrix of paired differences under the
+    crossed random-effects model d_sp = μ + a_s + b_p + e_sp (seeds and problems both random): the ANOVA
+    (method-of-moments) estimate of the mean's variance, (MS_seeds + MS_problems − MS_residual) / (S·P),
+    unbiased whatever the components, with Satterthwaite's degrees of freedom, and the t interval. When every
+    problem is identical it is the paired t over seeds (S − 1 df)."""
+    import numpy as np
+
+    d = np.asarray(diffs, dtype=float)
+    if d.ndim != 2 or min(d.shape) < 2:
+        raise ValueError(f"a seeds × problems matrix of at least 2 × 2 is needed, got shape {d.shape}")
+    s, p = d.shape
+    mean = float(d.mean())
+    rows, cols = d.mean(axis=1), d.mean(axis=0)
+    ms_seeds = p * float(np.var(rows, ddof=1))
+    ms_problems = s * float(np.var(cols, ddof=1))
+    residual = d - rows[:, None] - cols[None, :] + mean
+    ms_residual = float((residual**2).sum()) / ((s - 1) * (p - 1))
+    total = ms_seeds + ms_problems - ms_residual
+    if not total > 0:
+        raise ValueError("the moment estimate of the mean's variance is not positive")
+    df = total**2 / (ms_seeds**2 / (s - 1) + ms_problems**2 / (p - 1) + ms_residual**2 / ((s - 1) * (p - 1)))
+    se = math.sqrt(total / (s * p))
+    half = t_ppf(0.5 + level / 2, df) * se
+    return mean, se, df, (mean - half, mean + half)

@@ -80,3 +80,14 @@ def test_the_stratified_test_by_hand():
     assert heterogeneity == pytest.approx(2 * stats.t_sf(1 / math.sqrt(pooled * (1 / 3 + 1 / 2)), 3.0))
     with pytest.raises(ValueError):
         stats.stratified_mean_test([[1.0, 2.0]])
+
+
+def test_the_crossed_anova_interval_by_hand():
+    # [[1, 2], [3, 6]]: mean 3; seed means 1.5, 4.5 (MS = 2 · 4.5 = 9); problem means 2, 4 (MS = 2 · 2 = 4);
+    # residuals ±0.5 (MS = 4 · 0.25 / 1 = 1): var = (9 + 4 − 1) / 4 = 3, df = 12² / (81 + 16 + 1)
+    mean, se, df, (lo, hi) = stats.crossed_anova_interval([[1.0, 2.0], [3.0, 6.0]])
+    assert (mean, se, df) == pytest.approx((3.0, math.sqrt(3.0), 144 / 98))
+    assert hi - mean == pytest.approx(stats.t_ppf(0.975, 144 / 98) * math.sqrt(3.0))
+    # identical problems: the paired t over seeds (sd of the seed means / √S, S − 1 df)
+    mean, se, df, _ = stats.crossed_anova_interval([[0.0, 0.0], [1.0, 1.0], [5.0, 5.0]])
+    assert (mean, df) == pytest.approx((2.0, 2.0)) and se == pytest.approx(math.sqrt(7.0 / 3.0))
