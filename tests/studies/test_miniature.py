@@ -1004,7 +1004,7 @@ def test_real_summary_pairs_arms_over_seeds_from_split_studies(tmp_path, capsys)
     from studies.stats import paired_t_power
 
     power = paired_t_power(0.029, 0.25 / math.sqrt(2), 2, 0.05 / 2)
-    assert f"| +2.9 pts | {100 * power:.0f} % (sd 17.7 pts) |" in primary
+    assert f"| +2.9 pts (derived) | {100 * power:.0f} % (sd 17.7 pts) |" in primary
     exploratory = next(line for line in table if "Dr. GRPO beats GRPO" in line)
     assert "| exploratory |" in exploratory and "| — | — | not run |" in exploratory
     from studies.cli import main as study_main
