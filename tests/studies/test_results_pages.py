@@ -65,13 +65,14 @@ def test_the_gated_study_pages_are_their_kept_tables_summarized(name, tmp_path):
 def test_the_gated_page_prints_the_primaries_crossed_intervals_recomputed_from_its_kept_table():
     """The two-way (seeds × problems) bootstrap of each primary, recomputed here from runs.jsonl with its own
     pass@k and the problems in the file's order (another resampling stream than the summary's, so the ends
-    agree to Monte Carlo error, a few hundredths of a point), stands in the page's robustness row."""
+    agree to Monte Carlo error, a few hundredths of a point), and its crossed random-effects interval stand
+    in the page's robustness row."""
     import json
     from math import comb
 
     import numpy as np
 
-    from studies.stats import crossed_bootstrap, percentile_interval
+    from studies.stats import crossed_anova_interval, crossed_bootstrap, percentile_interval
 
     def pass_at(n: int, c: int, k: int) -> float:
         return 1.0 if n - c < k else 1.0 - comb(n - c, k) / comb(n, k)
@@ -90,3 +91,6 @@ def test_the_gated_page_prints_the_primaries_crossed_intervals_recomputed_from_i
         printed = line.split(" | ")[4].strip("[]").split(", ")
         assert [float(v) for v in printed] == pytest.approx([lo, hi], abs=0.06), (printed, lo, hi)
         assert float(line.split(" | ")[1]) == pytest.approx(diffs.mean(), abs=0.005)
+        # the crossed random-effects interval does not resample: it is the same to the printed digit
+        _, _, df, (lo, hi) = crossed_anova_interval(diffs)
+        assert line.split(" | ")[7] == f"[{lo:+.2f}, {hi:+.2f}] ({df:.0f}) |"
