@@ -103,6 +103,12 @@ class Claim:
     the difference the study is powered for, and what an inconclusive CI may or may not rule out."""
     effect_source: str = ""
     """Where `effect` comes from (the paper's table, or a stated smallest effect of interest)."""
+    effect_derived: bool = False
+    """`effect` is computed from the paper's figures (e.g. 48.8 − 45.9), a contrast the paper does not report
+    itself: the page names it "derived from the paper's figures", never "the paper's"."""
+    effect_baseline: str | None = None
+    """The baseline the paper's figure is measured against where it is not `against` (e.g. "GRPO" for an
+    endpoint against Dr. GRPO): the page shows the figure but never says the CI rules it out."""
 
     def __post_init__(self) -> None:
         if self.kind not in ("better", "matches"):
@@ -148,7 +154,7 @@ class Verdict:
     def rules_out_effect(self) -> bool | None:
         """Whether the CI excludes the paper's effect (its bound on the claimed side lies short of it);
         None without a CI or a stated effect."""
-        if self.ci is None or self.claim.effect is None:
+        if self.ci is None or self.claim.effect is None or self.claim.effect_baseline is not None:
             return None
         if self.claim.direction > 0:
             return self.ci[1] < self.claim.effect
@@ -201,16 +207,27 @@ def _matrix_comparison(values: list[list[float]], seeds: int) -> Comparison:
 
 def compare_pass_at_k(a: ArmResult, b: ArmResult, k: int, protocol: str = T1) -> Comparison:
     """pass@k of `a` − `b`, paired over the seeds both ran and the problems every one of those runs evaluated."""
+    seeds, problems, diffs = pass_at_k_differences(a, b, k, protocol)
+    if not seeds:
+        return Comparison(None, None, 0)
+    if not problems:
+        return Comparison(None, None, len(seeds))
+    return _matrix_comparison(diffs, len(seeds))
+
+
+def pass_at_k_differences(
+    a: ArmResult, b: ArmResult, k: int, protocol: str = T1
+) -> tuple[list[int], list[str], list[list[float]]]:
+    """(seeds, problems, diffs): the seeds both arms ran, the problems every one of those runs evaluated with
+    n >= k, and diffs[i][j], pass@k of `a` − `b` on problem j under seed i (the matrix every pass@k comparison
+    is computed from)."""
     ca, cb = a.counts(protocol), b.counts(protocol)
     seeds = sorted(set(ca) & set(cb))
     if not seeds:
-        return Comparison(None, None, 0)
-    problems = set.intersection(*(set(ca[s]) & set(cb[s]) for s in seeds))
-    problems = sorted(p for p in problems if all(min(ca[s][p][1], cb[s][p][1]) >= k for s in seeds))
-    if not problems:
-        return Comparison(None, None, len(seeds))
-    diffs = [[_pass_at(ca[s][p], k) - _pass_at(cb[s][p], k) for p in problems] for s in seeds]
-    return _matrix_comparison(diffs, len(seeds))
+        return [], [], []
+    common = set.intersection(*(set(ca[s]) & set(cb[s]) for s in seeds))
+    problems = sorted(p for p in common if all(min(ca[s][p][1], cb[s][p][1]) >= k for s in seeds))
+    return seeds, problems, [[_pass_at(ca[s][p], k) - _pass_at(cb[s][p], k) for p in problems] for s in seeds]
 
 
 def mean_pass_at_k(a: ArmResult, k: int, protocol: str = T1) -> Comparison:
@@ -379,6 +396,14 @@ def judge_all(
     return out
 
 
+def effect_note(claim: Claim) -> str:
+    """What a page adds after the paper's effect: " (derived)" for one computed from the paper's figures,
+    " (vs BASELINE)" for the paper's figure against another baseline, else nothing."""
+    if claim.effect_baseline is not None:
+        return f" (vs {claim.effect_baseline})"
+    return " (derived)" if claim.effect_derived else ""
+
+
 LOW_POWER = 0.8
 """Under this power at the paper's effect, an inconclusive verdict says "not detected", never "rules out"."""
 
@@ -388,17 +413,27 @@ def verdict_label(v: Verdict, power: float | None = None, scope: str = "") -> st
     whether its CI rules out the paper's effect, scoped to `scope` (the model, steps and dose it holds for),
     or, where `power` at that effect is under LOW_POWER, that the effect was "not detected"; a supported one
     says whether it is smaller than the paper's (a gain can be real and still far short of the claim)."""
+    claim = v.claim
+    if claim.effect is not None and claim.effect_baseline is not None and v.verdict not in (NOT_RUN, NOT_MEASURED):
+        effect = claim.effect * claim.direction
+        shown = f"{100 * effect:+.1f} pts" if claim.measure.startswith("pass@") else f"{effect:+.3f}"
+        return f"{v.verdict}; the paper's {shown} is against {claim.effect_baseline}, not this baseline: not compared"
     ruled = v.rules_out_effect
     if v.verdict not in (INCONCLUSIVE, EXPLORATORY, TIE, SUPPORTED) or ruled is None:
         return v.verdict
-    effect = v.claim.effect * v.claim.direction  # type: ignore[operator]
-    shown = f"{100 * effect:+.1f} pts" if v.claim.measure.startswith("pass@") else f"{effect:+.3f}"
+    effect = claim.effect * claim.direction  # type: ignore[operator]
+    shown = f"{100 * effect:+.1f} pts" if claim.measure.startswith("pass@") else f"{effect:+.3f}"
+    named = f"{shown} (derived from the paper's figures)" if claim.effect_derived else f"the paper's {shown}"
     where = f" {scope}" if scope else ""
     if v.verdict == SUPPORTED:
-        return f"{v.verdict}, but smaller than the paper's {shown} (the CI rules it out{where})" if ruled else v.verdict
+        if not ruled:
+            return v.verdict
+        source = "derived from the paper's figures; " if claim.effect_derived else ""
+        smaller = shown if claim.effect_derived else named
+        return f"{v.verdict}, but smaller than {smaller} ({source}the CI rules it out{where})"
     if power is not None and power < LOW_POWER:
-        return f"{v.verdict}; the paper's {shown} not detected ({100 * power:.0f} % power at it)"
-    return f"{v.verdict}; the CI {'rules out' if ruled else 'includes'} the paper's {shown}" + (where if ruled else "")
+        return f"{v.verdict}; {named} not detected ({100 * power:.0f} % power at it)"
+    return f"{v.verdict}; the CI {'rules out' if ruled else 'includes'} {named}" + (where if ruled else "")
 
 
 def per_seed_mean(records: Sequence[Mapping[str, object]], key: str) -> float | None:

@@ -11,8 +11,12 @@ trains, and the run order enforces it:
    seed: a description, not a test). If it fails, the study stops there and the page says that RL does not
    learn at this budget, so the comparisons are uninformative.
 2. **The primaries**, only if the gate is met, at the gate's rate, over `seeds` seeds: TA-GRPO − matched
-   sampling (pass@32 from 64 samples) and DaGRPO's anchors − Dr. GRPO (pass@1: every problem here is a hard
-   3-4-step one, the stratum where anchors act). Each paper has one primary, so Holm is the raw p.
+   sampling (pass@32 from 64 samples) and DaGRPO's anchors − Dr. GRPO (pass@1: every problem of a design is
+   from its hard step mix, where anchors act). Each paper has one primary, so Holm is the raw p. Beside the
+   registered test (it decides), the page reports each primary with the problems as a random effect too (the
+   two-way bootstrap over seeds and problems, `studies.stats.crossed_bootstrap`) and, where a design's seeds
+   ran on two machines (MACHINES), split and stratified by machine; a verdict either check would not carry is
+   flagged next to it.
 3. **Learning curves**: every arm evaluated at every checkpoint of `eval_at` (pass@1 from `curve_samples`
    samples), and an area-under-the-curve endpoint per paper (exploratory; TA-GRPO claims sample efficiency,
    DaGRPO faster emergence).
@@ -39,13 +43,17 @@ from regroup.train.build import build_trainer
 from regroup.train.run_config import load_config
 from studies.claims import (
     ALPHA,
+    CONTRADICTED,
+    SUPPORTED,
     T1,
     ArmResult,
     Claim,
+    Verdict,
     compare_metric,
     comparison_p,
     confidence_interval,
     judge_all,
+    pass_at_k_differences,
     verdict_label,
 )
 from studies.curves import auc, band, pass1, plot_curves
@@ -64,7 +72,15 @@ from studies.miniature import (
     plan,
     run_row,
 )
-from studies.stats import paired_t_power, seeds_for_power, t_ppf
+from studies.stats import (
+    crossed_anova_interval,
+    crossed_bootstrap,
+    paired_t_power,
+    percentile_interval,
+    seeds_for_power,
+    stratified_mean_test,
+    t_ppf,
+)
 from studies.table import START, TABLE, arm_results, counts_of, read_per_problem, row, write_table
 
 REGIME = "hard"
@@ -131,6 +147,13 @@ DESIGNS = {
 58 % all-wrong groups at step 0) failed its gate on 2026-12-04, so the second (the full warm-up on 4-step
 problems, 31 % all-wrong at step 0: harder than the 1-4-step mix, learnable from a better start) was
 registered after it, before any of its runs."""
+MACHINES = {"warm-4": (("GPU", tuple(range(7))), ("CPU", (7, 8, 9)))}
+"""Where each seed's primary pairs ran, for the designs whose seeds ran on more than one machine (machine,
+seeds): design 2's seeds 0-6 on one GPU, 7-9 on a 2-core CPU (its page's "How it ran"; GRPO's seed 7 ran on
+the GPU, but GRPO is in no primary)."""
+BOOTSTRAP_RESAMPLES = 100_000
+"""Resamples of the two-way bootstrap (RNG seed 0): the interval's ends move by a few hundredths of a point
+between RNG seeds at this count (at 10,000, the anchors' lower end fell on either side of 0)."""
 PASS_AT_32_ARMS = ("grpo", "grpo_matched", "ta_grpo")
 """Arms in a pass@32 comparison: evaluated with `eval_samples` at the last step (the others `pass1_eval_samples`)."""
 
@@ -149,7 +172,7 @@ PRIMARIES = [
     ),
     Claim(
         "DaGRPO",
-        "Anchors (no_correct) beat Dr. GRPO (pass@1; every problem is a hard 3-4-step one)",
+        "Anchors (no_correct) beat Dr. GRPO (pass@1; every problem is from the design's hard step mix)",
         "dagrpo_anchor_nc",
         "grpo_drgrpo",
         "pass@1",
@@ -157,6 +180,7 @@ PRIMARIES = [
         regime=REGIME,
         effect=0.029,
         effect_source="the anchors' share of DaGRPO's gain: 48.8 (masks + anchors) − 45.9 (masks alone), SPEC §6",
+        effect_derived=True,
     ),
 ]
 EXPLORATORY = [
@@ -407,6 +431,92 @@ def _paired(values: dict[int, float], against: dict[int, float]) -> dict | None:
     }
 
 
+def _seed_span(seeds) -> str:
+    seeds = sorted(seeds)
+    if len(seeds) > 2 and seeds == list(range(seeds[0], seeds[-1] + 1)):
+        return f"seeds {seeds[0]}–{seeds[-1]}"
+    return ("seed " if len(seeds) == 1 else "seeds ") + ", ".join(str(s) for s in seeds)
+
+
+def primary_checks(rows: list[dict], g: GatedSettings, resamples: int = BOOTSTRAP_RESAMPLES) -> dict[str, dict]:
+    """Each primary's checks beside the registered test (keyed by its arm): the 95 % percentile intervals of
+    the seeds-only and the two-way (seeds × problems) bootstrap of its mean paired difference, the share of
+    two-way resamples on the other side of 0 from the estimate, the crossed random-effects interval (ANOVA
+    variance, Satterthwaite df: `crossed_anova_interval`), and, for a design in MACHINES, the difference
+    over each machine's seeds (paired t) and stratified by machine (`stratified_mean_test`)."""
+    import numpy as np
+
+    results = arm_results([r for r in rows if r["regime"] == REGIME]).get(REGIME, {})
+    machines = MACHINES.get(next((n for n, d in DESIGNS.items() if d == g), ""), ())
+    out = {}
+    for c in PRIMARIES:
+        if c.arm not in results or c.against not in results:
+            continue
+        seeds, problems, diffs = pass_at_k_differences(results[c.arm], results[c.against], int(c.measure[5:]))
+        if len(seeds) < 2 or not problems:
+            continue
+        d = np.asarray(diffs)
+        draws = crossed_bootstrap(d, resamples)
+        delta = float(d.mean())
+        per_seed = dict(zip(seeds, d.mean(axis=1).tolist()))
+        check = {
+            "seeds_only": percentile_interval(crossed_bootstrap(d, resamples, problems=False)),
+            "two_way": percentile_interval(draws),
+            "crossed": crossed_anova_interval(d),
+            "other_side": float(np.mean(draws <= 0) if delta > 0 else np.mean(draws >= 0)),
+            "problems": len(problems),
+            "machines": [],
+        }
+        if machines and all(set(ms) & set(per_seed) for _, ms in machines):
+            groups = [[per_seed[s] for s in ms if s in per_seed] for _, ms in machines]
+            for (name, ms), values in zip(machines, groups):
+                x = _paired(dict(enumerate(values)), dict.fromkeys(range(len(values)), 0.0))
+                check["machines"].append((name, [s for s in ms if s in per_seed], x))
+            _, p, heterogeneity = stratified_mean_test(groups)
+            check["stratified_p"], check["heterogeneity_p"] = p, heterogeneity
+        out[c.arm] = check
+    return out
+
+
+SCOPE = {
+    "ta_grpo": "for this model at {steps} steps with the task's rule-based rephraser (renaming and reordering, "
+    "not an LLM's rephrasings)",
+    "dagrpo_anchor_nc": "for this model at {steps} steps with one anchor per all-wrong group",
+}
+"""What each primary's verdict holds for: the page's own scope, never the papers' models or rephrasers."""
+
+
+def primary_label(v: Verdict, steps: int, check: dict | None) -> str:
+    """The primary's verdict in its scope, with the flags of the checks that would not carry it: a verdict
+    that the first machine's seeds alone do not reach (and then the stratified p), or whose two-way bootstrap
+    interval includes 0."""
+    scope = SCOPE.get(v.claim.arm, "").format(steps=steps)
+    label = verdict_label(v, scope=scope) if v.verdict != CONTRADICTED else f"{CONTRADICTED} {scope}".strip()
+    if v.verdict not in (SUPPORTED, CONTRADICTED) or check is None:
+        return label
+    if check["machines"]:
+        (first, first_seeds, alone), *others = check["machines"]
+        if alone is None or alone["p"] >= ALPHA:
+            rest = [s for _, seeds, _ in others for s in seeds]
+            alone_p = "—" if alone is None else f"{alone['p']:.2g}"
+            label += (
+                f"; it needs {_seed_span(rest)}: {_seed_span(first_seeds)} ({first}) alone give "
+                f"p = {alone_p}; stratified by machine "
+                f"p = {check['stratified_p']:.2g} (machines differ: p = {check['heterogeneity_p']:.2g})"
+            )
+    crossed = {
+        "the two-way bootstrap's 95 % interval": check["two_way"],
+        "the crossed random-effects 95 % interval": check["crossed"][3],
+    }
+    shown = {name: f"{name}, [{100 * lo:+.2f}, {100 * hi:+.2f}]," for name, (lo, hi) in crossed.items()}
+    including = [name for name, (lo, hi) in crossed.items() if lo <= 0 <= hi]
+    if including:
+        verb = "include" if len(including) > 1 else "includes"
+        label += f"; with problems as a random effect {' and '.join(shown[n] for n in including)} {verb} 0"
+        label += "".join(f" ({shown[n]} does not)" for n in crossed if n not in including)
+    return label
+
+
 def curves(rows: list[dict], g: GatedSettings) -> dict[str, dict[int, dict[int, float]]]:
     """arm -> seed -> step -> pass@1, every run against the start evaluated under its seed's stream."""
     starts = {r["seed"]: r for r in rows if r["regime"] == REGIME and r["arm"] == START}
@@ -420,6 +530,71 @@ def curves(rows: list[dict], g: GatedSettings) -> dict[str, dict[int, dict[int, 
 def _cell(values: list[float]) -> str:
     mean, lo, hi = band(values)
     return f"{100 * mean:.1f}" if lo is None or hi is None else f"{100 * mean:.1f} [{100 * lo:.1f}, {100 * hi:.1f}]"
+
+
+def _check_tables(verdicts: list[Verdict], checks: dict[str, dict]) -> list[str]:
+    """The primaries with the problems as a random effect, and split and stratified by machine."""
+    primaries = [x for x in verdicts if x.claim.primary and x.claim.arm in checks and x.ci is not None]
+    if not primaries:
+        return []
+    some = checks[primaries[0].claim.arm]
+    lines = [
+        "",
+        "### The primaries with the problems as a random effect (a check; the registered test decides)",
+        "",
+        f"The registered paired t over seeds holds the {some['problems']} problems fixed. The two-way bootstrap "
+        "treats them as a sample too: each resample draws the seeds and the problems with replacement, "
+        f"independently, and recomputes the mean paired difference ({BOOTSTRAP_RESAMPLES:,} resamples, RNG "
+        "seed 0, 95 % percentile interval; `studies.stats.crossed_bootstrap`). It counts the seed × problem "
+        "noise in both margins, so it is the most conservative of these intervals. The crossed random-effects "
+        "interval counts it once: the mean's variance from the ANOVA mean squares, t with Satterthwaite's df "
+        "(`studies.stats.crossed_anova_interval`).",
+        "",
+        "| endpoint | Δ | paired t over seeds (registered) | bootstrap over seeds | two-way bootstrap, seeds × "
+        "problems | its width against the registered | two-way resamples across 0 | crossed random effects "
+        "(df) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for x in primaries:
+        c, ci, check = x.comparison, x.ci, checks[x.claim.arm]
+        assert c is not None and c.delta is not None and ci is not None
+
+        def interval(pair: tuple[float, float]) -> str:
+            return f"[{100 * pair[0]:+.2f}, {100 * pair[1]:+.2f}]"
+
+        (lo, hi) = check["two_way"]
+        lines.append(
+            f"| {x.claim.arm} − {x.claim.against}, {x.claim.measure} | {100 * c.delta:+.2f} | {interval(ci)} | "
+            f"{interval(check['seeds_only'])} | {interval(check['two_way'])} | "
+            f"{(hi - lo) / (ci[1] - ci[0]):.1f}x | {100 * check['other_side']:.1f} % | "
+            f"{interval(check['crossed'][3])} ({check['crossed'][2]:.0f}) |"
+        )
+    split = [x for x in primaries if checks[x.claim.arm]["machines"]]
+    if split:
+        names = [f"{name}, {_seed_span(seeds)}" for name, seeds, _ in checks[split[0].claim.arm]["machines"]]
+        lines += [
+            "",
+            "### The primaries by machine (a check, not an endpoint)",
+            "",
+            "Each machine's seeds alone (paired t over them), and all seeds stratified by machine (one mean "
+            "per machine, a pooled residual variance: `studies.stats.stratified_mean_test`).",
+            "",
+            "| endpoint | " + " | ".join(names) + " | stratified by machine: p | machines differ: p |",
+            "|---|" + "---|" * (len(names) + 2),
+        ]
+        for x in split:
+            check, cells = checks[x.claim.arm], []
+            for _, _, m in check["machines"]:
+                cells.append(
+                    "—"
+                    if m is None
+                    else f"{100 * m['delta']:+.2f} [{100 * m['ci'][0]:+.2f}, {100 * m['ci'][1]:+.2f}], p = {m['p']:.2g}"
+                )
+            lines.append(
+                f"| {x.claim.arm} − {x.claim.against}, {x.claim.measure} | " + " | ".join(cells) + " | "
+                f"{check['stratified_p']:.2g} | {check['heterogeneity_p']:.2g} |"
+            )
+    return lines
 
 
 def summarize(rows: list[dict], g: GatedSettings, plan_json: dict, out_dir: Path | None = None) -> str:
@@ -454,16 +629,20 @@ def summarize(rows: list[dict], g: GatedSettings, plan_json: dict, out_dir: Path
         ]
         return "\n".join(lines)
     lo, hi = best["ci"]
+    best_row = next(r for r in rows if r["regime"] == GATE and r["arm"] == best["arm"])
     lines += [
         "",
         f"Gate: **met**: {best['arm']} gains {100 * best['gain']:+.1f} points [{100 * lo:+.1f}, {100 * hi:+.1f}] "
-        f"(gate: {100 * g.min_gain:+.0f}; the CI is paired over the problems of one seed).",
+        f"(gate: {100 * g.min_gain:+.0f}; the CI is paired over the problems of one seed). The rate was chosen, "
+        f"and the gate judged, on the same {len(counts_of(best_row['evals'][T1]))} held-out problems that "
+        "evaluate the primaries (there is no separate validation set).",
     ]
     results = arm_results([r for r in rows if r["regime"] == REGIME])
     if not results.get(REGIME):
         return "\n".join(lines + ["", "The primaries have not run yet."])
     verdicts = judge_all(PRIMARIES + EXPLORATORY, results)
     registered = {p["difference"]: p for p in plan_json["primaries"]}
+    checks = primary_checks(rows, g)
     lines += [
         "",
         "### The primaries (registered, at the gate's rate)",
@@ -483,8 +662,9 @@ def summarize(rows: list[dict], g: GatedSettings, plan_json: dict, out_dir: Path
         lines.append(
             f"| {x.claim.paper} | {x.claim.text} | {cells} | {c.seeds} ({reg['seeds']}) | "
             f"{'—' if x.p_adjusted is None else f'{x.p_adjusted:.3g}'} | {100 * power:.0f} % | "
-            f"{100 * reg['pilot_sd_per_seed']:.2f}, {sd} | {verdict_label(x)} |"
+            f"{100 * reg['pilot_sd_per_seed']:.2f}, {sd} | {primary_label(x, study.steps, checks.get(x.claim.arm))} |"
         )
+    lines += _check_tables(verdicts, checks)
     lines += ["", "### Exploratory (raw p, never 'supported')", "", "| claim | Δ [95 % CI] | p |", "|---|---|---|"]
     for x in verdicts:
         if x.claim.primary or x.comparison is None or x.comparison.delta is None or x.ci is None:

@@ -397,6 +397,7 @@ PRIMARIES = [
         regime="sparse",
         effect=0.047,
         effect_source="DaGRPO in-domain math average 48.8 vs GRPO 44.1 (SPEC §6)",
+        effect_baseline="GRPO",
     ),
     Claim(
         "DaGRPO",
@@ -408,6 +409,7 @@ PRIMARIES = [
         regime="sparse",
         effect=0.029,
         effect_source="the anchors' share of DaGRPO's gain: 48.8 (masks + anchors) − 45.9 (masks alone), SPEC §6",
+        effect_derived=True,
     ),
     Claim(
         "DaGRPO",

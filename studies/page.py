@@ -21,6 +21,7 @@ from studies.claims import (
     Verdict,
     compare_pass_at_k,
     confidence_interval,
+    effect_note,
     mean_pass_at_k,
     verdict_label,
 )
@@ -59,7 +60,8 @@ def _effect(v: Verdict) -> str:
     if e is None:
         return "—"
     e *= v.claim.direction
-    return f"{100 * e:+.1f} pts" if v.claim.measure.startswith("pass@") else f"{e:+.3f}"
+    shown = f"{100 * e:+.1f} pts" if v.claim.measure.startswith("pass@") else f"{e:+.3f}"
+    return shown + effect_note(v.claim)
 
 
 def primary_rows(verdicts: Sequence[Verdict], power: Sequence[Mapping[str, Any]], scope: str = "") -> list[list[str]]:

@@ -67,6 +67,7 @@ from studies.claims import (
     Verdict,
     compare_pass_at_k,
     confidence_interval,
+    effect_note,
     judge_all,
     mean_pass_at_k,
     per_seed_mean,
@@ -190,6 +191,7 @@ REAL_PRIMARIES = [
         regime=REGIME,
         effect=0.029,
         effect_source="the anchors' share of DaGRPO's gain, 48.8 − 45.9 (SPEC §6)",
+        effect_derived=True,
     ),
     Claim(
         "DaGRPO",
@@ -718,7 +720,7 @@ def summarize_real(study_dirs: list[Path], k: int | None = None, against: tuple[
         lines.append(
             f"| {v.claim.paper} | {v.claim.text} | {'primary' if v.claim.primary else 'exploratory'} | {delta} "
             f"| {c.seeds if c else 0} | {p} | {padj} | "
-            + ("—" if v.claim.effect is None else f"{100 * v.claim.effect:+.1f} pts")
+            + ("—" if v.claim.effect is None else f"{100 * v.claim.effect:+.1f} pts{effect_note(v.claim)}")
             + f" | {observed_power(v, primaries_per_paper[v.claim.paper])} | {label} |"
         )
     return "\n".join(lines)

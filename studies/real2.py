@@ -117,6 +117,7 @@ PRIMARIES = [
         regime=REGIME,
         effect=_EFFECT,
         effect_source="the anchors' share of DaGRPO's gain, 48.8 − 45.9 (SPEC §6)",
+        effect_derived=True,
     ),
     Claim(
         "DaGRPO",

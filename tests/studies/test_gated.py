@@ -89,3 +89,38 @@ def test_the_registered_plan_powers_both_primaries():
         assert plan["design"]["steps"] == 96
         for p in plan["primaries"]:
             assert p["power"] >= 0.8 and p["seeds_for_power"] <= p["seeds"]
+
+
+def _anchors_verdict():
+    from studies.claims import SUPPORTED, Comparison, Verdict
+
+    c = Comparison(0.0045, 0.00136, 10, 200, 9.0)
+    return Verdict(gated.PRIMARIES[1], gated.REGIME, c, SUPPORTED, p=0.009, p_adjusted=0.009, ci=(0.0015, 0.0076))
+
+
+def _check(two_way, first_machine_p, crossed=(0.0013, 0.0077)):
+    return {
+        "two_way": two_way,
+        "crossed": (0.0045, 0.0014, 8.6, crossed),
+        "machines": [("GPU", list(range(7)), {"p": first_machine_p}), ("CPU", [7, 8, 9], {"p": 0.15})],
+        "stratified_p": 0.014,
+        "heterogeneity_p": 0.82,
+    }
+
+
+def test_a_verdict_the_checks_would_not_carry_is_flagged_next_to_it():
+    label = gated.primary_label(_anchors_verdict(), 96, _check((-0.0001, 0.0093), 0.054))
+    assert label.startswith("supported, but smaller than +2.9 pts (derived from the paper's figures;")
+    assert "it needs seeds 7–9: seeds 0–6 (GPU) alone give p = 0.054; stratified by machine p = 0.014" in label
+    assert "machines differ: p = 0.82" in label
+    assert label.endswith(
+        "two-way bootstrap's 95 % interval, [-0.01, +0.93], includes 0 (the crossed random-effects 95 % interval, "
+        "[+0.13, +0.77], does not)"
+    )
+    both = gated.primary_label(_anchors_verdict(), 96, _check((-0.0001, 0.0093), 0.054, crossed=(-0.0002, 0.009)))
+    assert both.endswith("the crossed random-effects 95 % interval, [-0.02, +0.90], include 0")
+
+
+def test_a_verdict_both_checks_carry_has_no_flag():
+    label = gated.primary_label(_anchors_verdict(), 96, _check((0.001, 0.0093), 0.01))
+    assert "needs" not in label and "includes 0" not in label and "96 steps" in label

@@ -99,6 +99,21 @@ def test_compare_metric_is_a_t_test_with_seeds_minus_one_df():
     assert v.verdict == C.SUPPORTED and C.verdict_label(v) == "supported"
 
 
+def test_a_derived_effect_and_one_against_another_baseline_are_named_as_such():
+    up = ArmResult(mechanisms={s: {"u": 0.5 + d} for s, d in enumerate((0.2, 0.2, 0.3, 0.3))})
+    base = ArmResult(mechanisms={s: {"u": 0.5} for s in range(4)})
+    claim = Claim("x", "higher", "a", "b", "u", primary=True, regime="mid", effect=0.5)  # CI [+0.158, +0.342]
+    derived = C.judge(replace(claim, effect_derived=True), "mid", {"a": up, "b": base})
+    assert C.verdict_label(derived) == "supported, but smaller than +0.500 (derived from the paper's figures; " + (
+        "the CI rules it out)"
+    )
+    assert C.effect_note(derived.claim) == " (derived)"
+    # the paper's figure against GRPO, this endpoint against "b": shown, never said to be ruled out
+    other = C.judge(replace(claim, effect_baseline="GRPO"), "mid", {"a": up, "b": base})
+    assert other.rules_out_effect is None and C.effect_note(other.claim) == " (vs GRPO)"
+    assert C.verdict_label(other) == "supported; the paper's +0.500 is against GRPO, not this baseline: not compared"
+
+
 def _primary(text="a beats b", arm="a", against="b", measure="pass@1", effect=0.1, **kw):
     return Claim("x", text, arm, against, measure, primary=True, regime="mid", effect=effect, **kw)
 
@@ -989,7 +1004,7 @@ def test_real_summary_pairs_arms_over_seeds_from_split_studies(tmp_path, capsys)
     from studies.stats import paired_t_power
 
     power = paired_t_power(0.029, 0.25 / math.sqrt(2), 2, 0.05 / 2)
-    assert f"| +2.9 pts | {100 * power:.0f} % (sd 17.7 pts) |" in primary
+    assert f"| +2.9 pts (derived) | {100 * power:.0f} % (sd 17.7 pts) |" in primary
     exploratory = next(line for line in table if "Dr. GRPO beats GRPO" in line)
     assert "| exploratory |" in exploratory and "| — | — | not run |" in exploratory
     from studies.cli import main as study_main

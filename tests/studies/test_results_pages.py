@@ -60,3 +60,37 @@ def test_the_gated_study_pages_are_their_kept_tables_summarized(name, tmp_path):
     g = gated.open_study(kept, None)
     generated = gated.summarize(read_table(kept / "runs.jsonl"), g, json.loads((kept / "plan.json").read_text()))
     _block_in_page(generated, (RESULTS / "gated-2026-12-04.md").read_text())
+
+
+def test_the_gated_page_prints_the_primaries_crossed_intervals_recomputed_from_its_kept_table():
+    """The two-way (seeds × problems) bootstrap of each primary, recomputed here from runs.jsonl with its own
+    pass@k and the problems in the file's order (another resampling stream than the summary's, so the ends
+    agree to Monte Carlo error, a few hundredths of a point), and its crossed random-effects interval stand
+    in the page's robustness row."""
+    import json
+    from math import comb
+
+    import numpy as np
+
+    from studies.stats import crossed_anova_interval, crossed_bootstrap, percentile_interval
+
+    def pass_at(n: int, c: int, k: int) -> float:
+        return 1.0 if n - c < k else 1.0 - comb(n - c, k) / comb(n, k)
+
+    rows = [json.loads(line) for line in (RESULTS / "gated-warm4-2026-12-04" / "runs.jsonl").open()]
+
+    def matrix(arm: str, k: int) -> np.ndarray:
+        runs = sorted((r for r in rows if r["regime"] == "hard" and r["arm"] == arm), key=lambda r: r["seed"])
+        return np.array([[pass_at(r["evals"]["t1"]["n"], c, k) for c in r["evals"]["t1"]["correct"]] for r in runs])
+
+    page = (RESULTS / "gated-2026-12-04.md").read_text()
+    for arm, against, k in (("ta_grpo", "grpo_matched", 32), ("dagrpo_anchor_nc", "grpo_drgrpo", 1)):
+        diffs = 100 * (matrix(arm, k) - matrix(against, k))
+        lo, hi = percentile_interval(crossed_bootstrap(diffs, 100_000, seed=1))
+        line = next(x for x in page.splitlines() if x.startswith(f"| {arm} − {against}, pass@{k} | "))
+        printed = line.split(" | ")[4].strip("[]").split(", ")
+        assert [float(v) for v in printed] == pytest.approx([lo, hi], abs=0.06), (printed, lo, hi)
+        assert float(line.split(" | ")[1]) == pytest.approx(diffs.mean(), abs=0.005)
+        # the crossed random-effects interval does not resample: it is the same to the printed digit
+        _, _, df, (lo, hi) = crossed_anova_interval(diffs)
+        assert line.split(" | ")[7] == f"[{lo:+.2f}, {hi:+.2f}] ({df:.0f}) |"
