@@ -68,8 +68,8 @@ def group_advantages(rewards: torch.Tensor, G: int, eps: float = ADV_EPS) -> tor
     """rewards [B], groups of G consecutive responses -> advantages [B] (SPEC §1).
 
     A_i = (R_i - mean_g R) / (std_g R + eps), with the unbiased (n - 1) std of the group. A group whose
-    rewards are all equal has no signal: its advantages are exactly 0 (its std is 0, so its centred
-    rewards are 0 already; the library also checks max == min so no rounding can leak through)."""
+    rewards are all equal has no signal: its advantages are exactly 0. Groups here are G rows in a row;
+    the library names each sample's group by id, so that its variants can add, pool and drop samples."""
     r = rewards.view(-1, G)  # [num_groups, G]
     mean = r.mean(dim=1, keepdim=True)  # [num_groups, 1]
     std = r.std(dim=1, keepdim=True)  # [num_groups, 1], unbiased

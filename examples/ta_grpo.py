@@ -2,7 +2,7 @@
 
 - Variants (§3.1; stages/rephrasing.py): each question q0 gets N answer-preserving rephrasings q1..qN (the
   task's rules), and G responses are sampled for each of the N + 1 prompts (stages/sampling.py).
-- One pooled group (§3.2): the (N + 1) * G responses of a question form ONE group, so the advantage is
+- One pooled group (§3.2, §3.3): the (N + 1) * G responses of a question form ONE group, so the advantage is
   grpo.group_advantages over groups of (N + 1) * G: every response is compared with all variants' responses.
 - Every ratio on q0 (§3.4, ta.ratio_anchor: original): each response's log-probs, under pi_theta, pi_old and
   pi_ref alike, are taken with q0 as the prompt, whichever prompt it answered.
