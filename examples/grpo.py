@@ -1,7 +1,7 @@
 """GRPO in one file: the algorithm regroup's `grpo` recipe runs, written out top to bottom.
 
-Run it from the project root. It takes about 9.5 CPU-minutes (5 minutes on two idle cores; 19 on two shared
-ones); the first run also warms up the tiny model, once, into runs/warmup as `regroup train` does:
+Run it from the project root. It takes about 9.5 CPU-minutes (some 5 minutes on two idle cores; it took 19 on two busy
+shared ones); the first run also warms up the tiny model, once, into runs/warmup as `regroup train` does:
 
     .venv/bin/python examples/grpo.py
 
