@@ -41,3 +41,11 @@ def varied_reward(response: str, problem) -> float:
     """A reward that varies within a group, so the update moves the weights: with 16 new tokens SmolLM2
     gets every built-in problem wrong, the task reward is 0 everywhere, and so is the loss."""
     return min(len(response), 48) / 48
+
+
+def graded_or_parity(response: str, problem) -> float:
+    """The task grade, else the parity of the response's characters: 0/1 rewards that differ within a group of a
+    random model's responses, and a correct reference solution always verifies (DaGRPO anchors)."""
+    if TASK.grade(response, problem) == 1.0:
+        return 1.0
+    return float(sum(map(ord, response)) % 2)
