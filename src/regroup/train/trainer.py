@@ -452,8 +452,8 @@ class Trainer:
 
         `loss` is summed: each rank's loss is its share of a loss normalised by global totals, so the sum
         is the single-process loss. Every other metric is the mean over the processes that reported it
-        (counts are per-process means). Keys may differ between ranks (anchor metrics exist only where
-        an anchor was injected), so the key set is agreed first: reducing tensors of different lengths
+        (counts are per-process means). Keys may differ between ranks (a loss modifier reports only where
+        it acted), so the key set is agreed first: reducing tensors of different lengths
         hangs the collective. A non-finite value on any rank stays non-finite (logged as null).
         """
         if self.world == 1:
