@@ -65,9 +65,10 @@ def _resolve(cfg: RunConfig) -> tuple[LossSpec, Piece]:
             "set rollout.tis_cap > 0 (e.g. 3)"
         )
     spec = LossSpec(
-        grpo=g,
-        rollout=r,
-        anchors=cfg.anchors,
+        # The sections as resolved: a caller that later assigns to `cfg` cannot change a cached resolution.
+        grpo=g.model_copy(deep=True),
+        rollout=r.model_copy(deep=True),
+        anchors=cfg.anchors.model_copy(deep=True),
         policy=Piece.named("grpo.policy_loss", POLICY_LOSSES, g.policy_loss, g.policy_loss_args),
         kl=Piece.named("grpo.kl_estimator", KL_ESTIMATORS, g.kl_estimator, g.kl_estimator_args),
         terms=tuple((pieces[name], coef) for name, coef in weighted if coef),

@@ -2,7 +2,8 @@
 piece with its parsed knobs. `regroup.algo.loss_config.resolve_loss` builds one from a run config, once per run.
 
 The settings are the config's own typed fields, declared and bounded once in `regroup.config.schema`; a `LossSpec`
-holds the sections that carry them, so `spec.grpo.eps_low` is `cfg.grpo.eps_low` with no copy in between:
+holds those sections themselves (as resolved), so `spec.grpo.eps_low` is the config's own typed field, with no
+field-by-field copy to keep in step:
 - `grpo`: the policy loss and its knobs, the clip ε_low / ε_high, β and the KL estimator, `kl_ratio_correction`,
   `loss_agg`, the extra terms, OPSM's δ (`off_policy_mask_threshold`);
 - `rollout`: the sampler IS correction (`tis_cap`, `is_mode`, `is_min`);
