@@ -20,7 +20,7 @@ from regroup.config.registry import LOSS_TERMS
 
 @LOSS_TERMS.register("entropy")
 def entropy_bonus(t) -> Tensor:
-    """`−H` per token [B, T] from `t.entropy` (a `regroup.algo.losses.TermInputs`); its coefficient is the bonus."""
+    """`−H` per token [B, T] from `t.entropy` (a `regroup.algo.loss_terms.TermInputs`); its coefficient is the bonus."""
     if t.entropy is None:
         raise ValueError("the entropy term needs LossInputs.entropy (response_logps(..., entropy_grad=True))")
     return -t.entropy  # [B, T]

@@ -7,5 +7,5 @@
 - `schema`: the sections of a `RunConfig` and their cross-field rules; a leaf (tests/test_structure.py).
 
 Whether the named pieces exist and the files a run reads are there is checked in the layer above, by
-`regroup.train.run_config`; the loss settings resolve in `train.loss_config`.
+`regroup.train.run_config`; the loss settings resolve, once per run, in `regroup.algo.loss_config`.
 """
