@@ -66,7 +66,9 @@ def policy_loss(
     on_policy = mask if anchors is None else mask & ~anchors  # [B, T] tokens sampled from π_old
     # π_old is undefined on anchor and padding tokens: π_θ there (ratio 1), so no inf/NaN reaches backward.
     old = torch.where(on_policy, old_logps, logps.detach())  # [B, T]
-    ratio = policy_ratio(logps, old, on_policy, spec.ratio_level)  # [B, T] or [B, 1]
+    # The ratio is differentiable only for the KL's ratio correction; otherwise it is a metric and builds no graph.
+    ratio_of = logps if spec.grpo.kl_ratio_correction else logps.detach()
+    ratio = policy_ratio(ratio_of, old, on_policy, spec.ratio_level)  # [B, T] or [B, 1]
     is_weight = inputs.is_weight
 
     pg, low, high = policy_term(logps, old, advantages, on_policy, spec, is_weight)  # [B, T] x3
